@@ -1,0 +1,81 @@
+"""Exception classes of sharding-store.
+
+Every error the package raises on bad input derives from :class:`ShardingStoreError`,
+names the key (or field, or path) at fault and says what is wrong. The CLI maps each
+class to its own exit code (``exit_code``) and prints one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class ShardingStoreError(Exception):
+    """Base class of all sharding-store errors."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class DraftMetadataError(ShardingStoreError, ValueError):
+    """A draft metadata document (entry point, array, group) is invalid."""
+
+    exit_code = 3
+
+
+class ShardCorruptError(ShardingStoreError, ValueError):
+    """A shard object is damaged: its index or payload ranges cannot be trusted."""
+
+    exit_code = 4
+
+
+class ChunkKeyError(ShardingStoreError, KeyError):
+    """A key under an array's data prefix is not a valid chunk key for that array."""
+
+    exit_code = 5
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class ChunkDecodeError(ShardingStoreError, ValueError):
+    """An inner chunk payload cannot be decoded with the array's codecs."""
+
+    exit_code = 6
+
+
+class StoreNotFoundError(ShardingStoreError, FileNotFoundError):
+    """There is no draft-era hierarchy (no ``zarr.json``) or no node at a path."""
+
+    exit_code = 7
+
+
+class DestinationExistsError(ShardingStoreError, FileExistsError):
+    """A migration or reshard destination exists and ``overwrite`` was not given."""
+
+    exit_code = 8
+
+
+class VerificationError(ShardingStoreError):
+    """A migrated store differs from its source."""
+
+    exit_code = 9
+
+
+class MigrationError(ShardingStoreError):
+    """A migration could not complete (e.g. damaged arrays, retries exhausted)."""
+
+    exit_code = 10
+
+
+class ReadOnlyError(ShardingStoreError, PermissionError):
+    """A write was attempted through a read-only view."""
+
+    exit_code = 11
+
+
+class UsageError(ShardingStoreError, ValueError):
+    """Arguments that contradict each other or the data (e.g. a bad chunks_per_shard)."""
+
+    exit_code = 2

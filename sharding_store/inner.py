@@ -1,0 +1,398 @@
+"""Uniform synchronous access to the store under a :class:`ShardingStore`.
+
+The wrapper needs a handful of operations — whole gets, byte-range reads (with a
+suffix read for the shard index), atomic puts, deletes and listings — from very
+different things: a ``dict``, an ``fsspec.FSMap``, a zarr-python 2 style store, a
+zarr-python 3 ``Store``, or a path/URL. :func:`as_inner` picks the adapter that
+offers the best partial reads for each.
+
+Range requests are ``(key, start, end)``: ``start >= 0`` with ``end`` exclusive (or
+``None`` for to-the-end), or ``start < 0`` with ``end is None`` for the last
+``-start`` bytes. Results may be *shorter* than requested when the object is;
+callers check lengths (that is how a damaged index is caught). A missing object
+gives ``None``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+RangeRequest = tuple[str, int, int | None]
+#: the last bytes of an object and the object's size, when the backend knows it for free
+Tail = tuple[bytes, int | None]
+
+
+@runtime_checkable
+class Inner(Protocol):
+    def get(self, key: str) -> bytes | None: ...
+    def get_ranges(self, requests: Sequence[RangeRequest]) -> list[bytes | None]: ...
+    def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]: ...
+    def set(self, key: str, value: bytes) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def delete_prefix(self, prefix: str) -> None: ...
+    def list_prefix(self, prefix: str) -> Iterator[str]: ...
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]: ...
+    def exists(self, key: str) -> bool: ...
+
+
+def _slice(data: bytes, start: int, end: int | None) -> bytes:
+    if start < 0:
+        return data[max(0, len(data) + start) :]
+    return data[start:end]
+
+
+def _list_dir_from_keys(keys: Iterable[str], prefix: str) -> tuple[list[str], list[str]]:
+    """Split the keys under ``prefix`` into direct children and sub-prefixes (ending in ``/``)."""
+    out_keys: set[str] = set()
+    out_prefixes: set[str] = set()
+    for k in keys:
+        rest = k[len(prefix) :]
+        head, sep, _ = rest.partition("/")
+        if sep:
+            out_prefixes.add(prefix + head + "/")
+        else:
+            out_keys.add(k)
+    return sorted(out_keys), sorted(out_prefixes)
+
+
+class MappingInner:
+    """Any ``MutableMapping[str, bytes]``; uses its ``get_partial_values`` if it has one.
+
+    zarr-python 2 v3 stores (and many hand-written ones) have
+    ``get_partial_values([(key, (start, length))])``; otherwise a range read is one
+    full get and a slice, done once per key per call.
+    """
+
+    def __init__(self, mapping: MutableMapping[str, bytes]) -> None:
+        self.mapping = mapping
+        self._partial = getattr(mapping, "get_partial_values", None)
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return bytes(self.mapping[key])
+        except KeyError:
+            return None
+
+    def get_ranges(self, requests: Sequence[RangeRequest]) -> list[bytes | None]:
+        if self._partial is not None:
+            ranges = [(k, (s, None if e is None else e - s)) for k, s, e in requests]
+            try:
+                out = self._partial(ranges)
+            except KeyError:
+                out = None
+            if out is not None:
+                return [None if v is None else bytes(v) for v in out]
+        cache: dict[str, bytes | None] = {}
+        result: list[bytes | None] = []
+        for key, start, end in requests:
+            if key not in cache:
+                cache[key] = self.get(key)
+            data = cache[key]
+            result.append(None if data is None else _slice(data, start, end))
+        return result
+
+    def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        if self._partial is not None:
+            out = self.get_ranges([(k, -n, None) for k, n in requests])
+            return [None if v is None else (v, None) for v in out]
+        tails: list[Tail | None] = []
+        for key, n in requests:
+            data = self.get(key)
+            tails.append(None if data is None else (data[max(0, len(data) - n) :], len(data)))
+        return tails
+
+    def set(self, key: str, value: bytes) -> None:
+        self.mapping[key] = value
+
+    def delete(self, key: str) -> None:
+        try:
+            del self.mapping[key]
+        except KeyError:
+            pass
+
+    def delete_prefix(self, prefix: str) -> None:
+        for k in list(self.list_prefix(prefix)):
+            self.delete(k)
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        lister = getattr(self.mapping, "list_prefix", None)
+        keys = lister(prefix) if lister is not None else (k for k in list(self.mapping) if k.startswith(prefix))
+        return iter(sorted(keys))
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        return _list_dir_from_keys(self.list_prefix(prefix), prefix)
+
+    def exists(self, key: str) -> bool:
+        return key in self.mapping
+
+
+class FsspecInner:
+    """An fsspec filesystem below a root path: ranged reads via ``cat_ranges``.
+
+    Local files are written through a temporary name and ``os.replace`` so a shard is
+    either the old or the new object, never half of one; object stores' PUT is atomic
+    already.
+    """
+
+    def __init__(self, fs: Any, root: str) -> None:
+        self.fs = fs
+        self.root = fs._strip_protocol(root).rstrip("/")
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        self.is_local = protocol in ("file", "local")
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if self.root else key
+
+    def _key(self, path: str) -> str:
+        path = self.fs._strip_protocol(path)
+        return path[len(self.root) + 1 :] if self.root else path
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self.fs.cat_file(self._path(key))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def get_ranges(self, requests: Sequence[RangeRequest]) -> list[bytes | None]:
+        if not requests:
+            return []
+        if self.is_local:
+            return [self._local_range(k, s, e) for k, s, e in requests]
+        paths = [self._path(k) for k, _, _ in requests]
+        out = self.fs.cat_ranges(
+            paths, [s for _, s, _ in requests], [e for _, _, e in requests], on_error="return"
+        )
+        result: list[bytes | None] = []
+        for (key, start, end), value in zip(requests, out):
+            if isinstance(value, FileNotFoundError):
+                result.append(None)
+            elif isinstance(value, BaseException):
+                # a suffix longer than the object, or a start past its end, is refused by
+                # some servers (HTTP 416): fall back to a size-aware read, else re-raise
+                result.append(self._fallback_range(key, start, end, value))
+            else:
+                result.append(value)
+        return result
+
+    def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        if self.is_local:
+            return [self._local_tail(k, n) for k, n in requests]
+        out = self.get_ranges([(k, -n, None) for k, n in requests])
+        return [None if v is None else (v, None) for v in out]
+
+    def _local_tail(self, key: str, n: int) -> Tail | None:
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            lo = max(0, size - n)
+            return os.pread(fd, size - lo, lo), size
+        finally:
+            os.close(fd)
+
+    def _fallback_range(self, key: str, start: int, end: int | None, error: BaseException) -> bytes | None:
+        try:
+            size = self.fs.size(self._path(key))
+        except FileNotFoundError:
+            return None
+        except Exception:
+            raise error
+        lo = max(0, size + start) if start < 0 else min(start, size)
+        hi = size if end is None else min(end, size)
+        if lo >= hi:
+            return b""
+        return self.fs.cat_file(self._path(key), start=lo, end=hi)
+
+    def _local_range(self, key: str, start: int, end: int | None) -> bytes | None:
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            lo = max(0, size + start) if start < 0 else min(start, size)
+            hi = size if end is None else min(end, size)
+            return os.pread(fd, max(0, hi - lo), lo) if hi > lo else b""
+        finally:
+            os.close(fd)
+
+    def set(self, key: str, value: bytes) -> None:
+        path = self._path(key)
+        if self.is_local:
+            write_local_atomic(path, value)
+        else:
+            self.fs.pipe_file(path, bytes(value))
+
+    def delete(self, key: str) -> None:
+        try:
+            self.fs.rm_file(self._path(key))
+        except FileNotFoundError:
+            pass
+
+    def delete_prefix(self, prefix: str) -> None:
+        keys = list(self.list_prefix(prefix))
+        if keys:
+            try:
+                self.fs.rm([self._path(k) for k in keys])
+            except FileNotFoundError:
+                pass
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        base = prefix.rpartition("/")[0]
+        try:
+            paths = self.fs.find(self._path(base) if base else self.root or "")
+        except FileNotFoundError:
+            return iter(())
+        keys = (self._key(p) for p in paths)
+        return iter(sorted(k for k in keys if k.startswith(prefix) and not _is_temp(k)))
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        if prefix and not prefix.endswith("/"):
+            return _list_dir_from_keys(self.list_prefix(prefix), prefix)
+        try:
+            entries = self.fs.ls(self._path(prefix.rstrip("/")) if prefix else self.root or "", detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return [], []
+        keys, prefixes = [], []
+        for e in entries:
+            k = self._key(e["name"])
+            if _is_temp(k):
+                continue
+            if e["type"] == "directory":
+                prefixes.append(k.rstrip("/") + "/")
+            else:
+                keys.append(k)
+        return sorted(keys), sorted(prefixes)
+
+    def exists(self, key: str) -> bool:
+        return self.fs.isfile(self._path(key))
+
+    def size(self, key: str) -> int | None:
+        try:
+            return int(self.fs.size(self._path(key)))
+        except FileNotFoundError:
+            return None
+
+
+TEMP_MARKER = ".sharding-store-tmp-"
+
+
+def _is_temp(key: str) -> bool:
+    return TEMP_MARKER in key.rpartition("/")[2]
+
+
+def write_local_atomic(path: str, value: bytes) -> None:
+    """Write ``path`` via a temporary file in the same directory and ``os.replace``."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + TEMP_MARKER, dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(value)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class ZarrStoreInner:
+    """A zarr-python 3 ``Store`` (async) driven synchronously on zarr's own event loop."""
+
+    def __init__(self, store: Any) -> None:
+        from zarr.core.buffer import default_buffer_prototype
+
+        self.store = store
+        self._proto = default_buffer_prototype()
+
+    def _sync(self, coro: Any) -> Any:
+        from zarr.core.sync import sync
+
+        return sync(coro)
+
+    def get(self, key: str) -> bytes | None:
+        buf = self._sync(self.store.get(key, self._proto))
+        return None if buf is None else buf.to_bytes()
+
+    def get_ranges(self, requests: Sequence[RangeRequest]) -> list[bytes | None]:
+        from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+        def req(start: int, end: int | None) -> Any:
+            if start < 0:
+                return SuffixByteRequest(-start)
+            if end is None:
+                return OffsetByteRequest(start)
+            return RangeByteRequest(start, end)
+
+        async def run() -> list[Any]:
+            import asyncio
+
+            return await asyncio.gather(
+                *(self.store.get(k, self._proto, byte_range=req(s, e)) for k, s, e in requests)
+            )
+
+        return [None if b is None else b.to_bytes() for b in self._sync(run())]
+
+    def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        out = self.get_ranges([(k, -n, None) for k, n in requests])
+        return [None if v is None else (v, None) for v in out]
+
+    def set(self, key: str, value: bytes) -> None:
+        self._sync(self.store.set(key, self._proto.buffer.from_bytes(bytes(value))))
+
+    def delete(self, key: str) -> None:
+        self._sync(self.store.delete(key))
+
+    def delete_prefix(self, prefix: str) -> None:
+        for k in list(self.list_prefix(prefix)):
+            self.delete(k)
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        async def run() -> list[str]:
+            return [k async for k in self.store.list_prefix(prefix)]
+
+        return iter(sorted(self._sync(run())))
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        return _list_dir_from_keys(self.list_prefix(prefix), prefix)
+
+    def exists(self, key: str) -> bool:
+        return bool(self._sync(self.store.exists(key)))
+
+
+def as_inner(store: Any, *, storage_options: Mapping[str, Any] | None = None) -> Inner:
+    """Adapt ``store`` (path/URL, ``FSMap``, zarr-3 ``Store``, mapping, or an adapter) to :class:`Inner`."""
+    import fsspec
+
+    if isinstance(store, (MappingInner, FsspecInner, ZarrStoreInner)) or (
+        isinstance(store, Inner) and not isinstance(store, Mapping)
+    ):
+        return store
+    if isinstance(store, os.PathLike):
+        store = os.fspath(store)
+    if isinstance(store, str):
+        fs, root = fsspec.core.url_to_fs(store, **dict(storage_options or {}))
+        return FsspecInner(fs, root)
+    if isinstance(store, fsspec.FSMap):
+        return FsspecInner(store.fs, store.root)
+    try:
+        from zarr.abc.store import Store as ZarrStore
+    except ImportError:  # pragma: no cover - zarr is a dependency
+        ZarrStore = ()  # type: ignore[assignment]
+    if isinstance(store, ZarrStore):
+        return ZarrStoreInner(store)
+    if isinstance(store, MutableMapping):
+        return MappingInner(store)
+    raise TypeError(f"cannot use {type(store).__name__} as a store: expected a path/URL, a mapping or a zarr Store")
+
+
+def unique_suffix() -> str:
+    return uuid.uuid4().hex[:12]

@@ -1,0 +1,87 @@
+"""Draft-era chunk keys and their mapping to shard keys (pure functions).
+
+A draft chunk key is ``<data prefix>c<i0><sep><i1>...`` with ``<data prefix>`` =
+``data/root/<array path>/`` (``data/root/`` for the root array). A 0-d array's only
+chunk is ``c0`` as zarr-python 2.x wrote it (``c`` in the spec draft); both are read.
+The sharding transformer keeps the key shape and divides the grid position by
+``chunks_per_shard``: ``c96/18`` with ``[32, 2]`` lives in shard ``c3/9``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+Coords = tuple[int, ...]
+
+
+def parse_chunk_suffix(suffix: str, separator: str, ndim: int) -> Coords | None:
+    """``"c1/0"`` -> ``(1, 0)``; ``None`` if ``suffix`` is not a chunk key of an ``ndim``-d array."""
+    if not suffix.startswith("c"):
+        return None
+    body = suffix[1:]
+    if ndim == 0:
+        return () if body in ("", "0") else None
+    parts = body.split(separator)
+    if len(parts) != ndim:
+        return None
+    coords = []
+    for p in parts:
+        # plain decimal digits only: no sign, no whitespace, no leading zeros ("01" is another key)
+        if not p.isascii() or not p.isdigit() or (len(p) > 1 and p[0] == "0"):
+            return None
+        coords.append(int(p))
+    return tuple(coords)
+
+
+def format_chunk_suffix(coords: Coords, separator: str, *, zero_d: str = "c0") -> str:
+    """Inverse of :func:`parse_chunk_suffix`; a 0-d key is ``zero_d`` (``c0`` as zarr-python 2.x)."""
+    if not coords:
+        return zero_d
+    return "c" + separator.join(str(int(c)) for c in coords)
+
+
+def chunk_to_shard(coords: Coords, chunks_per_shard: Coords) -> tuple[Coords, Coords]:
+    """Split global chunk coordinates into ``(shard coords, coords within the shard)``."""
+    shard = tuple(c // n for c, n in zip(coords, chunks_per_shard))
+    local = tuple(c % n for c, n in zip(coords, chunks_per_shard))
+    return shard, local
+
+
+def shard_chunks(shard: Coords, chunks_per_shard: Coords, grid_shape: Coords | None = None) -> Iterator[Coords]:
+    """Global coordinates of the chunks a shard may hold, in C order, limited to ``grid_shape``."""
+    ranges = []
+    for d, (s, n) in enumerate(zip(shard, chunks_per_shard)):
+        lo, hi = s * n, (s + 1) * n
+        if grid_shape is not None:
+            hi = min(hi, grid_shape[d])
+        ranges.append(range(lo, hi))
+    return itertools.product(*ranges)
+
+
+def local_to_global(shard: Coords, local: Coords, chunks_per_shard: Coords) -> Coords:
+    return tuple(s * n + c for s, n, c in zip(shard, chunks_per_shard, local))
+
+
+def prefix_coords(rest: str, separator: str) -> tuple[Coords, bool] | None:
+    """Leading chunk coordinates fixed by a listing prefix inside an array's data prefix.
+
+    ``rest`` is the part of the prefix after the data prefix. Returns the coordinates
+    of the complete components (``"c1/2/"`` -> ``(1, 2)``), and whether the prefix ends
+    exactly at a component boundary; ``None`` if no chunk key can start with ``rest``.
+    Incomplete components (``"c1"`` is a prefix of ``c1/...`` and ``c10/...``) fix nothing.
+    """
+    if rest == "":
+        return (), True
+    if not rest.startswith("c"):
+        return None
+    parts = rest[1:].split(separator)
+    complete, tail = parts[:-1], parts[-1]
+    coords = []
+    for p in complete:
+        if not p.isascii() or not p.isdigit():
+            return None
+        coords.append(int(p))
+    if tail and not (tail.isascii() and tail.isdigit()):
+        return None
+    return tuple(coords), tail == ""

@@ -1,0 +1,291 @@
+"""The shard binary format: the index and pure encode/decode functions.
+
+One format serves both eras. A draft (2022) shard is ``[payloads...][index]`` with the
+index a C-ordered array of little-endian ``(offset, nbytes)`` uint64 pairs and both
+fields ``2**64-1`` for an empty chunk. The v1.0 ``sharding_indexed`` codec stores the
+same index, optionally followed by a 4-byte CRC32C of it and optionally at the start
+of the object instead of the end. ``index_location="end"`` without a checksum is the
+draft format exactly.
+
+Validation policy (what we trust in an index we did not write):
+
+* an entry with exactly one sentinel field (a *half sentinel*) is corrupt;
+* ``offset + nbytes`` must not overflow uint64 and must lie inside the payload area
+  (the object minus its index) when the object size is known;
+* two entries may overlap or share bytes: the spec allows any layout, and a reader
+  can serve both faithfully, so overlaps are accepted (and un-shared on rewrite).
+
+Violations raise :class:`~sharding_store.errors.ShardCorruptError` naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import crc32c as _crc32c
+import numpy as np
+
+from .errors import ShardCorruptError, UsageError
+
+MAX_UINT64 = 2**64 - 1
+ENTRY_NBYTES = 16
+CHECKSUM_NBYTES = 4
+#: refuse to allocate an index beyond this: a hostile ``chunks_per_shard`` must fail fast
+MAX_INDEX_ENTRIES = 2**26
+
+IndexLocation = Literal["start", "end"]
+Coords = tuple[int, ...]
+
+
+def index_nbytes(chunks_per_shard: tuple[int, ...], checksum: bool = False) -> int:
+    """Size in bytes of the encoded index for ``chunks_per_shard``."""
+    n = n_entries(chunks_per_shard)
+    return ENTRY_NBYTES * n + (CHECKSUM_NBYTES if checksum else 0)
+
+
+def n_entries(chunks_per_shard: tuple[int, ...]) -> int:
+    n = math.prod(chunks_per_shard)
+    if n < 1 or any(c < 1 for c in chunks_per_shard):
+        raise UsageError(f"chunks_per_shard {tuple(chunks_per_shard)}: every entry must be >= 1")
+    if n > MAX_INDEX_ENTRIES:
+        raise UsageError(
+            f"chunks_per_shard {tuple(chunks_per_shard)}: {n} chunks per shard exceeds the limit of {MAX_INDEX_ENTRIES}"
+        )
+    return n
+
+
+@dataclass
+class ShardIndex:
+    """The ``(offset, nbytes)`` table of one shard, shape ``[*chunks_per_shard, 2]``."""
+
+    entries: np.ndarray  # uint64, shape (*chunks_per_shard, 2)
+
+    @property
+    def chunks_per_shard(self) -> tuple[int, ...]:
+        return tuple(self.entries.shape[:-1])
+
+    @classmethod
+    def empty(cls, chunks_per_shard: tuple[int, ...]) -> ShardIndex:
+        n_entries(chunks_per_shard)
+        return cls(np.full((*chunks_per_shard, 2), MAX_UINT64, dtype=np.uint64))
+
+    @classmethod
+    def from_bytes(
+        cls,
+        data: bytes | memoryview,
+        chunks_per_shard: tuple[int, ...],
+        *,
+        checksum: bool = False,
+        key: str = "<shard>",
+        payload_limit: int | None = None,
+        payload_start: int = 0,
+    ) -> ShardIndex:
+        """Parse and validate an encoded index.
+
+        ``payload_start``/``payload_limit`` bound where chunk bytes may lie (the object
+        minus its index); pass ``payload_limit=None`` when the object size is unknown
+        (a suffix range read) and check lengths when the payloads are read instead.
+        """
+        expected = index_nbytes(chunks_per_shard, checksum)
+        if len(data) != expected:
+            raise ShardCorruptError(
+                f"{key}: shard index is {len(data)} bytes, expected {expected} "
+                f"({n_entries(chunks_per_shard)} chunks x 16{' + 4 checksum' if checksum else ''}); "
+                "the object is truncated or chunks_per_shard is wrong",
+                key=key,
+            )
+        body = memoryview(data)[: ENTRY_NBYTES * n_entries(chunks_per_shard)]
+        if checksum:
+            stored = int.from_bytes(data[-CHECKSUM_NBYTES:], "little")
+            actual = _crc32c.crc32c(body)
+            if stored != actual:
+                raise ShardCorruptError(
+                    f"{key}: shard index checksum mismatch (stored {stored:#010x}, computed {actual:#010x})",
+                    key=key,
+                )
+        entries = np.frombuffer(body, dtype="<u8").astype(np.uint64, copy=True)
+        entries = entries.reshape((*chunks_per_shard, 2))
+        index = cls(entries)
+        index.validate(key=key, payload_limit=payload_limit, payload_start=payload_start)
+        return index
+
+    def validate(self, *, key: str, payload_limit: int | None = None, payload_start: int = 0) -> None:
+        flat = self.entries.reshape(-1, 2)
+        off_empty = flat[:, 0] == MAX_UINT64
+        len_empty = flat[:, 1] == MAX_UINT64
+        half = off_empty != len_empty
+        if half.any():
+            i = int(np.flatnonzero(half)[0])
+            raise ShardCorruptError(
+                f"{key}: shard index entry {self._coords(i)} has one sentinel field "
+                f"(offset={int(flat[i, 0])}, nbytes={int(flat[i, 1])})",
+                key=key,
+            )
+        live = ~off_empty
+        offsets = flat[live, 0]
+        nbytes = flat[live, 1]
+        overflow = offsets > (MAX_UINT64 - nbytes)
+        if overflow.any():
+            i = int(np.flatnonzero(live)[np.flatnonzero(overflow)[0]])
+            raise ShardCorruptError(
+                f"{key}: shard index entry {self._coords(i)} overflows: offset {int(flat[i, 0])} + nbytes {int(flat[i, 1])} > 2**64-1",
+                key=key,
+            )
+        if offsets.size:
+            ends = offsets + nbytes
+            bad = offsets < np.uint64(payload_start)
+            if payload_limit is not None:
+                bad |= ends > np.uint64(payload_limit)
+            if bad.any():
+                i = int(np.flatnonzero(live)[np.flatnonzero(bad)[0]])
+                where = f"[{payload_start}, {payload_limit})" if payload_limit is not None else f"[{payload_start}, ...)"
+                raise ShardCorruptError(
+                    f"{key}: shard index entry {self._coords(i)} points to bytes "
+                    f"[{int(flat[i, 0])}, {int(flat[i, 0]) + int(flat[i, 1])}) outside the payload area {where}",
+                    key=key,
+                )
+
+    def _coords(self, flat_index: int) -> Coords:
+        return tuple(int(c) for c in np.unravel_index(flat_index, self.chunks_per_shard))
+
+    def to_bytes(self, *, checksum: bool = False) -> bytes:
+        body = self.entries.astype("<u8", copy=False).tobytes()
+        if checksum:
+            body += _crc32c.crc32c(body).to_bytes(CHECKSUM_NBYTES, "little")
+        return body
+
+    def get(self, coords: Coords) -> tuple[int, int] | None:
+        off, nb = self.entries[coords]
+        if off == MAX_UINT64:
+            return None
+        return int(off), int(nb)
+
+    def set(self, coords: Coords, offset: int, nbytes: int) -> None:
+        self.entries[coords] = (offset, nbytes)
+
+    def clear(self, coords: Coords) -> None:
+        self.entries[coords] = (MAX_UINT64, MAX_UINT64)
+
+    def is_empty(self) -> bool:
+        return bool((self.entries[..., 0] == MAX_UINT64).all())
+
+    def live(self) -> Iterator[tuple[Coords, int, int]]:
+        """Live entries ``(coords, offset, nbytes)`` in C order of the local grid."""
+        flat = self.entries.reshape(-1, 2)
+        for i in np.flatnonzero(flat[:, 0] != MAX_UINT64):
+            yield self._coords(int(i)), int(flat[i, 0]), int(flat[i, 1])
+
+    def n_live(self) -> int:
+        return int((self.entries[..., 0] != MAX_UINT64).sum())
+
+    def live_nbytes(self) -> int:
+        mask = self.entries[..., 0] != MAX_UINT64
+        return int(self.entries[..., 1][mask].sum(dtype=np.uint64))
+
+    def is_compact(self, object_size: int, *, checksum: bool = False, index_location: IndexLocation = "end") -> bool:
+        """True when the object holds no dead bytes: live ranges tile the payload area exactly."""
+        start = index_nbytes(self.chunks_per_shard, checksum) if index_location == "start" else 0
+        ranges = sorted((off, off + nb) for _, off, nb in self.live())
+        pos = start
+        for lo, hi in ranges:
+            if lo != pos:
+                return False
+            pos = hi
+        return pos + (0 if index_location == "start" else index_nbytes(self.chunks_per_shard, checksum)) == object_size
+
+
+def payload_bounds(
+    object_size: int, chunks_per_shard: tuple[int, ...], *, checksum: bool = False, index_location: IndexLocation = "end"
+) -> tuple[int, int]:
+    """``(start, limit)`` of the bytes in an object of ``object_size`` that chunks may occupy."""
+    n = index_nbytes(chunks_per_shard, checksum)
+    return (n, object_size) if index_location == "start" else (0, object_size - n)
+
+
+def read_index(
+    data: bytes | memoryview,
+    chunks_per_shard: tuple[int, ...],
+    *,
+    checksum: bool = False,
+    index_location: IndexLocation = "end",
+    key: str = "<shard>",
+) -> ShardIndex:
+    """Parse the index of a whole shard object held in memory."""
+    n = index_nbytes(chunks_per_shard, checksum)
+    if len(data) < n:
+        raise ShardCorruptError(
+            f"{key}: object is {len(data)} bytes, shorter than its {n}-byte shard index", key=key
+        )
+    raw = data[:n] if index_location == "start" else data[len(data) - n :]
+    start, limit = payload_bounds(len(data), chunks_per_shard, checksum=checksum, index_location=index_location)
+    return ShardIndex.from_bytes(
+        raw, chunks_per_shard, checksum=checksum, key=key, payload_limit=limit, payload_start=start
+    )
+
+
+def encode_shard(
+    chunks: Mapping[Coords, bytes | memoryview],
+    chunks_per_shard: tuple[int, ...],
+    *,
+    checksum: bool = False,
+    index_location: IndexLocation = "end",
+) -> bytes:
+    """Build a compact shard: live chunks in C order, no dead bytes, then (or before) the index.
+
+    Returns ``b""`` when ``chunks`` is empty: callers delete the object instead of
+    writing an all-empty shard.
+    """
+    chunks_per_shard = tuple(chunks_per_shard)
+    if not chunks:
+        return b""
+    index = ShardIndex.empty(chunks_per_shard)
+    start = index_nbytes(chunks_per_shard, checksum) if index_location == "start" else 0
+    parts: list[bytes | memoryview] = []
+    pos = start
+    for coords in sorted(chunks):
+        if len(coords) != len(chunks_per_shard) or any(not 0 <= c < n for c, n in zip(coords, chunks_per_shard)):
+            raise UsageError(f"chunk coordinates {coords} are outside a shard of {chunks_per_shard} chunks")
+        payload = chunks[coords]
+        index.set(coords, pos, len(payload))
+        parts.append(payload)
+        pos += len(payload)
+    idx = index.to_bytes(checksum=checksum)
+    if index_location == "start":
+        return b"".join([idx, *parts])
+    parts.append(idx)
+    return b"".join(parts)
+
+
+def decode_shard(
+    data: bytes | memoryview,
+    chunks_per_shard: tuple[int, ...],
+    *,
+    checksum: bool = False,
+    index_location: IndexLocation = "end",
+    key: str = "<shard>",
+) -> dict[Coords, bytes]:
+    """All live chunks of a shard object, keyed by local coordinates."""
+    index = read_index(data, chunks_per_shard, checksum=checksum, index_location=index_location, key=key)
+    view = memoryview(data)
+    return {coords: bytes(view[off : off + nb]) for coords, off, nb in index.live()}
+
+
+def decode_chunk(
+    data: bytes | memoryview,
+    coords: Coords,
+    chunks_per_shard: tuple[int, ...],
+    *,
+    checksum: bool = False,
+    index_location: IndexLocation = "end",
+    key: str = "<shard>",
+) -> bytes | None:
+    """One chunk's payload from a whole shard object, or ``None`` if it is empty."""
+    index = read_index(data, chunks_per_shard, checksum=checksum, index_location=index_location, key=key)
+    entry = index.get(tuple(coords))
+    if entry is None:
+        return None
+    off, nb = entry
+    return bytes(memoryview(data)[off : off + nb])
