@@ -128,6 +128,9 @@ class ShardingStore(MutableMapping[str, bytes]):
         e.g. :func:`sharding_store.locks.file_lock` for several processes.
     max_workers:
         Threads used to rewrite several shards of one batch concurrently.
+    layout:
+        Single-array mode with everything known (e.g. ``ArrayLayout.from_meta(meta)``),
+        including the chunk grid so edge shards are recognised as complete.
     """
 
     def __init__(
@@ -142,6 +145,7 @@ class ShardingStore(MutableMapping[str, bytes]):
         coalesce_gap: int = 0,
         lock: Callable[[str], ContextManager[Any]] | None = None,
         max_workers: int = 8,
+        layout: ArrayLayout | None = None,
     ) -> None:
         self.inner: Inner = as_inner(inner, storage_options=storage_options)
         self.index_cache_size = index_cache_size
@@ -153,8 +157,10 @@ class ShardingStore(MutableMapping[str, bytes]):
         self._cache_lock = threading.Lock()
         self._layouts: dict[str, ArrayLayout | None] = {}
         self._suffix: str | None = None
-        self._fixed: ArrayLayout | None = None
-        if chunks_per_shard is not None:
+        self._fixed: ArrayLayout | None = layout
+        if layout is not None and not layout.sharded:
+            raise UsageError("layout=: the array must be sharded (chunks_per_shard is None)")
+        if chunks_per_shard is not None and layout is None:
             if separator not in ("/", "."):
                 raise UsageError(f"separator {separator!r}: must be '/' or '.'")
             cps = (chunks_per_shard,) if isinstance(chunks_per_shard, int) else tuple(chunks_per_shard)
