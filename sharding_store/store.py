@@ -86,7 +86,7 @@ class ArrayLayout:
         return wanted <= set(given)
 
     @classmethod
-    def from_meta(cls, meta: dm.DraftArrayMeta) -> ArrayLayout:
+    def from_meta(cls, meta: dm.DraftArrayMeta | dm.DraftArrayGeometry) -> ArrayLayout:
         return cls(
             path=meta.path,
             prefix=dm.data_prefix(meta.path),
@@ -186,7 +186,7 @@ class ShardingStore(MutableMapping[str, bytes]):
             pass
         key = dm.array_meta_key(path, self.metadata_key_suffix)
         raw = self.inner.get(key)
-        layout = None if raw is None else ArrayLayout.from_meta(dm.parse_array_metadata(raw, key, path))
+        layout = None if raw is None else ArrayLayout.from_meta(dm.parse_array_geometry(raw, key, path))
         self._layouts[path] = layout
         return layout
 

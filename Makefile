@@ -1,0 +1,41 @@
+# Two commands for a newcomer (see README):
+#   make demo   install everything, migrate the bundled zarr-python 2.18 sample, verify it
+#   make test   install everything (incl. the zarr 2.18 oracle venv) and run the whole suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+SAMPLE := samples/zarr-2.18-sharded.zr3
+OUT    := demo-out/sample-v3.zarr
+
+.PHONY: install demo test bench legacy clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+legacy:
+	bash compat/setup_legacy.sh
+
+demo: install
+	@echo "== what is in the sample (written by zarr-python 2.18 with the draft sharding transformer)"
+	$(VENV)/bin/sharding-store info $(SAMPLE)
+	@echo "== migrate it to Zarr v3 + sharding_indexed (payloads copied verbatim, then verified)"
+	$(VENV)/bin/sharding-store migrate $(SAMPLE) $(OUT) --overwrite
+	@echo "== verify again, independently"
+	$(VENV)/bin/sharding-store verify $(SAMPLE) $(OUT)
+	@echo "== open the result with zarr-python 3"
+	$(PY) examples/open_migrated.py $(OUT)
+
+test: install legacy
+	$(PY) -m pytest -n 2 --dist loadfile -q
+
+bench: install legacy
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) compat/.venv-legacy compat/.corpus demo-out

@@ -1,0 +1,930 @@
+"""The draft-era (2022) Zarr v3 metadata model: parse, validate and re-encode.
+
+Pure functions, no I/O. Parsing accepts every spelling real writers put on disk
+(zarr-python 2.14-2.18, acquire, spec drafts; see DRAFT-FORMAT.md) and rejects
+anything else with a :class:`DraftMetadataError` that names the key and the field.
+Encoding reproduces zarr-python 2.18's ``Metadata3`` byte for byte, so a store we
+rewrite is indistinguishable from one the legacy library wrote.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import numcodecs
+import numpy as np
+from numcodecs.abc import Codec
+
+from .errors import DraftMetadataError
+
+__all__ = [
+    "ENTRY_POINT_KEY",
+    "DRAFT_PROTOCOL",
+    "SHARDING_EXTENSION",
+    "CONSOLIDATED_KEY",
+    "EntryPoint",
+    "parse_entry_point",
+    "encode_entry_point",
+    "array_meta_key",
+    "group_meta_key",
+    "data_prefix",
+    "normalize_path",
+    "path_from_meta_key",
+    "DraftArrayMeta",
+    "parse_array_metadata",
+    "encode_array_metadata",
+    "draft_array_document",
+    "parse_group_metadata",
+    "encode_group_metadata",
+    "parse_consolidated",
+    "parse_chunks_per_shard",
+    "find_sharding_transformer",
+]
+
+ENTRY_POINT_KEY = "zarr.json"
+DRAFT_PROTOCOL = "https://purl.org/zarr/spec/protocol/core/3.0"
+SHARDING_EXTENSION = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"
+#: Draft consolidated metadata; lives under ``meta/root`` but is not a node.
+CONSOLIDATED_KEY = "meta/root/consolidated/.zmetadata"
+
+META_ROOT = "meta/root"
+DATA_ROOT = "data/root"
+CODEC_URI_PREFIX = "https://purl.org/zarr/spec/codec/"
+DRAFT_COMPRESSORS = ("gzip", "zlib", "blosc", "bz2", "lz4", "lzma", "zstd")
+
+# Every URI/name under which the sharding transformer was published (DRAFT-FORMAT.md).
+_SHARDING_EXTENSION_SPELLINGS = (
+    SHARDING_EXTENSION,  # 1: zarr-python 2.x, acquire
+    "https://purl.org/zarr/spec/extensions/storage_transformers/sharding/1.0",  # 4: late 2022
+    "sharding",  # 5: Feb 2023
+)
+
+# Bounds that keep hostile metadata from making readers allocate absurd buffers.
+MAX_CHUNKS_PER_SHARD = 2**32
+MAX_SHARD_INDEX_BYTES = 2**30
+MAX_CHUNK_ELEMENTS = 2**32
+MAX_EXTENT = 2**63 - 1
+
+_LEGAL_PATH = re.compile(r"[A-Za-z0-9._\-]+")
+
+# Extension URLs zarr-python 2.18 writes for non-core data types (zarr/meta.py).
+_EXT_COMPLEX = (
+    "https://zarr-specs.readthedocs.io/en/core-protocol-v3.0-dev/protocol/"
+    "extensions/complex-dtypes/v1.0.html"
+)
+_EXT_DATETIME = "https://zarr-specs.readthedocs.io/en/latest/extensions/data-types/datetime/v1.0.html"
+_EXT_BYTES = "TODO: bytestring array protocol URL"
+_EXT_UNICODE = "TODO: unicode array protocol URL"
+_EXT_STRUCTURED = "TODO: structured array protocol URL"
+_CORE_DTYPES = frozenset(
+    {"bool", "i1", "u1"} | {f"{e}{k}{n}" for e in "<>" for k in "uif" for n in "248"}
+)
+
+
+def _error(key: str, fld: str | None, message: str) -> DraftMetadataError:
+    where = f"{key}: field '{fld}'" if fld else key
+    return DraftMetadataError(f"{where}: {message}", key=key)
+
+
+def _json_dumps(obj: Any) -> bytes:
+    """zarr-python 2.18's ``json_dumps`` (sorted keys, indent 4, ASCII)."""
+    return json.dumps(
+        obj, indent=4, sort_keys=True, ensure_ascii=True, separators=(",", ": ")
+    ).encode("ascii")
+
+
+def _load_document(raw: bytes | str | Mapping, key: str) -> dict:
+    """Parse a JSON object document (or accept an already-parsed mapping)."""
+    if isinstance(raw, Mapping):
+        return copy.deepcopy(dict(raw))
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _error(key, None, f"document is not UTF-8 text ({e.reason})") from None
+    if not isinstance(raw, str):
+        raise _error(key, None, f"expected JSON bytes/str or a mapping, got {type(raw).__name__}")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise _error(key, None, f"invalid JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise _error(key, None, f"document is not a JSON object (got {type(doc).__name__})")
+    return doc
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_list(value: Any, key: str, fld: str, *, minimum: int) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise _error(key, fld, f"expected a list of integers, got {json.dumps(value)[:80]}")
+    for v in value:
+        if not _is_int(v):
+            raise _error(key, fld, f"not an integer: {json.dumps(v)[:80]}")
+        if v < minimum:
+            what = "negative extent" if minimum == 0 else "non-positive extent"
+            raise _error(key, fld, f"{what} {v}")
+        if v > MAX_EXTENT:
+            raise _error(key, fld, f"extent {v} exceeds 2**63-1")
+    return tuple(value)
+
+
+# --------------------------------------------------------------------------- keys
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """The ``zarr.json`` entry point; only the key suffix affects how we read."""
+
+    metadata_key_suffix: str = ".json"
+    raw: dict = field(
+        default_factory=lambda: {
+            "extensions": [],
+            "metadata_encoding": DRAFT_PROTOCOL,
+            "metadata_key_suffix": ".json",
+            "zarr_format": DRAFT_PROTOCOL,
+        }
+    )
+
+
+def parse_entry_point(raw: bytes | str | dict, key: str = ENTRY_POINT_KEY) -> EntryPoint:
+    """Validate a draft entry point; a v1.0 ``zarr.json`` (``zarr_format: 3``) is refused."""
+    doc = _load_document(raw, key)
+    fmt = doc.get("zarr_format")
+    if fmt != DRAFT_PROTOCOL:
+        raise _error(
+            key, "zarr_format", f"expected {DRAFT_PROTOCOL!r} (a draft-era hierarchy), got {fmt!r}"
+        )
+    enc = doc.get("metadata_encoding", DRAFT_PROTOCOL)
+    if enc != DRAFT_PROTOCOL:
+        raise _error(key, "metadata_encoding", f"unsupported metadata encoding {enc!r}")
+    suffix = doc.get("metadata_key_suffix", ".json")
+    if not isinstance(suffix, str) or not _LEGAL_PATH.fullmatch(suffix):
+        raise _error(key, "metadata_key_suffix", f"expected a non-empty key suffix, got {suffix!r}")
+    if not isinstance(doc.get("extensions", []), list):
+        raise _error(key, "extensions", "expected a list")
+    return EntryPoint(metadata_key_suffix=suffix, raw=doc)
+
+
+def encode_entry_point(ep: EntryPoint | None = None) -> bytes:
+    """The entry point exactly as zarr 2.18's ``encode_hierarchy_metadata`` writes it."""
+    ep = ep or EntryPoint()
+    return _json_dumps(
+        {
+            "extensions": ep.raw.get("extensions", []),
+            "metadata_encoding": DRAFT_PROTOCOL,
+            "metadata_key_suffix": ep.metadata_key_suffix,
+            "zarr_format": DRAFT_PROTOCOL,
+        }
+    )
+
+
+def normalize_path(path: str) -> str:
+    """Strip outer slashes and refuse anything zarr-python 2.x could not have written."""
+    if not isinstance(path, str):
+        raise DraftMetadataError(f"node path must be a string, got {type(path).__name__}")
+    stripped = path.strip("/")
+    if not stripped:
+        return ""
+    for segment in stripped.split("/"):
+        if segment == "":
+            raise DraftMetadataError(f"node path {path!r}: empty path segment", key=path)
+        if segment in (".", ".."):
+            raise DraftMetadataError(f"node path {path!r}: segment {segment!r} not allowed", key=path)
+        if not _LEGAL_PATH.fullmatch(segment):
+            bad = sorted(set(re.sub(r"[A-Za-z0-9._\-]", "", segment)))
+            raise DraftMetadataError(
+                f"node path {path!r}: illegal character(s) {''.join(bad)!r} "
+                "(allowed: A-Za-z0-9 . - _ /)",
+                key=path,
+            )
+    return stripped
+
+
+def _meta_key(path: str, kind: str, suffix: str) -> str:
+    path = normalize_path(path)
+    return f"{META_ROOT}/{path}.{kind}{suffix}" if path else f"{META_ROOT}.{kind}{suffix}"
+
+
+def array_meta_key(path: str, suffix: str = ".json") -> str:
+    """``""`` -> ``meta/root.array.json``; ``"a/b"`` -> ``meta/root/a/b.array.json``."""
+    return _meta_key(path, "array", suffix)
+
+
+def group_meta_key(path: str, suffix: str = ".json") -> str:
+    """``""`` -> ``meta/root.group.json``; ``"a/b"`` -> ``meta/root/a/b.group.json``."""
+    return _meta_key(path, "group", suffix)
+
+
+def data_prefix(path: str) -> str:
+    """Prefix of an array's chunk/shard keys: ``data/root/`` or ``data/root/a/b/``."""
+    path = normalize_path(path)
+    return f"{DATA_ROOT}/{path}/" if path else f"{DATA_ROOT}/"
+
+
+def path_from_meta_key(
+    key: str, suffix: str = ".json"
+) -> tuple[str, Literal["array", "group"]] | None:
+    """Inverse of :func:`array_meta_key`/:func:`group_meta_key`; None for non-node keys.
+
+    A node-shaped key whose path is illegal (``..``, bad characters) raises, so that
+    hostile keys are reported rather than silently skipped.
+    """
+    if key == CONSOLIDATED_KEY:
+        return None
+    for kind in ("array", "group"):
+        tail = f".{kind}{suffix}"
+        if not key.endswith(tail):
+            continue
+        stem = key[: -len(tail)]
+        if stem == META_ROOT:
+            return "", kind  # type: ignore[return-value]
+        if stem.startswith(META_ROOT + "/") and len(stem) > len(META_ROOT) + 1:
+            path = stem[len(META_ROOT) + 1 :]
+            try:
+                ok = path == normalize_path(path)
+            except DraftMetadataError as e:
+                raise DraftMetadataError(f"{key}: malformed node path: {e}", key=key) from None
+            if not ok:
+                raise DraftMetadataError(f"{key}: malformed node path {path!r}", key=key)
+            return path, kind  # type: ignore[return-value]
+    return None
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+def _decode_descr(d: Any) -> Any:
+    """zarr 2's list-of-lists descr -> numpy's list-of-tuples (recursively)."""
+    if isinstance(d, list):
+        out = []
+        for item in d:
+            if not isinstance(item, list) or len(item) not in (2, 3):
+                raise ValueError(f"bad structured field {item!r}")
+            name, sub, *shape = item
+            if not isinstance(name, str):
+                raise ValueError(f"bad field name {name!r}")
+            out.append((name, _decode_descr(sub), *(tuple(s) if isinstance(s, list) else s for s in shape)))
+        return out
+    if not isinstance(d, str):
+        raise ValueError(f"expected a type string, got {d!r}")
+    return d
+
+
+def _check_dtype(dtype: np.dtype) -> None:
+    """Raise ValueError for types zarr 2.18 could not have stored."""
+    if dtype.hasobject:
+        raise ValueError("object data type (|O) is not supported: its chunks need an object codec")
+    if dtype.subdtype is not None:
+        raise ValueError(f"sub-array data type {dtype} is not allowed at the top level")
+    if dtype.fields is not None:
+        for sub, *_offset in dtype.fields.values():
+            _check_dtype(sub.base)
+        return
+    kind = dtype.kind
+    if kind in "mM" and np.datetime_data(dtype)[0] == "generic":
+        raise ValueError(f"{dtype.str}: datetime/timedelta without a unit")
+    if kind in "SUV" and dtype.itemsize == 0:
+        raise ValueError(f"{dtype.str}: zero-length data type")
+    if kind == "f" and dtype.itemsize not in (2, 4, 8):
+        raise ValueError(f"{dtype.str}: unsupported float width")
+    if kind == "c" and dtype.itemsize not in (8, 16):
+        raise ValueError(f"{dtype.str}: unsupported complex width")
+    if kind not in "biufcmMSUV":
+        raise ValueError(f"unsupported data type {dtype.str}")
+
+
+def _parse_dtype(value: Any, key: str) -> np.dtype:
+    spec = value
+    if isinstance(value, dict):
+        if "type" not in value:
+            raise _error(key, "data_type", "extension data type object has no 'type'")
+        spec = value["type"]
+    try:
+        dtype = np.dtype(_decode_descr(spec))
+        _check_dtype(dtype)
+    except DraftMetadataError:
+        raise
+    except Exception as e:  # numpy raises TypeError/ValueError/SyntaxError
+        raise _error(key, "data_type", f"cannot parse {json.dumps(value)[:120]}: {e}") from None
+    return dtype
+
+
+def _encode_dtype(dtype: np.dtype) -> Any:
+    """zarr 2.18 ``Metadata3.encode_dtype``."""
+    s = dtype.str
+    if s == "|b1":
+        return "bool"
+    if s in ("|u1", "|i1"):
+        return s[1:]
+    if s in _CORE_DTYPES:
+        return s
+    if dtype.kind == "c":
+        ext, t = _EXT_COMPLEX, s
+    elif dtype.kind in "mM":
+        ext, t = _EXT_DATETIME, s
+    elif dtype.kind == "S":
+        ext, t = _EXT_BYTES, s
+    elif dtype.kind == "U":
+        ext, t = _EXT_UNICODE, s
+    else:
+        ext, t = _EXT_STRUCTURED, dtype.descr
+    return {"extension": ext, "fallback": None, "type": t}
+
+
+# --------------------------------------------------------------------------- fill values
+
+_FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def _decode_float(v: Any, dtype: np.dtype) -> Any:
+    if isinstance(v, str) and v in _FLOAT_WORDS:
+        return dtype.type(_FLOAT_WORDS[v])
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ValueError(f"expected a number or 'NaN'/'Infinity'/'-Infinity', got {v!r}")
+    with np.errstate(over="ignore"):
+        out = dtype.type(v)
+    if math.isfinite(v) and not np.isfinite(out):
+        raise ValueError(f"{v!r} overflows {dtype.str}")
+    return out
+
+
+def _decode_fill_value(v: Any, dtype: np.dtype) -> Any:
+    """Draft JSON fill value -> numpy scalar of ``dtype`` (zarr 2.18 semantics, stricter)."""
+    if v is None:
+        return None
+    kind = dtype.kind
+    if kind == "f":
+        return _decode_float(v, dtype)
+    if kind == "c":
+        if not isinstance(v, list) or len(v) != 2:
+            raise ValueError(f"expected [real, imag], got {v!r}")
+        part = np.dtype(f"f{dtype.itemsize // 2}")
+        re_, im = (_decode_float(x, part) for x in v)
+        return dtype.type(complex(float(re_), float(im)))
+    if kind == "b":
+        if isinstance(v, bool) or (_is_int(v) and v in (0, 1)):
+            return np.bool_(v)
+        raise ValueError(f"expected true/false, got {v!r}")
+    if kind in "iu":
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if not _is_int(v):
+            raise ValueError(f"expected an integer, got {v!r}")
+        info = np.iinfo(dtype)
+        if not info.min <= v <= info.max:
+            raise ValueError(f"{v} out of range for {dtype.str} [{info.min}, {info.max}]")
+        return dtype.type(v)
+    if kind in "mM":
+        if _is_int(v):
+            if not -(2**63) <= v < 2**63:
+                raise ValueError(f"{v} out of int64 range")
+            return np.array(v, dtype=np.int64).astype(dtype)[()]
+        if isinstance(v, str):
+            return np.array(v, dtype=dtype)[()]
+        raise ValueError(f"expected an integer, got {v!r}")
+    if kind == "U":
+        if not isinstance(v, str):
+            raise ValueError(f"expected a string, got {v!r}")
+        if len(v) > dtype.itemsize // 4:
+            raise ValueError(f"string of {len(v)} characters does not fit {dtype.str}")
+        return np.array(v, dtype=dtype)[()]
+    if kind == "S":
+        if _is_int(v) and v == 0:  # zarr 2 leniency for pre-base64 files
+            return dtype.type(b"")
+        if not isinstance(v, str):
+            raise ValueError(f"expected a base64 string, got {v!r}")
+        try:
+            b = base64.standard_b64decode(v)
+        except (binascii.Error, ValueError):
+            b = v.encode("ascii", errors="strict")  # zarr 2: plain strings predate base64
+        if len(b) > dtype.itemsize:
+            raise ValueError(f"{len(b)} bytes do not fit {dtype.str}")
+        return np.array(b, dtype=dtype)[()]
+    if kind == "V":
+        if not isinstance(v, str):
+            raise ValueError(f"expected a base64 string, got {v!r}")
+        try:
+            b = base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise ValueError(f"invalid base64: {e}") from None
+        if len(b) != dtype.itemsize:
+            raise ValueError(f"{len(b)} bytes, but {dtype} has {dtype.itemsize}")
+        return np.frombuffer(b, dtype=dtype)[0]
+    raise ValueError(f"unsupported data type {dtype}")  # pragma: no cover (checked earlier)
+
+
+def _encode_fill_value(v: Any, dtype: np.dtype) -> Any:
+    """zarr 2.18 ``Metadata2.encode_fill_value`` (used for v3 too)."""
+    if v is None:
+        return None
+    kind = dtype.kind
+    if kind == "f":
+        if np.isnan(v):
+            return "NaN"
+        if np.isposinf(v):
+            return "Infinity"
+        if np.isneginf(v):
+            return "-Infinity"
+        return float(v)
+    if kind in "ui":
+        return int(v)
+    if kind == "b":
+        return bool(v)
+    if kind == "c":
+        return [_encode_fill_value(np.float64(x), np.dtype("f8")) for x in (v.real, v.imag)]
+    if kind in "SV":
+        return base64.standard_b64encode(bytes(v) if kind == "S" else v.tobytes()).decode("ascii")
+    if kind == "U":
+        return str(v)
+    if kind in "mM":
+        return int(np.asarray(v).astype(np.int64))
+    return v  # pragma: no cover
+
+
+# --------------------------------------------------------------------------- codecs
+
+
+def _parse_compressor(value: Any, key: str) -> Codec | None:
+    if value is None:
+        return None
+    fld = "compressor"
+    if not isinstance(value, dict) or not isinstance(value.get("codec"), str):
+        raise _error(key, fld, f"expected {{'codec': URI, 'configuration': {{...}}}}, got {json.dumps(value)[:120]}")
+    uri = value["codec"]
+    m = re.fullmatch(re.escape(CODEC_URI_PREFIX) + r"([a-z0-9]+)/[0-9.]+", uri)
+    if not m or m.group(1) not in DRAFT_COMPRESSORS:
+        raise _error(key, fld, f"unknown codec {uri!r} (known: {', '.join(DRAFT_COMPRESSORS)})")
+    name = m.group(1)
+    config = value.get("configuration", {})
+    if not isinstance(config, dict):
+        raise _error(key, fld + ".configuration", "expected an object")
+    if name == "blosc":
+        cname, shuffle = config.get("cname", "lz4"), config.get("shuffle", 1)
+        if cname not in numcodecs.blosc.list_compressors():
+            raise _error(key, fld, f"blosc: unknown cname {cname!r}")
+        if shuffle not in (-1, 0, 1, 2) or isinstance(shuffle, bool):
+            raise _error(key, fld, f"blosc: shuffle must be -1, 0, 1 or 2, got {shuffle!r}")
+    return _make_codec({**config, "id": name}, key, fld)
+
+
+def _make_codec(config: dict, key: str, fld: str) -> Codec:
+    try:
+        return numcodecs.get_codec(dict(config))
+    except Exception as e:  # unknown id, bad keyword arguments, bad values
+        raise _error(key, fld, f"invalid codec configuration {json.dumps(config)[:120]}: {e}") from None
+
+
+def _codec_config(codec: Codec) -> dict:
+    config = codec.get_config()
+    config.pop("id", None)
+    return config
+
+
+def _encode_compressor(codec: Codec) -> dict:
+    """zarr 2.18 ``Metadata3._encode_codec_metadata``."""
+    if codec.codec_id not in DRAFT_COMPRESSORS:
+        raise DraftMetadataError(
+            f"compressor {codec.codec_id!r} cannot be stored in draft metadata "
+            f"(known: {', '.join(DRAFT_COMPRESSORS)})"
+        )
+    return {"codec": f"{CODEC_URI_PREFIX}{codec.codec_id}/1.0", "configuration": _codec_config(codec)}
+
+
+def _parse_filters(value: Any, key: str) -> tuple[Codec, ...]:
+    fld = "attributes.filters"
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _error(key, fld, "expected a list of numcodecs configurations")
+    out = []
+    for i, cfg in enumerate(value):
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("id"), str):
+            raise _error(key, f"{fld}[{i}]", "expected a numcodecs configuration with an 'id'")
+        out.append(_make_codec(cfg, key, f"{fld}[{i}]"))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- sharding
+
+
+def parse_chunks_per_shard(value: Any, ndim: int, key: str) -> tuple[int, ...]:
+    """Normalise a draft ``chunks_per_shard`` to exactly ``ndim`` entries.
+
+    Like zarr-python 2.18: an int n means ``(n,)``, a shorter list is padded with 1s on
+    the right (so an int is *not* repeated over all dimensions), extra trailing 1s
+    are dropped (a 0-d array is written with ``[1]``).
+    """
+    fld = "storage_transformers.configuration.chunks_per_shard"
+    if _is_int(value):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise _error(key, fld, f"expected an integer or a list of integers, got {json.dumps(value, default=str)[:80]}")
+    for v in value:
+        if not _is_int(v):
+            raise _error(key, fld, f"not an integer: {v!r}")
+        if v <= 0:
+            raise _error(key, fld, f"non-positive entry {v}")
+    cps = tuple(int(v) for v in value)
+    if len(cps) > ndim:
+        if any(v != 1 for v in cps[ndim:]):
+            raise _error(key, fld, f"{list(cps)} has more than ndim={ndim} entries")
+        cps = cps[:ndim]
+    cps = cps + (1,) * (ndim - len(cps))
+    n = math.prod(cps)
+    if n > MAX_CHUNKS_PER_SHARD:
+        raise _error(key, fld, f"{list(cps)} means {n} inner chunks per shard (limit 2**32)")
+    if 16 * n > MAX_SHARD_INDEX_BYTES:
+        raise _error(
+            key, fld, f"{list(cps)} needs a {16 * n}-byte shard index (limit {MAX_SHARD_INDEX_BYTES} bytes)"
+        )
+    return cps
+
+
+def _sharding_config(entry: dict, key: str) -> dict | None:
+    """The configuration of a sharding transformer entry in any spelling, else None."""
+    ext = entry.get("extension")
+    name = entry.get("name")
+    st = entry.get("storage_transformer")
+    config = entry.get("configuration", {})
+    if not isinstance(config, dict):
+        raise _error(key, "storage_transformers.configuration", "expected an object")
+    if ext in _SHARDING_EXTENSION_SPELLINGS:  # spellings 1, 4, 5
+        fmt = entry.get("type", "indexed")
+    elif name == "sharding" and ext is None:  # spelling 2
+        fmt = config.get("format", "indexed")
+    elif st == SHARDING_EXTENSION:  # spelling 3
+        fmt = config.get("format", "indexed")
+    else:
+        return None
+    if fmt != "indexed":
+        raise _error(key, "storage_transformers", f"unsupported sharding format {fmt!r} (only 'indexed')")
+    return config
+
+
+def find_sharding_transformer(transformers: list, key: str, ndim: int) -> tuple[int, ...] | None:
+    """``chunks_per_shard`` of the sharding transformer in a ``storage_transformers`` list."""
+    fld = "storage_transformers"
+    if transformers is None:
+        return None
+    if not isinstance(transformers, list):
+        raise _error(key, fld, "expected a list")
+    found: tuple[int, ...] | None = None
+    for entry in transformers:
+        if not isinstance(entry, dict):
+            raise _error(key, fld, f"expected objects, got {json.dumps(entry)[:80]}")
+        config = _sharding_config(entry, key)
+        if config is None:
+            ident = entry.get("extension") or entry.get("name") or entry.get("storage_transformer")
+            raise _error(key, fld, f"unknown storage transformer {ident!r}")
+        if found is not None:
+            raise _error(key, fld, "more than one sharding transformer")
+        if "chunks_per_shard" not in config:
+            raise _error(key, fld + ".configuration", "missing 'chunks_per_shard'")
+        found = parse_chunks_per_shard(config["chunks_per_shard"], ndim, key)
+    return found
+
+
+def _transformer_entry(cps: tuple[int, ...]) -> dict:
+    """Spelling 1, as zarr-python 2.x writes it (a 0-d array gets ``[1]``)."""
+    return {
+        "configuration": {"chunks_per_shard": list(cps) or [1]},
+        "extension": SHARDING_EXTENSION,
+        "type": "indexed",
+    }
+
+
+# --------------------------------------------------------------------------- arrays
+
+
+@dataclass(frozen=True)
+class DraftArrayMeta:
+    """One draft array document, validated and decoded. ``raw`` keeps the original."""
+
+    path: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: np.dtype
+    fill_value: Any
+    order: str
+    separator: str
+    compressor: Codec | None
+    filters: tuple[Codec, ...]
+    chunks_per_shard: tuple[int, ...] | None
+    attributes: dict
+    raw: dict
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.chunks_per_shard is not None
+
+    @property
+    def chunks_per_shard_or_ones(self) -> tuple[int, ...]:
+        return self.chunks_per_shard if self.chunks_per_shard is not None else (1,) * self.ndim
+
+    @property
+    def n_chunks_per_shard(self) -> int:
+        return math.prod(self.chunks_per_shard_or_ones)
+
+    @property
+    def shard_shape(self) -> tuple[int, ...]:
+        return tuple(c * n for c, n in zip(self.chunks, self.chunks_per_shard_or_ones))
+
+    @property
+    def chunk_grid_shape(self) -> tuple[int, ...]:
+        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunks))
+
+    @property
+    def shard_grid_shape(self) -> tuple[int, ...]:
+        return tuple(-(-s // c) for s, c in zip(self.shape, self.shard_shape))
+
+    def with_chunks_per_shard(self, cps: tuple[int, ...] | None) -> DraftArrayMeta:
+        """The same array resharded (or unsharded); ``raw`` gets a spelling-1 transformer."""
+        key = array_meta_key(self.path)
+        if cps is not None:
+            cps = parse_chunks_per_shard(list(cps), self.ndim, key)
+        raw = copy.deepcopy(self.raw)
+        raw.pop("storage_transformers", None)
+        if cps is not None:
+            raw["storage_transformers"] = [_transformer_entry(cps)]
+        return replace(self, chunks_per_shard=cps, raw=raw)
+
+
+def _check_chunk_bounds(chunks: tuple[int, ...], key: str) -> None:
+    n = math.prod(chunks)
+    if n > MAX_CHUNK_ELEMENTS:
+        raise _error(key, "chunk_grid.chunk_shape", f"{list(chunks)} has {n} elements per chunk (limit 2**32)")
+
+
+def _require(doc: dict, name: str, key: str, types: type | tuple[type, ...]) -> Any:
+    if name not in doc:
+        raise _error(key, name, "missing")
+    value = doc[name]
+    if not isinstance(value, types):
+        raise _error(key, name, f"wrong type {type(value).__name__}")
+    return value
+
+
+@dataclass(frozen=True)
+class DraftArrayGeometry:
+    """Just what mapping keys needs: shape, chunk grid, separator and sharding.
+
+    Parsed without the dtype or codecs, so raw chunk access (the storage
+    transformer, listing, copying) works even for arrays whose data type or
+    compressor we cannot decode.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    separator: str
+    chunks_per_shard: tuple[int, ...] | None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def chunk_grid_shape(self) -> tuple[int, ...]:
+        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunks))
+
+
+def _geometry(doc: dict, key: str, path: str | None) -> DraftArrayGeometry:
+    if path is None:
+        parsed = path_from_meta_key(key, key[key.rindex(".") :] if "." in key else ".json")
+        if parsed is None or parsed[1] != "array":
+            raise _error(key, None, "not an array metadata key; pass path= explicitly")
+        path = parsed[0]
+    path = normalize_path(path)
+
+    shape = _int_list(_require(doc, "shape", key, list), key, "shape", minimum=0)
+    grid = _require(doc, "chunk_grid", key, dict)
+    if grid.get("type", "regular") != "regular":
+        raise _error(key, "chunk_grid.type", f"unsupported chunk grid {grid.get('type')!r} (only 'regular')")
+    if "chunk_shape" not in grid:
+        raise _error(key, "chunk_grid.chunk_shape", "missing")
+    chunks = _int_list(grid["chunk_shape"], key, "chunk_grid.chunk_shape", minimum=1)
+    if len(chunks) != len(shape):
+        raise _error(
+            key, "chunk_grid.chunk_shape", f"{len(chunks)} dimensions, but shape has {len(shape)}"
+        )
+    separator = doc.get("dimension_separator") or grid.get("separator", "/")
+    if separator not in ("/", "."):
+        fld = "dimension_separator" if doc.get("dimension_separator") else "chunk_grid.separator"
+        raise _error(key, fld, f"expected '/' or '.', got {separator!r}")
+    cps = find_sharding_transformer(doc.get("storage_transformers", []), key, len(shape))
+    _check_chunk_bounds(chunks, key)
+    return DraftArrayGeometry(path, shape, chunks, separator, cps)
+
+
+def parse_array_geometry(raw: bytes | str | dict, key: str, path: str | None = None) -> DraftArrayGeometry:
+    """The key-mapping part of a draft array document (see :class:`DraftArrayGeometry`)."""
+    return _geometry(_load_document(raw, key), key, path)
+
+
+def parse_array_metadata(raw: bytes | str | dict, key: str, path: str | None = None) -> DraftArrayMeta:
+    """Parse and validate a draft array document (``meta/root/<path>.array.json``)."""
+    doc = _load_document(raw, key)
+    geometry = _geometry(doc, key, path)
+    path, shape, chunks, separator = geometry.path, geometry.shape, geometry.chunks, geometry.separator
+
+    order = _require(doc, "chunk_memory_layout", key, str)
+    if order not in ("C", "F"):
+        raise _error(key, "chunk_memory_layout", f"expected 'C' or 'F', got {order!r}")
+    if "data_type" not in doc:
+        raise _error(key, "data_type", "missing")
+    dtype = _parse_dtype(doc["data_type"], key)
+    if "fill_value" not in doc:
+        raise _error(key, "fill_value", "missing")
+    try:
+        fill_value = _decode_fill_value(doc["fill_value"], dtype)
+    except ValueError as e:
+        raise _error(key, "fill_value", f"{json.dumps(doc['fill_value'])[:80]} does not fit {dtype}: {e}") from None
+
+    compressor = _parse_compressor(doc.get("compressor"), key)
+    attributes = doc.get("attributes", {})
+    if not isinstance(attributes, dict):
+        raise _error(key, "attributes", f"expected an object, got {type(attributes).__name__}")
+    attributes = dict(attributes)
+    filters = _parse_filters(attributes.pop("filters", None), key)
+    extensions = doc.get("extensions", [])
+    if not isinstance(extensions, list):
+        raise _error(key, "extensions", "expected a list")
+    for ext in extensions:
+        if isinstance(ext, dict) and ext.get("must_understand", False) is not False:
+            raise _error(key, "extensions", f"unsupported extension {json.dumps(ext)[:80]}")
+
+    cps = geometry.chunks_per_shard
+    return DraftArrayMeta(
+        path=path,
+        shape=shape,
+        chunks=chunks,
+        dtype=dtype,
+        fill_value=fill_value,
+        order=order,
+        separator=separator,
+        compressor=compressor,
+        filters=filters,
+        chunks_per_shard=cps,
+        attributes=attributes,
+        raw=doc,
+    )
+
+
+def _document(meta: DraftArrayMeta) -> dict:
+    """The document zarr 2.18's ``Metadata3.encode_array_metadata`` builds for ``meta``."""
+    attributes = dict(meta.attributes)
+    if meta.filters:
+        attributes["filters"] = [f.get_config() for f in meta.filters]
+    doc: dict[str, Any] = {
+        "shape": list(meta.shape),
+        "chunk_grid": {"type": "regular", "chunk_shape": list(meta.chunks), "separator": meta.separator},
+        "data_type": _encode_dtype(meta.dtype),
+        "fill_value": _encode_fill_value(meta.fill_value, meta.dtype),
+        "chunk_memory_layout": meta.order,
+        "attributes": attributes,
+        "extensions": meta.raw.get("extensions", []),
+    }
+    if meta.compressor is not None:
+        doc["compressor"] = _encode_compressor(meta.compressor)
+    # zarr writes the top-level separator only when one was asked for explicitly;
+    # "." can only have come from such a request.
+    if meta.raw.get("dimension_separator") or meta.separator == ".":
+        doc["dimension_separator"] = meta.separator
+    if meta.chunks_per_shard is not None:
+        doc["storage_transformers"] = [_transformer_entry(_written_chunks_per_shard(meta))]
+    return doc
+
+
+def _written_chunks_per_shard(meta: DraftArrayMeta) -> tuple[int, ...]:
+    """``chunks_per_shard`` as zarr 2.18 keeps it: the list it was given (e.g. shorter
+    than ndim), when the parsed document's spelling still means the same thing."""
+    assert meta.chunks_per_shard is not None
+    key = array_meta_key(meta.path)
+    try:
+        config = _sharding_config(meta.raw["storage_transformers"][0], key)
+        written = config["chunks_per_shard"]  # type: ignore[index]
+        written = (written,) if _is_int(written) else tuple(written)
+        if parse_chunks_per_shard(list(written), meta.ndim, key) == meta.chunks_per_shard:
+            return written
+    except (KeyError, IndexError, TypeError, DraftMetadataError):
+        pass
+    return meta.chunks_per_shard
+
+
+def encode_array_metadata(meta: DraftArrayMeta) -> bytes:
+    """Bytes identical to what zarr-python 2.18 writes for the same array."""
+    return _json_dumps(_document(meta))
+
+
+def draft_array_document(
+    *,
+    path: str,
+    shape: tuple[int, ...] | int,
+    chunks: tuple[int, ...] | int,
+    dtype: Any,
+    compressor: Codec | None,
+    fill_value: Any,
+    order: str,
+    separator: str,
+    filters: tuple[Codec, ...] | list[Codec] | None,
+    attributes: dict | None,
+    chunks_per_shard: tuple[int, ...] | int | None,
+) -> DraftArrayMeta:
+    """Build a draft array as zarr 2.18's ``create()`` would (defaults are the caller's)."""
+    path = normalize_path(path)
+    key = array_meta_key(path)
+    dtype = np.dtype(dtype)
+    shape = (shape,) if _is_int(shape) else tuple(shape)
+    shape = shape + dtype.shape  # zarr 2 folds sub-array dtypes into the shape
+    dtype = dtype.base
+    ndim = len(shape)
+    if _is_int(chunks):
+        chunks = (chunks,) * ndim
+    chunks = tuple(chunks) + tuple(shape[len(chunks) :])  # zarr pads with full extents
+    chunks = tuple(s if c in (None, -1) else c for s, c in zip(shape, chunks))
+    if ndim == 0:
+        compressor = None  # zarr 2.18: "no point in compressing a 0-dimensional array"
+    try:
+        _check_dtype(dtype)
+        if fill_value is None or isinstance(fill_value, np.void):
+            fill = fill_value
+        elif not isinstance(fill_value, (str, bytes)) and np.all(np.asarray(fill_value) == 0):
+            fill = np.zeros((), dtype=dtype)[()]  # zarr's normalize_fill_value
+        elif dtype.kind == "U" and not isinstance(fill_value, str):
+            raise ValueError(f"fill_value {fill_value!r} is not a string")
+        else:
+            fill = np.array(fill_value, dtype=dtype)[()]
+    except (TypeError, ValueError, OverflowError) as e:
+        raise _error(key, "fill_value", f"{fill_value!r} does not fit {dtype}: {e}") from None
+    attributes = dict(attributes or {})
+    if "filters" in attributes:
+        raise _error(key, "attributes", "'filters' is reserved for the filter pipeline")
+    filters = tuple(filters or ())
+    if filters:
+        attributes["filters"] = [f.get_config() for f in filters]
+    doc: dict[str, Any] = {
+        "shape": list(shape),
+        "chunk_grid": {"type": "regular", "chunk_shape": list(chunks), "separator": separator},
+        "data_type": _encode_dtype(dtype),
+        "fill_value": _encode_fill_value(fill, dtype),
+        "chunk_memory_layout": order,
+        "attributes": attributes,
+        "extensions": [],
+    }
+    if compressor is not None:
+        doc["compressor"] = _encode_compressor(compressor)
+    if separator == ".":
+        doc["dimension_separator"] = separator
+    if chunks_per_shard is not None:
+        # zarr 2.18's ShardingStorageTransformer keeps the tuple it is given (n -> (n,))
+        cps = (chunks_per_shard,) if _is_int(chunks_per_shard) else tuple(chunks_per_shard)
+        doc["storage_transformers"] = [_transformer_entry(cps)]
+    # Everything is validated in one place: the parser.
+    return parse_array_metadata(json.loads(_json_dumps(doc)), key, path)
+
+
+# --------------------------------------------------------------------------- groups
+
+
+def parse_group_metadata(raw: bytes | str | dict, key: str) -> dict:
+    """A draft group document's attributes (zarr 2.18 requires the key to be present)."""
+    doc = _load_document(raw, key)
+    attributes = doc.get("attributes", {})
+    if not isinstance(attributes, dict):
+        raise _error(key, "attributes", f"expected an object, got {type(attributes).__name__}")
+    return attributes
+
+
+def encode_group_metadata(attributes: dict) -> bytes:
+    """zarr 2.18 ``Metadata3.encode_group_metadata``."""
+    return _json_dumps({"attributes": attributes or {}})
+
+
+def parse_consolidated(raw: bytes | str | dict, key: str) -> dict[str, dict]:
+    """Draft consolidated metadata: a map of metadata key -> parsed document."""
+    doc = _load_document(raw, key)
+    fmt = doc.get("zarr_consolidated_format")
+    if fmt != 1:
+        raise _error(key, "zarr_consolidated_format", f"expected 1, got {fmt!r}")
+    metadata = doc.get("metadata")
+    if not isinstance(metadata, dict):
+        raise _error(key, "metadata", "expected an object mapping keys to documents")
+    for k, v in metadata.items():
+        if not isinstance(v, dict):
+            raise _error(key, f"metadata.{k}", "expected a JSON object")
+    return metadata
