@@ -236,3 +236,39 @@ def test_threads_writing_disjoint_chunks_of_same_shards_lose_nothing(inner):
     for th in threads:
         th.join()
     assert store.getitems(key(*c) for c in coords) == {key(*c): payload(c) for c in coords}
+
+
+class PartialMapping(dict):
+    """A zarr-python-2 style store: ``get_partial_values([(key, (start, length))])``."""
+
+    def __init__(self):
+        super().__init__()
+        self.partial_calls: list[list] = []
+        self.full_gets = 0
+
+    def __getitem__(self, key):
+        self.full_gets += 1
+        return super().__getitem__(key)
+
+    def get_partial_values(self, key_ranges):
+        self.partial_calls.append(list(key_ranges))
+        out = []
+        for key, (start, length) in key_ranges:
+            if not dict.__contains__(self, key):
+                out.append(None)
+                continue
+            data = dict.__getitem__(self, key)
+            lo = max(0, len(data) + start) if start < 0 else start
+            out.append(data[lo:] if length is None else data[lo : lo + length])
+        return out
+
+
+def test_inner_get_partial_values_is_used_instead_of_full_gets():
+    inner = PartialMapping()
+    store = ShardingStore(inner, chunks_per_shard=(4,), array_path="a")
+    store.update({key(i): payload((i,)) for i in range(4)})
+    inner.full_gets = 0
+    assert store[key(2)] == payload((2,))
+    assert inner.full_gets == 0
+    assert [len(c) for c in inner.partial_calls] == [1, 1]  # index suffix, then the chunk range
+    assert inner.partial_calls[0][0][1][0] == -index_nbytes((4,))
