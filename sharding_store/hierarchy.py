@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from . import draft_metadata as dm
-from .errors import StoreNotFoundError
+from .errors import ShardingStoreError, StoreNotFoundError
 from .inner import Inner, as_inner
 
 CONSOLIDATED_PATH = "consolidated"
@@ -44,10 +44,17 @@ def inner_of(store_or_url: Any, storage_options: Mapping[str, Any] | None = None
 
 
 class DraftHierarchy:
-    """The nodes of one draft-era hierarchy, read once from its metadata keys."""
+    """The nodes of one draft-era hierarchy, read once from its metadata keys.
 
-    def __init__(self, inner: Inner, *, location: str = "store") -> None:
+    ``strict=False`` records nodes whose documents are invalid in ``damaged``
+    (path -> error) instead of raising, so the rest of a hierarchy can still be
+    inspected or migrated.
+    """
+
+    def __init__(self, inner: Inner, *, location: str = "store", strict: bool = True) -> None:
         self.inner = inner
+        self.strict = strict
+        self.damaged: dict[str, ShardingStoreError] = {}
         raw = inner.get(dm.ENTRY_POINT_KEY)
         if raw is None:
             raise StoreNotFoundError(
@@ -80,11 +87,16 @@ class DraftHierarchy:
             raw = self.inner.get(key)
             if raw is None:  # vanished between list and get
                 continue
-            if kind == "array":
-                meta = dm.parse_array_metadata(raw, key, path)
-                nodes[path] = Node(path, "array", True, meta.attributes, meta)
-            else:
-                nodes[path] = Node(path, "group", True, dm.parse_group_metadata(raw, key))
+            try:
+                if kind == "array":
+                    meta = dm.parse_array_metadata(raw, key, path)
+                    nodes[path] = Node(path, "array", True, meta.attributes, meta)
+                else:
+                    nodes[path] = Node(path, "group", True, dm.parse_group_metadata(raw, key))
+            except ShardingStoreError as e:
+                if self.strict:
+                    raise
+                self.damaged[path] = e
         for path in implicit:
             nodes.setdefault(path, Node(path, "group", explicit=False))
         return dict(sorted(nodes.items(), key=lambda kv: (kv[0].count("/") if kv[0] else -1, kv[0])))
@@ -121,6 +133,8 @@ class DraftHierarchy:
         return "\n".join(lines)
 
 
-def open_hierarchy(store_or_url: Any, *, storage_options: Mapping[str, Any] | None = None) -> DraftHierarchy:
+def open_hierarchy(
+    store_or_url: Any, *, storage_options: Mapping[str, Any] | None = None, strict: bool = True
+) -> DraftHierarchy:
     location = store_or_url if isinstance(store_or_url, str) else type(store_or_url).__name__
-    return DraftHierarchy(inner_of(store_or_url, storage_options), location=str(location))
+    return DraftHierarchy(inner_of(store_or_url, storage_options), location=str(location), strict=strict)
