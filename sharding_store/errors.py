@@ -69,8 +69,8 @@ class MigrationError(ShardingStoreError):
     exit_code = 10
 
 
-class ReadOnlyError(ShardingStoreError, PermissionError):
-    """A write was attempted through a read-only view."""
+class ReadOnlyError(ShardingStoreError, PermissionError, ValueError):
+    """A write was attempted through a read-only view (a ValueError, as zarr's stores raise)."""
 
     exit_code = 11
 
