@@ -1,0 +1,828 @@
+"""Change the shard layout of draft-era arrays: ``reshard``, ``unshard``, ``shard``.
+
+Resharding only *repacks*: inner chunk payloads are moved byte for byte from the old
+objects (shards, or one object per chunk) into the new ones and are never decoded or
+re-encoded, so it runs at copy speed and cannot change a value.
+
+Work units
+----------
+A source object and a target object each cover a box of the chunk grid. A block of
+``lcm(old, new)`` chunks per dimension is covered exactly by whole source objects and
+whole target objects, so one block is one task: each of its source objects is read
+once, whole, and each of its target objects is built once and written once. When that
+block would be much larger than either shard (``7 -> 8`` chunks per shard), each target
+shard is a task of its own and reads only its chunks (one index read per source shard,
+coalesced ranges): :func:`gather_target_shard`. Tasks run on a bounded thread pool.
+
+With a destination
+------------------
+The whole hierarchy is copied (metadata, groups, other arrays and stray keys verbatim),
+the chosen arrays repacked. ``zarr.json`` is written last, so an interrupted copy is not
+a hierarchy; run again with ``overwrite``. The source is only read.
+
+In place (the protocol)
+-----------------------
+Old and new objects share key names (``c0/0`` is a shard key under both layouts, and
+an unsharded chunk key under either), so a new object cannot be written beside the old
+one and an array must never be readable while its objects are half swapped. Each
+array goes through three phases, recorded in a journal object
+``__reshard__/journal/<array metadata key>`` that holds the old and new metadata
+documents. Everything under ``__reshard__/`` is outside ``meta/`` and ``data/``, where
+no draft reader looks.
+
+``stage``  The journal is written, then every new object is written to
+           ``__reshard__/<its final key>``.
+           *Reader:* the old array, untouched.
+``swap``   The journal says ``swap``. The array's entry leaves the consolidated
+           metadata, then its metadata document is deleted (hidden), then every old
+           object whose key is not staged is deleted.
+           *Reader:* the array does not exist (it cannot be opened, so it cannot
+           read wrong values). Consolidated readers lose it first.
+``move``   The journal says ``move``. Each staged object is moved over its final key
+           (a rename on local disk, a server-side copy on object stores), then the new
+           metadata is written, the consolidated entry restored, the journal deleted.
+           *Reader:* no array until the new metadata is written; from then on the
+           new array with all its objects in place.
+
+Resuming (automatic on the next in-place run, or ``complete_interrupted``) rolls
+*forward* from the journal's phase; every step is idempotent. A ``stage`` journal
+whose old metadata no longer matches the store (someone changed the array since) is
+rolled back instead: its staged objects are deleted. Staged objects that already
+exist are kept (each was written whole), so an interrupted staging is not redone.
+Not supported: other writers during a reshard, and readers that opened the array
+before the switch and keep reading after it (they hold the old metadata).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import shutil
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from . import draft_metadata as dm
+from .errors import DestinationExistsError, DraftMetadataError, MigrationError, UsageError
+from .hierarchy import DraftHierarchy, inner_of
+from .inner import FsspecInner, Inner
+from .keys import Coords, chunk_to_shard, local_to_global, shard_chunks
+from .shard_index import encode_shard, read_index
+from .store import ArrayLayout, ShardingStore
+
+STAGING = "__reshard__/"
+JOURNAL_PREFIX = STAGING + "journal/"
+JOURNAL_VERSION = 1
+#: an lcm block may hold this many times the chunks of the larger shard before each
+#: target shard becomes its own task (bounds a task's memory)
+MAX_BLOCK_FACTOR = 8
+DEFAULT_JOBS = 8
+
+ChunksPerShard = int | Sequence[int] | None
+
+#: tests set this to ``hook(phase)``; it is called after every object operation of the
+#: in-place protocol (phases ``stage``, ``hide``, ``clear``, ``move``, ``commit``) and
+#: may raise to simulate a crash at that point
+_FAULT_HOOK: Callable[[str], None] | None = None
+
+
+def _fault(phase: str) -> None:
+    if _FAULT_HOOK is not None:
+        _FAULT_HOOK(phase)
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class ReshardReport:
+    """What a run did (``--json`` prints :meth:`to_dict`)."""
+
+    source: str
+    destination: str | None
+    arrays_changed: list[str] = field(default_factory=list)
+    arrays_skipped: list[str] = field(default_factory=list)
+    arrays_resumed: list[str] = field(default_factory=list)
+    objects_written: int = 0  # new objects (shards or chunks) of repacked arrays
+    objects_removed: int = 0  # old objects deleted (in place)
+    objects_copied: int = 0  # verbatim copies (with a destination)
+    bytes_read: int = 0
+    bytes_written: int = 0  # payload bytes of new objects plus verbatim copies
+    seconds: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **counts: int) -> None:
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+        d["in_place"] = self.destination is None
+        d["seconds"] = round(self.seconds, 3)
+        return d
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def resolve_chunks_per_shard(meta: dm.DraftArrayMeta, requested: ChunksPerShard) -> Coords | None:
+    """The target ``chunks_per_shard`` of one array; ``None`` = unsharded.
+
+    One number (or a one-entry list) applies to every dimension, as in the model
+    conversion API (``8`` on a 3-d array is ``8x8x8``); a list must have one entry per
+    dimension. Raises :class:`UsageError` naming the array otherwise.
+    """
+    if requested is None:
+        return None
+    values = (requested,) if isinstance(requested, int) else tuple(requested)
+    where = f"array '{meta.path or '/'}'"
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise UsageError(f"{where}: chunks_per_shard {list(values)}: every entry must be an integer >= 1")
+    if len(values) == 1:
+        values = values * meta.ndim
+    elif len(values) != meta.ndim:
+        raise UsageError(f"{where}: chunks_per_shard {list(values)} has {len(values)} entries, the array has {meta.ndim} dimensions")
+    try:
+        return meta.with_chunks_per_shard(values).chunks_per_shard
+    except DraftMetadataError as e:
+        raise UsageError(f"{where}: {e}", key=meta.path) from None
+
+
+def _object_cps(layout: ArrayLayout) -> Coords:
+    """Chunks per object: the shard shape, or all ones for one object per chunk."""
+    return layout.chunks_per_shard if layout.chunks_per_shard is not None else (1,) * layout.ndim
+
+
+def list_objects(inner: Inner, layout: ArrayLayout, under: str = "") -> dict[Coords, str]:
+    """Object coordinates -> key of the array's chunk/shard objects below ``under`` + its prefix.
+
+    Keys that are not chunk keys of this array (stray keys, other arrays' keys under a
+    root array's ``data/root/``) are left out. ``under`` is ``STAGING`` for staged objects.
+    """
+    prefix = under + layout.prefix
+    out: dict[Coords, str] = {}
+    for key in inner.list_prefix(prefix):
+        coords = layout.parse(key[len(under) :])
+        if coords is not None:
+            out[coords] = key[len(under) :]
+    return out
+
+
+def _with_zero_d(layout: ArrayLayout, objects: Mapping[Coords, str]) -> ArrayLayout:
+    """A 0-d array keeps the key spelling it has (``c0`` as zarr-python 2.x, or ``c``)."""
+    if layout.ndim or () not in objects:
+        return layout
+    return replace(layout, zero_d=objects[()][len(layout.prefix) :])
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One unit of repacking: source objects read, and the target shard if only one."""
+
+    sources: tuple[tuple[Coords, str], ...]
+    target: Coords | None = None  # None: whole lcm block (sources read whole)
+
+
+def _block_shape(src: Coords, dst: Coords) -> Coords | None:
+    """``lcm`` of both object shapes per dimension, or ``None`` when it is too large a task."""
+    block = tuple(math.lcm(a, b) for a, b in zip(src, dst))
+    if math.prod(block) > MAX_BLOCK_FACTOR * max(math.prod(src), math.prod(dst)):
+        return None
+    return block
+
+
+def _target_range(src_obj: Coords, src: Coords, dst: Coords) -> Iterator[Coords]:
+    """Target object coordinates overlapping one source object."""
+    return itertools.product(
+        *(range(s * a // b, ((s + 1) * a - 1) // b + 1) for s, a, b in zip(src_obj, src, dst))
+    )
+
+
+def plan_tasks(objects: Mapping[Coords, str], src: Coords, dst: Coords) -> list[_Task]:
+    """Group source objects into tasks (see the module docstring), in key order."""
+    block = _block_shape(src, dst)
+    groups: dict[Coords, list[tuple[Coords, str]]] = defaultdict(list)
+    for coords, key in sorted(objects.items()):
+        if block is not None:
+            groups[tuple(c * a // b for c, a, b in zip(coords, src, block))].append((coords, key))
+        else:
+            for target in _target_range(coords, src, dst):
+                groups[target].append((coords, key))
+    return [_Task(tuple(v), None if block is not None else k) for k, v in sorted(groups.items())]
+
+
+def _task_targets(task: _Task, src: Coords, dst: Coords) -> set[Coords]:
+    """Every target object a task may write (it writes those that get a chunk)."""
+    if task.target is not None:
+        return {task.target}
+    return {t for coords, _ in task.sources for t in _target_range(coords, src, dst)}
+
+
+# --------------------------------------------------------------------------- gathering
+
+
+def _read_whole(inner: Inner, src: ArrayLayout, sources: Sequence[tuple[Coords, str]]) -> tuple[dict[Coords, memoryview], int]:
+    """Every chunk of whole source objects (global coords -> payload view), and bytes read."""
+    blobs = inner.get_ranges([(key, 0, None) for _, key in sources])
+    chunks: dict[Coords, memoryview] = {}
+    nread = 0
+    for (coords, key), blob in zip(sources, blobs):
+        if blob is None:
+            raise MigrationError(f"{key}: listed, but gone before it was read (is another process writing?)", key=key)
+        nread += len(blob)
+        view = memoryview(blob)
+        if src.chunks_per_shard is None:
+            chunks[coords] = view
+            continue
+        for local, off, nb in read_index(blob, src.chunks_per_shard, key=key).live():
+            chunks[local_to_global(coords, local, src.chunks_per_shard)] = view[off : off + nb]
+    return chunks, nread
+
+
+def gather_target_shard(
+    inner: Inner,
+    src: ArrayLayout,
+    target_shard: Coords,
+    target_cps: Coords,
+    *,
+    sources: Iterable[str] | None = None,
+) -> dict[Coords, bytes]:
+    """Raw payloads of the chunks of one target shard (local coords -> bytes), read from ``src``.
+
+    A sharded source costs one index read per source shard and coalesced ranges
+    (``ShardingStore.getitems``); an unsharded one a batch of whole gets. ``sources``
+    (the keys of the existing source objects, if known) avoids asking for absent ones.
+    Reusable by anything that builds shards from another layout (e.g. migration).
+    """
+    keys = {src.chunk_key(c): c for c in shard_chunks(target_shard, target_cps)}
+    if src.chunks_per_shard is not None:
+        values = ShardingStore(inner, layout=src, coalesce_gap=1 << 16, max_workers=1).getitems(keys)
+    else:
+        known = None if sources is None else set(sources)
+        wanted = [k for k in keys if known is None or k in known]
+        values = {k: v for k, v in zip(wanted, inner.get_ranges([(k, 0, None) for k in wanted])) if v is not None}
+    return {chunk_to_shard(keys[k], target_cps)[1]: v for k, v in values.items()}
+
+
+def pack_objects(chunks: Mapping[Coords, bytes | memoryview], dst: ArrayLayout) -> Iterator[tuple[str, bytes]]:
+    """The target objects (key, bytes) holding ``chunks`` (global coords) in layout ``dst``."""
+    if dst.chunks_per_shard is None:
+        for coords, payload in sorted(chunks.items()):
+            yield dst.chunk_key(coords), bytes(payload)
+        return
+    shards: dict[Coords, dict[Coords, bytes | memoryview]] = defaultdict(dict)
+    for coords, payload in chunks.items():
+        shard, local = chunk_to_shard(coords, dst.chunks_per_shard)
+        shards[shard][local] = payload
+    for shard, local_chunks in sorted(shards.items()):
+        yield dst.shard_key(shard), encode_shard(local_chunks, dst.chunks_per_shard)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _progress(total: int, desc: str, enabled: bool | None) -> Any:
+    """A tqdm bar on stderr when asked for, or by default only on a terminal."""
+    from tqdm import tqdm
+
+    show = sys.stderr.isatty() if enabled is None else enabled
+    return tqdm(total=total, desc=desc, unit="task", disable=not show, leave=False)
+
+
+def run_bounded(fn: Callable[[Any], Any], items: Iterable[Any], jobs: int, on_done: Callable[[], Any] = lambda: None) -> None:
+    """``fn(item)`` for every item on ``jobs`` threads, at most ``2 * jobs`` in flight.
+
+    The first exception stops submitting, waits for the tasks in flight and is raised.
+    """
+    if jobs <= 1:
+        for item in items:
+            fn(item)
+            on_done()
+        return
+    with ThreadPoolExecutor(jobs) as pool:
+        pending: set[Future[Any]] = set()
+
+        def drain(done: set[Future[Any]]) -> None:
+            for f in done:
+                f.result()
+                on_done()
+
+        try:
+            for item in items:
+                if len(pending) >= 2 * jobs:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    drain(done)
+                pending.add(pool.submit(fn, item))
+            done, pending = wait(pending)
+            drain(done)
+        except BaseException:
+            for f in pending:
+                f.cancel()
+            raise
+
+
+@dataclass(frozen=True)
+class _Repack:
+    """One array's repacking from ``src`` objects to ``dst`` objects (``dst_under`` + key)."""
+
+    src_inner: Inner
+    dst_inner: Inner
+    src: ArrayLayout
+    dst: ArrayLayout
+    dst_under: str = ""
+
+    def run(
+        self,
+        objects: Mapping[Coords, str],
+        report: ReshardReport,
+        *,
+        jobs: int,
+        progress: bool | None,
+        skip: AbstractSet[Coords] = frozenset(),
+    ) -> None:
+        """Write every target object; tasks whose targets are all in ``skip`` are not redone."""
+        src_cps, dst_cps = _object_cps(self.src), _object_cps(self.dst)
+        tasks = [t for t in plan_tasks(objects, src_cps, dst_cps) if not _task_targets(t, src_cps, dst_cps) <= skip]
+        with _progress(len(tasks), self.src.path or "/", progress) as bar:
+            run_bounded(lambda t: self._task(t, report), tasks, jobs, lambda: bar.update())
+
+    def _task(self, task: _Task, report: ReshardReport) -> None:
+        if task.target is None:
+            chunks, nread = _read_whole(self.src_inner, self.src, task.sources)
+        else:
+            dst_cps = _object_cps(self.dst)
+            local = gather_target_shard(self.src_inner, self.src, task.target, dst_cps, sources=[k for _, k in task.sources])
+            chunks = {local_to_global(task.target, c, dst_cps): v for c, v in local.items()}
+            nread = sum(len(v) for v in chunks.values())
+        report.add(bytes_read=nread)
+        for key, blob in pack_objects(chunks, self.dst):
+            self.dst_inner.set(self.dst_under + key, blob)
+            report.add(objects_written=1, bytes_written=len(blob))
+            _fault("stage")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_local(inner: Inner) -> bool:
+    return isinstance(inner, FsspecInner) and inner.is_local
+
+
+def _local_path(inner: FsspecInner, key: str) -> str:
+    return f"{inner.root}/{key}" if inner.root else key
+
+
+def move_object(inner: Inner, src_key: str, dst_key: str) -> None:
+    """Move an object within one store: ``os.replace`` on local disk (atomic, no copy),
+    ``fs.mv`` (server-side copy + delete) on other fsspec stores, else get/set/delete."""
+    if _is_local(inner):
+        path = _local_path(inner, dst_key)  # type: ignore[arg-type]
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        try:
+            os.replace(_local_path(inner, src_key), path)  # type: ignore[arg-type]
+        except FileNotFoundError:
+            if not os.path.exists(path):
+                raise
+        return
+    if isinstance(inner, FsspecInner):
+        inner.fs.mv(_local_path(inner, src_key), _local_path(inner, dst_key))
+        return
+    value = inner.get(src_key)
+    if value is not None:
+        inner.set(dst_key, value)
+        inner.delete(src_key)
+
+
+def copy_object(src: Inner, dst: Inner, key: str) -> int:
+    """Copy one object verbatim (a kernel file copy between local stores); its size."""
+    if _is_local(src) and _is_local(dst):
+        path = _local_path(dst, key)  # type: ignore[arg-type]
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        shutil.copyfile(_local_path(src, key), path)  # type: ignore[arg-type]
+        return os.path.getsize(path)
+    value = src.get(key)
+    if value is None:
+        raise MigrationError(f"{key}: listed, but gone before it was copied (is another process writing?)", key=key)
+    dst.set(key, value)
+    return len(value)
+
+
+def _prune_empty_dirs(inner: Inner, prefix: str, *, keep_top: bool = True) -> None:
+    """Remove empty directories below ``prefix`` on local disk (left by moves and deletes)."""
+    if not _is_local(inner):
+        return
+    top = _local_path(inner, prefix.rstrip("/"))  # type: ignore[arg-type]
+    for dirpath, _, _ in sorted(os.walk(top, topdown=False), key=lambda w: -len(w[0])):
+        if dirpath != top or not keep_top:
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass  # not empty
+
+
+def _update_consolidated(inner: Inner, meta_key: str, doc: bytes | None, *, add: bool = False) -> None:
+    """Replace (``doc``) or drop (``None``) one array's entry in draft consolidated metadata.
+
+    An entry the document does not list is only added with ``add`` (the in-place
+    protocol dropped it itself); a store without consolidated metadata is left alone.
+    """
+    raw = inner.get(dm.CONSOLIDATED_KEY)
+    if raw is None:
+        return
+    consolidated = json.loads(raw)
+    entries = consolidated.get("metadata")
+    if not isinstance(entries, dict) or (meta_key not in entries and (doc is None or not add)):
+        return
+    if doc is None:
+        del entries[meta_key]
+    else:
+        entries[meta_key] = json.loads(doc)
+    inner.set(dm.CONSOLIDATED_KEY, dm._json_dumps(consolidated))
+
+
+def _consolidated_lists(inner: Inner, meta_key: str) -> bool:
+    raw = inner.get(dm.CONSOLIDATED_KEY)
+    try:
+        return raw is not None and meta_key in json.loads(raw).get("metadata", {})
+    except (ValueError, AttributeError):
+        return False
+
+
+# --------------------------------------------------------------------------- journal
+
+
+@dataclass
+class Journal:
+    """The in-place protocol's state for one array (see the module docstring)."""
+
+    path: str
+    meta_key: str
+    old: str  # the old metadata document, exactly as it was stored
+    new: str  # the new metadata document
+    phase: str  # "stage" | "swap" | "move"
+    consolidated: bool  # whether consolidated metadata listed the array
+    version: int = JOURNAL_VERSION
+
+    @property
+    def key(self) -> str:
+        return JOURNAL_PREFIX + self.meta_key
+
+    def save(self, inner: Inner, phase: str) -> None:
+        self.phase = phase
+        inner.set(self.key, json.dumps(asdict(self), indent=1, sort_keys=True).encode())
+
+    @classmethod
+    def load(cls, raw: bytes, key: str) -> Journal:
+        try:
+            doc = json.loads(raw)
+            journal = cls(**doc)
+        except (ValueError, TypeError) as e:
+            raise MigrationError(f"{key}: unreadable reshard journal ({e}); inspect it, then delete it by hand", key=key) from None
+        if journal.version != JOURNAL_VERSION or journal.phase not in ("stage", "swap", "move"):
+            raise MigrationError(f"{key}: unknown reshard journal version {journal.version} / phase {journal.phase!r}", key=key)
+        return journal
+
+    def layouts(self) -> tuple[ArrayLayout, ArrayLayout]:
+        old = dm.parse_array_metadata(self.old.encode(), self.meta_key, self.path)
+        new = dm.parse_array_metadata(self.new.encode(), self.meta_key, self.path)
+        return ArrayLayout.from_meta(old), ArrayLayout.from_meta(new)
+
+
+def pending_journals(inner: Inner) -> list[Journal]:
+    """The journals of interrupted in-place runs in a store."""
+    out = []
+    for key in inner.list_prefix(JOURNAL_PREFIX):
+        raw = inner.get(key)
+        if raw is not None:
+            out.append(Journal.load(raw, key))
+    return out
+
+
+# --------------------------------------------------------------------------- in place
+
+
+@dataclass(frozen=True)
+class _Options:
+    jobs: int
+    progress: bool | None
+
+
+def _stage(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> None:
+    """Phase ``stage``: write every new object under ``__reshard__/`` (keeping those written already)."""
+    old, new = journal.layouts()
+    objects = list_objects(inner, old)
+    old = _with_zero_d(old, objects)
+    new = replace(new, zero_d=old.zero_d)
+    staged = set(list_objects(inner, new, STAGING))
+    _Repack(inner, inner, old, new, STAGING).run(objects, report, jobs=opts.jobs, progress=opts.progress, skip=staged)
+
+
+def _rollback(inner: Inner, journal: Journal) -> None:
+    """Undo a ``stage`` phase: the array was never touched, only staged objects go."""
+    _, new = journal.layouts()
+    for key in list_objects(inner, new, STAGING).values():
+        inner.delete(STAGING + key)
+    inner.delete(journal.key)
+    _prune_empty_dirs(inner, STAGING, keep_top=False)
+
+
+def _swap(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> None:
+    """Phase ``swap``: hide the array, then delete old objects that no staged object replaces."""
+    _update_consolidated(inner, journal.meta_key, None)
+    _fault("hide")
+    inner.delete(journal.meta_key)
+    _fault("hide")
+    old, new = journal.layouts()
+    staged = set(list_objects(inner, new, STAGING).values())
+    doomed = [k for k in list_objects(inner, old).values() if k not in staged]
+
+    def delete(key: str) -> None:
+        inner.delete(key)
+        report.add(objects_removed=1)
+        _fault("clear")
+
+    run_bounded(delete, doomed, opts.jobs)
+
+
+def _move(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> None:
+    """Phase ``move``: staged objects over their final keys, then the new metadata."""
+    _, new = journal.layouts()
+    staged = list(list_objects(inner, new, STAGING).values())
+
+    def move(key: str) -> None:
+        move_object(inner, STAGING + key, key)
+        _fault("move")
+
+    run_bounded(move, staged, opts.jobs)
+    inner.set(journal.meta_key, journal.new.encode())
+    _fault("commit")
+    if journal.consolidated:
+        _update_consolidated(inner, journal.meta_key, journal.new.encode(), add=True)
+        _fault("commit")
+    inner.delete(journal.key)
+    _prune_empty_dirs(inner, new.prefix)
+    _prune_empty_dirs(inner, STAGING, keep_top=False)
+
+
+def _complete(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> bool:
+    """Roll an array's journal forward to the end; ``False`` if it was rolled back instead."""
+    if journal.phase == "stage":
+        if inner.get(journal.meta_key) != journal.old.encode():
+            _rollback(inner, journal)
+            return False
+        _stage(inner, journal, report, opts)
+        journal.save(inner, "swap")
+    if journal.phase == "swap":
+        _swap(inner, journal, report, opts)
+        journal.save(inner, "move")
+    _move(inner, journal, report, opts)
+    return True
+
+
+def _reshard_in_place(inner: Inner, meta_key: str, target: dm.DraftArrayMeta, report: ReshardReport, opts: _Options) -> None:
+    old_raw = inner.get(meta_key)
+    if old_raw is None:
+        raise MigrationError(f"{meta_key}: array metadata vanished", key=meta_key)
+    journal = Journal(
+        path=target.path,
+        meta_key=meta_key,
+        old=old_raw.decode("utf-8"),
+        new=dm.encode_array_metadata(target).decode("ascii"),
+        phase="stage",
+        consolidated=_consolidated_lists(inner, meta_key),
+    )
+    journal.save(inner, "stage")
+    try:
+        _stage(inner, journal, report, opts)
+    except UsageError:
+        raise
+    except (DraftMetadataError, MigrationError, ValueError) as e:
+        # damaged source data: resuming would fail the same way, so undo the staging
+        _rollback(inner, journal)
+        raise MigrationError(f"array '{target.path or '/'}': {e}; nothing was changed", key=getattr(e, "key", None)) from e
+    journal.save(inner, "swap")
+    _swap(inner, journal, report, opts)
+    journal.save(inner, "move")
+    _move(inner, journal, report, opts)
+
+
+def complete_interrupted(
+    src: Any, *, storage_options: Mapping[str, Any] | None = None, jobs: int = DEFAULT_JOBS, progress: bool | None = None
+) -> ReshardReport:
+    """Finish every interrupted in-place reshard found in ``src`` (``reshard --resume``)."""
+    started = time.perf_counter()
+    inner = inner_of(src, storage_options)
+    report = ReshardReport(source=_describe(src), destination=None)
+    _resume_all(inner, report, _Options(max(1, jobs), progress))
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _resume_all(inner: Inner, report: ReshardReport, opts: _Options) -> None:
+    for journal in pending_journals(inner):
+        if _complete(inner, journal, report, opts):
+            report.arrays_resumed.append(journal.path)
+
+
+# --------------------------------------------------------------------------- copying
+
+
+def _describe(store: Any) -> str:
+    return os.fspath(store) if isinstance(store, (str, os.PathLike)) else type(store).__name__
+
+
+def _same_or_nested(src: Any, dst: Any) -> bool:
+    """True when two locations given as paths/URLs are the same or one contains the other."""
+    if not isinstance(src, (str, os.PathLike)) or not isinstance(dst, (str, os.PathLike)):
+        return src is dst
+    a, b = (os.fspath(x) for x in (src, dst))
+    if "://" not in a and "://" not in b:
+        a, b = os.path.realpath(a), os.path.realpath(b)
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
+
+
+def _prepare_destination(dst_inner: Inner, dst: Any, overwrite: bool) -> None:
+    keys, prefixes = dst_inner.list_dir("")
+    if not keys and not prefixes:
+        return
+    if not overwrite:
+        raise DestinationExistsError(f"{_describe(dst)}: destination exists and is not empty (use --overwrite)", key=_describe(dst))
+    dst_inner.delete_prefix("")
+    _prune_empty_dirs(dst_inner, "")
+
+
+def _copy_hierarchy(
+    src_inner: Inner,
+    dst_inner: Inner,
+    h: DraftHierarchy,
+    targets: Mapping[str, dm.DraftArrayMeta],
+    report: ReshardReport,
+    opts: _Options,
+) -> None:
+    """Copy everything, repacking ``targets``; data first, then metadata, ``zarr.json`` last."""
+    layouts = {p: ArrayLayout.from_meta(h.node(p).meta) for p in targets}  # type: ignore[arg-type]
+    repacked_meta = {dm.array_meta_key(p, h.suffix) for p in targets}
+
+    def repacked_chunk(key: str) -> bool:
+        return any(lay.parse(key) is not None for lay in layouts.values())
+
+    data, meta = [], []
+    for key in src_inner.list_prefix(""):
+        if key.startswith(STAGING) or key == dm.ENTRY_POINT_KEY or key in repacked_meta or repacked_chunk(key):
+            continue
+        (meta if key.startswith("meta/") else data).append(key)
+
+    def copy(key: str) -> None:
+        report.add(objects_copied=1, bytes_written=copy_object(src_inner, dst_inner, key))
+
+    with _progress(len(data), "copy", opts.progress) as bar:
+        run_bounded(copy, data, opts.jobs, lambda: bar.update())
+    for path, target in targets.items():
+        src = layouts[path]
+        objects = list_objects(src_inner, src)
+        src = _with_zero_d(src, objects)
+        dst = replace(ArrayLayout.from_meta(target), zero_d=src.zero_d)
+        _Repack(src_inner, dst_inner, src, dst).run(objects, report, jobs=opts.jobs, progress=opts.progress)
+    run_bounded(copy, meta, opts.jobs)
+    for path, target in targets.items():
+        key = dm.array_meta_key(path, h.suffix)
+        doc = dm.encode_array_metadata(target)
+        dst_inner.set(key, doc)
+        _update_consolidated(dst_inner, key, doc)
+    copy(dm.ENTRY_POINT_KEY)
+
+
+# --------------------------------------------------------------------------- API
+
+
+def _select(h: DraftHierarchy, arrays: Iterable[str] | None) -> list[dm.DraftArrayMeta]:
+    if arrays is None:
+        return [n.meta for n in h.arrays() if n.meta is not None]
+    out = []
+    for path in dict.fromkeys(arrays):
+        node = h.node(path)
+        if node.kind != "array" or node.meta is None:
+            raise UsageError(f"--array {path!r}: '{node.path or '/'}' is a group, not an array", key=node.path)
+        out.append(node.meta)
+    return out
+
+
+def _run(
+    src: Any,
+    dst: Any | None,
+    want: Callable[[dm.DraftArrayMeta], Coords | None | bool],
+    *,
+    arrays: Iterable[str] | None,
+    storage_options: Mapping[str, Any] | None,
+    dst_storage_options: Mapping[str, Any] | None,
+    jobs: int,
+    progress: bool | None,
+    resume: bool,
+    overwrite: bool,
+) -> ReshardReport:
+    """Shared driver: ``want(meta)`` gives the target cps, or ``False`` to leave an array alone."""
+    started = time.perf_counter()
+    opts = _Options(max(1, jobs), progress)
+    src_inner = inner_of(src, storage_options)
+    report = ReshardReport(source=_describe(src), destination=None if dst is None else _describe(dst))
+    journals = pending_journals(src_inner)
+    if journals and (dst is not None or not resume):
+        names = ", ".join(f"'{j.path or '/'}' ({j.phase})" for j in journals)
+        raise MigrationError(
+            f"{_describe(src)}: interrupted in-place reshard of {names}; "
+            f"complete it first with `sharding-store reshard {_describe(src)} --resume`",
+            key=journals[0].key,
+        )
+    if dst is None:
+        _resume_all(src_inner, report, opts)
+    h = DraftHierarchy(src_inner, location=_describe(src))
+    targets: dict[str, dm.DraftArrayMeta] = {}
+    for meta in _select(h, arrays):
+        cps = want(meta)
+        if cps is False or cps == meta.chunks_per_shard:
+            report.arrays_skipped.append(meta.path)
+        else:
+            targets[meta.path] = meta.with_chunks_per_shard(cps)  # type: ignore[arg-type]
+    if dst is None:
+        for path, target in targets.items():
+            _reshard_in_place(src_inner, dm.array_meta_key(path, h.suffix), target, report, opts)
+            report.arrays_changed.append(path)
+    else:
+        if _same_or_nested(src, dst):
+            raise UsageError(f"{_describe(dst)}: destination is the source or inside/around it; omit DST to work in place")
+        dst_inner = inner_of(dst, dst_storage_options)
+        _prepare_destination(dst_inner, dst, overwrite)
+        _copy_hierarchy(src_inner, dst_inner, h, targets, report, opts)
+        report.arrays_changed.extend(targets)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def reshard(
+    src: Any,
+    dst: Any | None = None,
+    *,
+    chunks_per_shard: ChunksPerShard,
+    arrays: Iterable[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    dst_storage_options: Mapping[str, Any] | None = None,
+    jobs: int = DEFAULT_JOBS,
+    progress: bool | None = None,
+    resume: bool = True,
+    overwrite: bool = False,
+) -> ReshardReport:
+    """Give the chosen arrays (default: all) ``chunks_per_shard`` chunks per shard.
+
+    ``chunks_per_shard``: one number for every dimension, one per dimension, or
+    ``None`` to unshard. Without ``dst`` the store is changed in place, safely (see the
+    module docstring); interrupted runs found in it are completed first unless
+    ``resume=False``, which refuses such a store. With ``dst`` the hierarchy is copied
+    there (``dst`` must be empty unless ``overwrite``). Arrays already in the layout are
+    skipped without writing anything.
+    """
+    return _run(
+        src, dst, lambda meta: resolve_chunks_per_shard(meta, chunks_per_shard),
+        arrays=arrays, storage_options=storage_options, dst_storage_options=dst_storage_options,
+        jobs=jobs, progress=progress, resume=resume, overwrite=overwrite,
+    )
+
+
+def unshard(src: Any, dst: Any | None = None, **kwargs: Any) -> ReshardReport:
+    """One object per chunk again (for readers without sharding); a no-op on unsharded arrays."""
+    return reshard(src, dst, chunks_per_shard=None, **kwargs)
+
+
+def shard(
+    src: Any,
+    dst: Any | None = None,
+    *,
+    chunks_per_shard: int | Sequence[int],
+    arrays: Iterable[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    dst_storage_options: Mapping[str, Any] | None = None,
+    jobs: int = DEFAULT_JOBS,
+    progress: bool | None = None,
+    resume: bool = True,
+    overwrite: bool = False,
+) -> ReshardReport:
+    """Add sharding to the *unsharded* chosen arrays; sharded ones are left as they are."""
+    if chunks_per_shard is None:
+        raise UsageError("shard(): chunks_per_shard is required (use unshard() to remove sharding)")
+    return _run(
+        src, dst, lambda meta: False if meta.is_sharded else resolve_chunks_per_shard(meta, chunks_per_shard),
+        arrays=arrays, storage_options=storage_options, dst_storage_options=dst_storage_options,
+        jobs=jobs, progress=progress, resume=resume, overwrite=overwrite,
+    )
