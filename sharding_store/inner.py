@@ -185,16 +185,7 @@ class FsspecInner:
         return [None if v is None else (v, None) for v in out]
 
     def _local_tail(self, key: str, n: int) -> Tail | None:
-        try:
-            fd = os.open(self._path(key), os.O_RDONLY)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            return None
-        try:
-            size = os.fstat(fd).st_size
-            lo = max(0, size - n)
-            return os.pread(fd, size - lo, lo), size
-        finally:
-            os.close(fd)
+        return self._pread(key, -n, None)
 
     def _fallback_range(self, key: str, start: int, end: int | None, error: BaseException) -> bytes | None:
         try:
@@ -210,6 +201,11 @@ class FsspecInner:
         return self.fs.cat_file(self._path(key), start=lo, end=hi)
 
     def _local_range(self, key: str, start: int, end: int | None) -> bytes | None:
+        got = self._pread(key, start, end)
+        return None if got is None else got[0]
+
+    def _pread(self, key: str, start: int, end: int | None) -> Tail | None:
+        """One ``pread`` of a local file: the bytes (clamped to the file) and its size."""
         try:
             fd = os.open(self._path(key), os.O_RDONLY)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
@@ -218,7 +214,7 @@ class FsspecInner:
             size = os.fstat(fd).st_size
             lo = max(0, size + start) if start < 0 else min(start, size)
             hi = size if end is None else min(end, size)
-            return os.pread(fd, max(0, hi - lo), lo) if hi > lo else b""
+            return (os.pread(fd, hi - lo, lo) if hi > lo else b""), size
         finally:
             os.close(fd)
 
