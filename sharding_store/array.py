@@ -33,11 +33,10 @@ from numcodecs.abc import Codec
 
 from . import draft_metadata as dm
 from .chunk_codec import decode_chunk_payload, encode_chunk_payload, fill_chunk
-from .errors import DestinationExistsError, ReadOnlyError, ShardCorruptError, StoreNotFoundError, UsageError
+from .errors import DestinationExistsError, ReadOnlyError, StoreNotFoundError, UsageError
 from .hierarchy import DraftHierarchy, inner_of
 from .inner import Inner
 from .keys import Coords, format_chunk_suffix
-from .shard_index import MAX_UINT64
 from .store import ArrayLayout, ShardingStore
 
 __all__ = [
@@ -186,29 +185,6 @@ class _PlainChunks:
     def erase_values(self, keys: Sequence[str]) -> None:
         for k in keys:
             self.inner.delete(k)
-
-
-def coalesced_spans(offsets: np.ndarray, ends: np.ndarray, gap: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """Merge byte ranges closer than ``gap`` into spans: ``(span of each range, spans)``."""
-    order = np.argsort(offsets, kind="stable")
-    lo, reach = offsets[order], np.maximum.accumulate(ends[order])
-    breaks = np.flatnonzero(lo[1:] > reach[:-1] + gap) + 1
-    starts = np.concatenate(([0], breaks))
-    stops = np.concatenate((breaks, [len(lo)]))
-    group = np.empty(len(lo), dtype=np.int64)
-    group[order] = np.repeat(np.arange(len(starts)), stops - starts)
-    return group, [(int(lo[a]), int(reach[b - 1])) for a, b in zip(starts, stops)]
-
-
-def _checked_range(request: tuple[str, int, int], blob: bytes | None) -> memoryview:
-    key, lo, hi = request
-    if blob is None:
-        raise ShardCorruptError(f"{key}: shard disappeared while its chunks were read", key=key)
-    if len(blob) != hi - lo:
-        raise ShardCorruptError(
-            f"{key}: shard index points to bytes [{lo}, {hi}) but the object ends at {lo + len(blob)}", key=key
-        )
-    return memoryview(blob)
 
 
 _WORKERS = max(2, os.cpu_count() or 2)
@@ -375,43 +351,13 @@ class DraftArray:
         return found
 
     def _fetch_sharded(self, pieces: list[_Piece]) -> dict[str, memoryview]:
-        """``ShardingStore.getitems`` with the per-key work done per shard, vectorised.
-
-        Same I/O: the shards' indices in one call (through the store's index cache),
-        then one call for the chunk ranges, coalesced per shard across gaps of up to
-        ``coalesce_gap`` bytes. Payloads are zero-copy views of the ranges read.
-        """
-        store, cps = self.store, self.meta.chunks_per_shard
-        assert store is not None and cps is not None
-        coords = np.array([p.coords for p in pieces], dtype=np.int64)
-        shard_ids, inverse = np.unique(coords // np.array(cps), axis=0, return_inverse=True)
-        flat_local = np.ravel_multi_index(tuple((coords % np.array(cps)).T), cps)
+        """Payloads by grid coordinates: two inner calls per batch (see ``ShardingStore.read_chunks``)."""
+        store = self.store
+        assert store is not None
         layout = store.layout(self.path)
         assert layout is not None
-        shard_keys = [layout.shard_key(tuple(s)) for s in shard_ids.tolist()]
-        indices = store.read_indices({k: cps for k in shard_keys})
-        order = np.argsort(inverse.ravel(), kind="stable")
-        bounds = np.searchsorted(inverse.ravel()[order], np.arange(len(shard_keys) + 1))
-        requests: list[tuple[str, int, int]] = []
-        located: list[tuple[int, int, int, int]] = []  # (piece, request, start in blob, nbytes)
-        for i, key in enumerate(shard_keys):
-            index = indices[key]
-            if index is None:
-                continue
-            members = order[bounds[i] : bounds[i + 1]]
-            entries = index.entries.reshape(-1, 2)[flat_local[members]]
-            live = entries[:, 0] != MAX_UINT64
-            members, offsets, nbytes = members[live], entries[live, 0].astype(np.int64), entries[live, 1].astype(np.int64)
-            if not len(members):
-                continue
-            group, spans = coalesced_spans(offsets, offsets + nbytes, store.coalesce_gap)
-            first = len(requests)
-            requests += [(key, lo, hi) for lo, hi in spans]
-            starts = offsets - np.array([lo for lo, _ in spans], dtype=np.int64)[group]
-            located += zip(members.tolist(), (group + first).tolist(), starts.tolist(), nbytes.tolist())
-        blobs = store.inner.get_ranges(requests) if requests else []
-        views = [_checked_range(req, blob) for req, blob in zip(requests, blobs)]
-        return {pieces[p].key: views[r][start : start + nb] for p, r, start, nb in located}
+        views = store.read_chunks(layout, [p.coords for p in pieces])
+        return {p.key: v for p, v in zip(pieces, views) if v is not None}
 
     # ------------------------------------------------------------ reading
     def __getitem__(self, key: Any) -> Any:

@@ -230,6 +230,7 @@ class FsspecInner:
             self.fs.rm_file(self._path(key))
         except FileNotFoundError:
             pass
+        self._prune(key)
 
     def delete_prefix(self, prefix: str) -> None:
         keys = list(self.list_prefix(prefix))
@@ -238,6 +239,20 @@ class FsspecInner:
                 self.fs.rm([self._path(k) for k in keys])
             except FileNotFoundError:
                 pass
+            for key in keys:
+                self._prune(key)
+
+    def _prune(self, key: str) -> None:
+        """Remove the empty directories a local delete leaves, so listings show no ghost prefixes."""
+        if not self.is_local:
+            return
+        parent = os.path.dirname(self._path(key))
+        while parent and parent != self.root and parent.startswith(self.root + "/"):
+            try:
+                os.rmdir(parent)
+            except OSError:  # not empty (or already gone, or raced by a writer): stop
+                return
+            parent = os.path.dirname(parent)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         base = prefix.rpartition("/")[0]
@@ -286,8 +301,14 @@ def _is_temp(key: str) -> bool:
 def write_local_atomic(path: str, value: bytes) -> None:
     """Write ``path`` via a temporary file in the same directory and ``os.replace``."""
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + TEMP_MARKER, dir=directory)
+    for attempt in range(5):  # a concurrent delete may prune the directory between the two calls
+        os.makedirs(directory, exist_ok=True)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + TEMP_MARKER, dir=directory)
+            break
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(value)
