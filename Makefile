@@ -28,8 +28,8 @@ demo: install
 	$(VENV)/bin/sharding-store migrate $(SAMPLE) $(OUT) --overwrite
 	@echo "== verify again, independently"
 	$(VENV)/bin/sharding-store verify $(SAMPLE) $(OUT)
-	@echo "== open the result with zarr-python 3"
-	$(PY) examples/open_migrated.py $(OUT)
+	@echo "== open the result with zarr-python 3 and compare with the source"
+	$(PY) examples/open_migrated.py $(SAMPLE) $(OUT)
 
 test: install legacy
 	$(PY) -m pytest -n 2 --dist loadfile -q

@@ -121,7 +121,8 @@ class DraftHierarchy:
     def tree(self) -> str:
         """A one-node-per-line tree, arrays with shape and dtype."""
         lines = []
-        for path, n in self.nodes.items():
+        for path in sorted(self.nodes, key=lambda p: p.split("/") if p else []):  # depth-first
+            n = self.nodes[path]
             depth = path.count("/") + 1 if path else 0
             name = n.name or "/"
             if n.kind == "array" and n.meta is not None:

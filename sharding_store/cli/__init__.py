@@ -20,6 +20,7 @@ from ..errors import ShardingStoreError, UsageError
 
 COMMAND_MODULES = ("info", "migrate", "reshard")
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
 EXIT_IO = 12
 EXIT_INTERNAL = 70
 
@@ -80,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"sharding-store: error: {_one_line(e)}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:  # e.g. `sharding-store ls ... | head`: the reader left, not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print("sharding-store: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
