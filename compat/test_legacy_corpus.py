@@ -12,12 +12,11 @@ import pytest
 
 from compat import oracle
 from compat.oracle import arrays_equal
+from tests.fixtures import ZARR_JS
 
 pytestmark = pytest.mark.legacy
 
-FIXTURES = Path("/work/shared/fixtures/zarr-js-draft-v3")
-if not FIXTURES.is_dir():  # CI: shared/ sits beside the clone
-    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "zarr-js-draft-v3"
+FIXTURES = ZARR_JS
 
 MAX_U64 = 2**64 - 1
 # Upstream zarr-js test data that is NOT the same dataset as its unsharded "twin":
@@ -260,8 +259,6 @@ def test_read_check(legacy_corpus, tmp_path):
 
 @pytest.fixture(scope="module")
 def fixture_dumps(legacy_env, tmp_path_factory):
-    if not FIXTURES.is_dir():
-        pytest.skip(f"{FIXTURES} not found")
     # copy: the shared fixtures are read-only input, never let anything touch them
     dst = tmp_path_factory.mktemp("zarr-js")
     stores = sorted(p for p in FIXTURES.iterdir() if p.name.endswith(".zarr"))

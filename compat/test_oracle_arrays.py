@@ -20,12 +20,11 @@ from compat import oracle
 from compat.oracle import arrays_equal
 from sharding_store import DraftMetadataError, create_draft_array, open_draft
 from sharding_store.chunk_codec import decode_chunk_payload, encode_chunk_payload
+from tests.fixtures import ZARR_JS
 
 pytestmark = pytest.mark.legacy
 
-FIXTURES = Path("/work/shared/fixtures/zarr-js-draft-v3")
-if not FIXTURES.is_dir():  # CI: shared/ sits beside the clone
-    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "zarr-js-draft-v3"
+FIXTURES = ZARR_JS
 
 # arrays we refuse on purpose: object dtype needs an object codec (DraftMetadataError)
 REFUSED = {("odd_dtypes", "vlen_utf8")}

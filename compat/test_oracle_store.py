@@ -18,18 +18,18 @@ import pytest
 from compat import oracle
 from sharding_store import ShardingStore
 from sharding_store.counting import CountingInner
+from tests.fixtures import ZARR_JS
 
 pytestmark = pytest.mark.legacy
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "zarr-js-draft-v3"
+FIXTURES = ZARR_JS
 
 
 def _stores(legacy_corpus, tmp_path_factory) -> dict[str, Path]:
     stores = {f"corpus/{k}": v for k, v in oracle.corpus_stores(legacy_corpus).items()}
-    if FIXTURES.is_dir():
-        dst = tmp_path_factory.mktemp("zarr-js")
-        for p in sorted(FIXTURES.glob("*.zarr")):
-            stores[f"zarr-js/{p.name}"] = Path(shutil.copytree(p, dst / p.name))
+    dst = tmp_path_factory.mktemp("zarr-js")
+    for p in sorted(FIXTURES.glob("*.zarr")):
+        stores[f"zarr-js/{p.name}"] = Path(shutil.copytree(p, dst / p.name))
     return stores
 
 
@@ -46,7 +46,7 @@ def _readable_arrays(dump):
 
 def test_corpus_and_fixtures_present(dumps):
     assert sum(n.startswith("corpus/") for n in dumps) >= 10
-    assert sum(n.startswith("zarr-js/") for n in dumps) == (47 if FIXTURES.is_dir() else 0)
+    assert sum(n.startswith("zarr-js/") for n in dumps) == 47
 
 
 def test_every_chunk_key_returns_the_oracle_bytes(dumps):

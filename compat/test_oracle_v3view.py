@@ -18,15 +18,14 @@ from compat import oracle
 from compat.oracle import arrays_equal
 from sharding_store.errors import DraftMetadataError
 from sharding_store.v3view import open_v3
+from tests.fixtures import ZARR_JS
 
 pytestmark = [
     pytest.mark.legacy,
     pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
 ]
 
-FIXTURES = Path("/work/shared/fixtures/zarr-js-draft-v3")
-if not FIXTURES.is_dir():  # CI: shared/ sits beside the clone
-    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "zarr-js-draft-v3"
+FIXTURES = ZARR_JS
 
 #: Cases whose arrays zarr 3 cannot (all) offer: the ``|O`` array's metadata is refused
 #: by the draft parser (which fails the whole hierarchy walk), and zarr 3 cannot read a

@@ -13,8 +13,9 @@ import zarr
 from sharding_store import create_draft_array, create_draft_group
 from sharding_store.inner import as_inner
 from sharding_store.shard_index import ShardIndex, index_nbytes, read_index
+from tests.fixtures import ZARR_JS
 
-FIXTURES = Path("/work/shared/fixtures/zarr-js-draft-v3")
+FIXTURES = ZARR_JS
 
 
 def fixture_names() -> list[str]:

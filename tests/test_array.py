@@ -29,8 +29,9 @@ from sharding_store import draft_metadata as dm
 from sharding_store.array import SelectionError, dim_pieces, normalize_selection
 from sharding_store.counting import CountingInner
 from sharding_store.shard_index import read_index
+from tests.fixtures import ZARR_JS
 
-FIXTURES = Path("/work/shared/fixtures/zarr-js-draft-v3")
+FIXTURES = ZARR_JS
 # upstream zarr-js data whose "unsharded twin" holds a different dataset (see compat/README.md)
 KNOWN_DIFFERENT_TWINS = {"2d.chunked.compressed.sharded.i2.zarr"}
 

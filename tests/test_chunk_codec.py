@@ -13,8 +13,9 @@ from sharding_store import ChunkDecodeError, ShardingStore
 from sharding_store import draft_metadata as dm
 from sharding_store.chunk_codec import decode_chunk_payload, encode_chunk_payload, fill_chunk, pad_chunk
 from sharding_store.errors import UsageError
+from tests.fixtures import ZARR_JS
 
-FIXTURES = Path("/work/shared/fixtures/zarr-js-draft-v3")
+FIXTURES = ZARR_JS
 
 
 def meta(**kw):

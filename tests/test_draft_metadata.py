@@ -35,8 +35,9 @@ from sharding_store.draft_metadata import (
     path_from_meta_key,
 )
 from sharding_store.errors import DraftMetadataError
+from tests.fixtures import ZARR_JS
 
-FIXTURES = Path("/work/shared/fixtures/zarr-js-draft-v3")
+FIXTURES = ZARR_JS
 FIXTURE_STORES = sorted(FIXTURES.glob("*.zarr"))
 KEY = "meta/root/a.array.json"
 

@@ -16,8 +16,9 @@ from sharding_store.cli import main
 from sharding_store.counting import CountingInner
 from sharding_store.inspect import array_stats, codec_chain_text, covered_bytes, hierarchy_stats
 from sharding_store.shard_index import ShardIndex, index_nbytes
+from tests.fixtures import ZARR_JS
 
-FIXTURES = Path("/work/shared/fixtures/zarr-js-draft-v3")
+FIXTURES = ZARR_JS
 
 
 @pytest.fixture

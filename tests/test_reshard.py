@@ -35,13 +35,12 @@ from sharding_store.cli import main
 from sharding_store.counting import CountingInner
 from sharding_store.hierarchy import inner_of, open_hierarchy
 from sharding_store.store import ArrayLayout
+from tests.fixtures import ZARR_JS
 
 # the package exports the function ``reshard``, which shadows the submodule's attribute
 rs = importlib.import_module("sharding_store.reshard")
 
-FIXTURES = Path("/work/shared/fixtures/zarr-js-draft-v3")
-if not FIXTURES.is_dir():  # CI: shared/ sits beside the clone
-    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "zarr-js-draft-v3"
+FIXTURES = ZARR_JS
 ALL_FIXTURES = sorted(p.name for p in FIXTURES.glob("*.zarr"))
 SHARDED = [n for n in ALL_FIXTURES if ".sharded." in n]
 

@@ -33,6 +33,7 @@ from sharding_store.draft_metadata import (
     path_from_meta_key,
 )
 from sharding_store.errors import DraftMetadataError, UsageError
+from tests.fixtures import ZARR_JS
 from sharding_store.v3_metadata import (
     inner_codecs,
     is_portable,
@@ -42,7 +43,7 @@ from sharding_store.v3_metadata import (
     v3_group_document,
 )
 
-FIXTURES = Path("/work/shared/fixtures/zarr-js-draft-v3")
+FIXTURES = ZARR_JS
 FIXTURE_STORES = sorted(FIXTURES.glob("*.zarr"))
 LEGACY_PYTHON = Path(__file__).resolve().parents[1] / "compat" / ".venv-legacy" / "bin" / "python"
 

@@ -37,8 +37,9 @@ from sharding_store.keys import format_chunk_suffix
 from sharding_store.shard_index import read_index
 from sharding_store.store import ArrayLayout, ShardingStore
 from sharding_store.v3view import DraftV3Store, open_v3
+from tests.fixtures import ZARR_JS
 
-FIXTURES = Path("/work/shared/fixtures/zarr-js-draft-v3")
+FIXTURES = ZARR_JS
 FIXTURE_STORES = sorted(FIXTURES.glob("*.zarr"))
 #: upstream wrote different data into this store than into its twin (compat/README.md)
 TWIN_DIFFERS = {"2d.chunked.compressed.sharded.i2.zarr"}
