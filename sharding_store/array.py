@@ -16,6 +16,7 @@ they hold only the fill value.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import operator
@@ -32,7 +33,15 @@ import numpy as np
 from numcodecs.abc import Codec
 
 from . import draft_metadata as dm
-from .chunk_codec import decode_chunk_payload, encode_chunk_payload, fill_chunk
+from .chunk_codec import (
+    chunk_nbytes,
+    decode_chunk_into,
+    decode_chunk_payload,
+    encode_chunk_payload,
+    fast_decoder,
+    fast_encoder,
+    fill_chunk,
+)
 from .errors import DestinationExistsError, ReadOnlyError, StoreNotFoundError, UsageError
 from .hierarchy import DraftHierarchy, inner_of
 from .inner import Inner
@@ -55,6 +64,8 @@ DEFAULT_COMPRESSOR: Codec = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numco
 BATCH_BYTES = 64 * 2**20
 #: shard indices kept per array, so that warm reads cost one request per shard
 INDEX_CACHE_SIZE = 1024
+#: a read touching at most this many chunks runs on the calling thread (no pool hand-off)
+INLINE_CHUNKS = 64
 #: merge chunk ranges of one shard separated by less than this (dead bytes, skipped chunks)
 COALESCE_GAP = 1 * 2**20
 _MODES = ("r", "r+", "a")
@@ -165,6 +176,76 @@ class _Piece(NamedTuple):
     covers: bool
 
 
+
+# (positions in the shard's chunk list, selection inside each of those chunks, output range, elements per chunk)
+Segment = tuple[slice, slice, slice, int]
+
+
+class _DimGroup(NamedTuple):
+    """The chunks one selection touches in one dimension of one shard.
+
+    ``ks``: their chunk indices; ``segments``: runs of consecutive chunks that take the same
+    selection (one vectorised copy per combination of runs); ``covers``: every in-bounds
+    element of the chunk is selected; ``full``: the chunk lies wholly inside the array.
+    """
+
+    ks: np.ndarray
+    segments: tuple[Segment, ...]
+    covers: np.ndarray
+    full: np.ndarray
+
+
+def dim_groups(sel: DimSelection, chunk: int, extent: int, per_shard: int) -> list[_DimGroup]:
+    """One dimension of a selection, split by shard and described for whole-shard copies."""
+    groups = []
+    for _, grp in itertools.groupby(dim_pieces(sel, chunk, extent), key=lambda piece: piece[0] // per_shard):
+        pieces = list(grp)
+        segments: list[Segment] = []
+        for j, (_, inner, outer, _) in enumerate(pieces):
+            n = outer.stop - outer.start
+            if segments:
+                js, prev_inner, prev_out, prev_n = segments[-1]
+                if prev_inner == inner and prev_n == n and prev_out.stop == outer.start:
+                    segments[-1] = (slice(js.start, j + 1), inner, slice(prev_out.start, outer.stop), n)
+                    continue
+            segments.append((slice(j, j + 1), inner, outer, n))
+        ks = np.fromiter((p[0] for p in pieces), dtype=np.int64, count=len(pieces))
+        covers = np.fromiter((p[3] for p in pieces), dtype=bool, count=len(pieces))
+        full = (ks + 1) * chunk <= extent
+        groups.append(_DimGroup(ks, tuple(segments), covers, full))
+    return groups
+
+
+def _shard_coords(combo: tuple[_DimGroup, ...]) -> np.ndarray:
+    """Grid coordinates of a shard's touched chunks, in C order of the combination: (n, ndim)."""
+    out = combo[0].ks.reshape(-1, 1)
+    for g in combo[1:]:
+        out = np.concatenate((np.repeat(out, len(g.ks), axis=0), np.tile(g.ks, len(out))[:, None]), axis=1)
+    return out
+
+
+def _outer_and(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The flat C-order product mask of per-dimension masks."""
+    out = arrays[0]
+    for a in arrays[1:]:
+        out = np.logical_and.outer(out, a)
+    return out.reshape(-1)
+
+
+_SCRATCH = threading.local()
+_SCRATCH_KEEP = 64 * 2**20
+
+
+def _scratch(nbytes: int) -> np.ndarray:
+    """A per-thread reusable byte buffer (whole shards are decoded into it, then copied out)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+        if nbytes <= _SCRATCH_KEEP:  # a huge shard's buffer is not kept for the thread's lifetime
+            _SCRATCH.buf = buf
+    return buf[:nbytes]
+
+
 # --------------------------------------------------------------------------- chunk I/O
 
 
@@ -217,6 +298,16 @@ def _is_all_fill(meta: dm.DraftArrayMeta, chunk: np.ndarray) -> bool:
     return bool(np.all(chunk == fill))
 
 
+def _fill_rows(meta: dm.DraftArrayMeta, chunks: np.ndarray) -> np.ndarray:
+    """Per row of ``chunks`` (n, elements): :func:`_is_all_fill` of that chunk, vectorised."""
+    fill = meta.fill_value
+    if fill is None:
+        return np.zeros(len(chunks), dtype=bool)
+    if meta.dtype.kind in "fc" and np.isnan(fill):
+        return np.isnan(chunks).all(axis=1)
+    return (chunks == fill).all(axis=1)
+
+
 # --------------------------------------------------------------------------- arrays
 
 
@@ -247,6 +338,19 @@ class DraftArray:
                 index_cache_size=index_cache_size,
                 coalesce_gap=coalesce_gap,
             )
+        # whole-shard paths: chunk bytes, memory layout of a chunk, and the axes that
+        # interleave (chunk position, position in chunk) for each dimension
+        self._cnb = chunk_nbytes(meta)
+        self._decode_fast = fast_decoder(meta)
+        self._encode_fast = fast_encoder(meta)
+        n = meta.ndim
+        if meta.order == "F":
+            self._mem_chunks = tuple(reversed(meta.chunks))
+            self._axes = tuple(a for d in range(n) for a in (d, 2 * n - 1 - d))
+        else:
+            self._mem_chunks = tuple(meta.chunks)
+            self._axes = tuple(a for d in range(n) for a in (d, n + d))
+        self._fill_flat = fill_chunk(meta, (1,))
         # not ``self.store or ...``: a mapping's truth value would list the whole store
         self._chunks: ShardingStore | _PlainChunks = (
             self.store if self.store is not None else _PlainChunks(inner, self._pool)
@@ -372,6 +476,8 @@ class DraftArray:
 
     def _read_into(self, out: np.ndarray, sels: tuple[DimSelection, ...]) -> None:
         """Fetch batch by batch; a batch decodes on the pool while the next one is fetched."""
+        if self.store is not None and self.ndim:
+            return self._read_sharded(out, sels)
         parts = 4 * _WORKERS
         fill = fill_chunk(self.meta, (1,) * self.ndim)
         previous: list[Future[None]] = []
@@ -397,6 +503,157 @@ class DraftArray:
             chunk = decode_chunk_payload(self.meta, payload, key=p.key, out=scratch)
             out[p.out_sel] = chunk[p.chunk_sel]
 
+
+    # ------------------------------------------------------------ whole-shard paths (sharded arrays)
+    def _shard_plans(self, sels: tuple[DimSelection, ...]) -> Iterator[tuple[_DimGroup, ...]]:
+        """The shards a selection touches, each as one :class:`_DimGroup` per dimension."""
+        cps = self.meta.chunks_per_shard
+        assert cps is not None
+        per_dim = [dim_groups(s, c, n, k) for s, c, n, k in zip(sels, self.chunks, self.shape, cps)]
+        return itertools.product(*per_dim)
+
+    def _shard_batches(self, sels: tuple[DimSelection, ...]) -> Iterator[list[tuple[_DimGroup, ...]]]:
+        """Whole shards per batch, about ``BATCH_BYTES`` of decoded chunks each."""
+        per_batch = max(1, BATCH_BYTES // max(1, self._cnb))
+        batch: list[tuple[_DimGroup, ...]] = []
+        count = 0
+        for combo in self._shard_plans(sels):
+            batch.append(combo)
+            count += math.prod(len(g.ks) for g in combo)
+            if count >= per_batch:
+                yield batch
+                batch, count = [], 0
+        if batch:
+            yield batch
+
+    def _layout(self) -> ArrayLayout:
+        assert self.store is not None
+        layout = self.store.layout(self.path)
+        assert layout is not None
+        return layout
+
+    def _read_sharded(self, out: np.ndarray, sels: tuple[DimSelection, ...]) -> None:
+        """Whole shards at a time: each pool task takes a run of shards, reads their indices
+        in one inner call and their chunk ranges in one more, decodes every chunk into a
+        chunk-major scratch buffer and lands each shard in ``out`` with one vectorised copy
+        per run of alike chunks (no per-chunk numpy indexing). Reads, decoding and copies
+        all run on the pool, so they scale with the cores; a small selection (a few chunks)
+        is done on the calling thread."""
+        layout = self._layout()
+        parts = 2 * _WORKERS
+        pending: collections.deque[Future[None]] = collections.deque()
+        try:
+            for batch in self._shard_batches(sels):
+                n = sum(math.prod(len(g.ks) for g in combo) for combo in batch)
+                if n <= INLINE_CHUNKS or len(batch) == 1:
+                    self._fetch_decode(layout, out, batch)
+                    continue
+                for run in _split(batch, parts):
+                    pending.append(self._pool.submit(self._fetch_decode, layout, out, run))
+                while len(pending) > 2 * parts:  # bounded: at most ~2 batches of payloads in flight
+                    pending.popleft().result()
+            while pending:
+                pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
+
+    def _fetch_decode(self, layout: ArrayLayout, out: np.ndarray, batch: list[tuple[_DimGroup, ...]]) -> None:
+        assert self.store is not None
+        coords = [_shard_coords(combo) for combo in batch]
+        views = self.store.read_chunks(layout, np.concatenate(coords) if len(coords) > 1 else coords[0])
+        work, pos = [], 0
+        for combo, c in zip(batch, coords):
+            work.append((combo, c, views[pos : pos + len(c)]))
+            pos += len(c)
+        self._decode_shards(out, work)
+
+    def _decode_shards(self, out: np.ndarray, run: list[tuple[tuple[_DimGroup, ...], np.ndarray, list[Any]]]) -> None:
+        for combo, coords, payloads in run:
+            segments = list(itertools.product(*(g.segments for g in combo)))
+            if all(p is None for p in payloads):
+                for seg in segments:
+                    out[tuple(s[2] for s in seg)] = self._fill_flat[0]
+                continue
+            chunks = self._decode_rows(coords, payloads)
+            blocks = chunks.reshape(*(len(g.ks) for g in combo), *self._mem_chunks).transpose(self._axes)
+            for seg in segments:
+                dst = out[tuple(s[2] for s in seg)].reshape(tuple(x for js, _, _, n in seg for x in (js.stop - js.start, n)))
+                dst[...] = blocks[tuple(x for js, inner, _, _ in seg for x in (js, inner))]
+
+    def _decode_rows(self, coords: np.ndarray, payloads: Sequence[Any], todo: np.ndarray | None = None) -> np.ndarray:
+        """Decode ``payloads`` (None: absent, fill value) into this thread's scratch buffer:
+        ``(n, chunk elements)`` in memory order. ``todo``: only these rows (others untouched)."""
+        n = len(coords)
+        rows = _scratch(n * self._cnb).reshape(n, self._cnb)
+        chunks = rows.view(self.dtype)
+        fast = self._decode_fast
+        missing = []
+        for i in range(n) if todo is None else todo.tolist():
+            p = payloads[i]
+            if p is None:
+                missing.append(i)
+            elif fast is None or not fast(p, rows[i]):
+                decode_chunk_into(self.meta, p, rows[i], key=self._chunk_key(tuple(coords[i].tolist())))
+        if missing:
+            chunks[missing] = self._fill_flat
+        return chunks
+
+    def _write_sharded(self, block: np.ndarray, sels: tuple[DimSelection, ...]) -> None:
+        """Per batch: the old payloads of partly written chunks in one batched read; then each
+        shard is assembled on the pool (one vectorised copy per run of alike chunks into a
+        chunk-major scratch), its chunks encoded there, and the shard written once."""
+        assert self.store is not None
+        layout = self._layout()
+        for batch in self._shard_batches(sels):
+            plans = []
+            partial = []
+            for combo in batch:
+                coords = _shard_coords(combo)
+                covers = _outer_and([g.covers for g in combo])
+                plans.append((combo, coords, covers))
+                if not covers.all():
+                    partial.append(coords[~covers])
+            old: dict[Coords, Any] = {}
+            if partial:
+                pc = np.concatenate(partial)
+                old = dict(zip(map(tuple, pc.tolist()), self.store.read_chunks(layout, pc)))
+            runs = _split(plans, 4 * _WORKERS)
+            if len(runs) == 1:
+                self._encode_shards(layout, block, runs[0], old)
+                continue
+            for f in [self._pool.submit(self._encode_shards, layout, block, run, old) for run in runs]:
+                f.result()
+
+    def _encode_shards(self, layout: ArrayLayout, block: np.ndarray, run: list[Any], old: Mapping[Coords, Any]) -> None:
+        assert self.store is not None
+        cps = np.asarray(self.meta.chunks_per_shard, dtype=np.int64)
+        for combo, coords, covers in run:
+            n = len(coords)
+            partial = np.flatnonzero(~covers)
+            payloads = [old.get(tuple(c)) for c in coords[partial].tolist()] if partial.size else []
+            olds: list[Any] = [None] * n
+            for i, p in zip(partial.tolist(), payloads):
+                olds[i] = p
+            chunks = self._decode_rows(coords, olds, partial)  # only the partly written chunks
+            pad = covers & ~_outer_and([g.full for g in combo])
+            if pad.any():  # edge chunks: the part outside the array holds the fill value
+                chunks[pad] = self._fill_flat
+            blocks = chunks.reshape(*(len(g.ks) for g in combo), *self._mem_chunks).transpose(self._axes)
+            for seg in itertools.product(*(g.segments for g in combo)):
+                src = block[tuple(s[2] for s in seg)].reshape(tuple(x for js, _, _, k in seg for x in (js.stop - js.start, k)))
+                blocks[tuple(x for js, inner, _, _ in seg for x in (js, inner))] = src
+            keep = np.ones(n, dtype=bool) if self.write_empty_chunks else ~_fill_rows(self.meta, chunks)
+            encode = self._encode_fast
+            shaped = chunks.reshape(n, *self._mem_chunks)
+            if self.meta.order == "F":
+                shaped = shaped.transpose(0, *range(self.ndim, 0, -1))
+            changes: dict[Coords, bytes | None] = {}
+            for i, local in enumerate((coords % cps).tolist()):
+                changes[tuple(local)] = encode(shaped[i]) if keep[i] else None
+            shard = tuple((coords[0] // cps).tolist())
+            self.store._rewrite_shard(layout.shard_key(shard), layout, shard, changes)
+
     # ------------------------------------------------------------ writing
     def __setitem__(self, key: Any, value: Any) -> None:
         if self.read_only:
@@ -404,6 +661,9 @@ class DraftArray:
         sels, _ = normalize_selection(key, self.shape)
         block = self._value_block(value, sels)
         if block.size == 0:
+            return
+        if self.store is not None and self.ndim:
+            self._write_sharded(block, sels)
             return
         for batch in self._batches(sels):
             self._write_batch(batch, block)

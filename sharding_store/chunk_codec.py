@@ -15,6 +15,8 @@ byte-identical to the one 2.18 writes (gzip embeds a timestamp, so it is not).
 from __future__ import annotations
 
 import math
+import struct
+from collections.abc import Callable
 from typing import Any
 
 import numcodecs
@@ -25,7 +27,16 @@ from numcodecs.compat import ensure_bytes, ensure_ndarray_like
 from .draft_metadata import DraftArrayMeta
 from .errors import ChunkDecodeError, UsageError
 
-__all__ = ["decode_chunk_payload", "encode_chunk_payload", "fill_chunk", "pad_chunk", "chunk_nbytes"]
+__all__ = [
+    "decode_chunk_payload",
+    "decode_chunk_into",
+    "encode_chunk_payload",
+    "fast_decoder",
+    "fast_encoder",
+    "fill_chunk",
+    "pad_chunk",
+    "chunk_nbytes",
+]
 
 
 class _Keep:
@@ -151,3 +162,105 @@ def _as_chunk(meta: DraftArrayMeta, arr: np.ndarray, where: str, key: str | None
     if flat.dtype != meta.dtype:
         flat = flat.view(np.uint8).view(meta.dtype)
     return flat.reshape(meta.chunks, order=meta.order)  # type: ignore[call-overload]
+
+
+# --------------------------------------------------------------------------- batch paths
+#
+# Arrays decode and encode whole shards at a time, chunk after chunk into (or out of) one
+# chunk-major scratch buffer, on a thread pool. These helpers are the per-chunk step of
+# that loop: the codec's own C function on a buffer, no per-chunk allocation, no
+# per-chunk Python beyond one call; the GIL is released inside blosc (its ``*_ctx``
+# functions when called from a non-main thread) and zstd.
+
+_U32 = struct.Struct("<I")
+#: a fast decoder: ``decode(payload, out) -> True`` when ``out`` (a C-contiguous uint8 row
+#: of ``chunk_nbytes`` bytes) now holds the chunk's bytes in memory order; False when the
+#: caller must take the general path (:func:`decode_chunk_into`), which names the failure
+FastDecoder = Callable[[Any, np.ndarray], bool]
+
+
+def _zstd_content_size(payload: Any) -> int | None:
+    """The frame content size a zstd frame header announces (None: absent or not zstd)."""
+    if len(payload) < 6 or bytes(payload[:4]) != b"\x28\xb5\x2f\xfd":
+        return None
+    fhd = payload[4]
+    fcs_flag, single, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+    size = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if size == 0 or len(payload) < pos + size:
+        return None
+    value = int.from_bytes(bytes(payload[pos : pos + size]), "little")
+    return value + 256 if size == 2 else value
+
+
+def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
+    """A per-chunk decoder into a byte row for the common pipelines (no filters; blosc, zstd
+    or no compressor), or None. It checks the size the payload announces before decoding
+    and returns False on any mismatch or codec error, so that :func:`decode_chunk_into`
+    (the one definition of what a chunk means) reports it."""
+    if meta.filters:
+        return None
+    nbytes = chunk_nbytes(meta)
+    comp = meta.compressor
+    if comp is None:
+
+        def raw(payload: Any, out: np.ndarray) -> bool:
+            if len(payload) != nbytes:
+                return False
+            out[:] = np.frombuffer(payload, dtype=np.uint8)
+            return True
+
+        return raw
+    if isinstance(comp, numcodecs.Blosc):
+        from numcodecs.blosc import decompress as blosc_decompress
+
+        unpack = _U32.unpack_from
+
+        def blosc(payload: Any, out: np.ndarray) -> bool:
+            if len(payload) < 16 or unpack(payload, 4)[0] != nbytes:
+                return False
+            try:
+                blosc_decompress(payload, out)
+            except Exception:  # noqa: BLE001 - the general path names the error
+                return False
+            return True
+
+        return blosc
+    if type(comp).__name__ == "Zstd" and comp.codec_id == "zstd":
+        from numcodecs.zstd import decompress as zstd_decompress
+
+        def zstd(payload: Any, out: np.ndarray) -> bool:
+            if _zstd_content_size(payload) != nbytes:
+                return False
+            try:
+                zstd_decompress(payload, out)
+            except Exception:  # noqa: BLE001
+                return False
+            return True
+
+        return zstd
+    return None
+
+
+def decode_chunk_into(meta: DraftArrayMeta, payload: Any, out: np.ndarray, *, key: str | None = None) -> None:
+    """The general path of a batch decode: :func:`decode_chunk_payload`, then its bytes in
+    memory order into the uint8 row ``out`` (raises :class:`ChunkDecodeError`)."""
+    chunk = decode_chunk_payload(meta, payload, key=key)
+    out[:] = np.ravel(chunk, order=meta.order).view(np.uint8)
+
+
+#: ``encode(chunk) -> payload`` for a full-size chunk already in ``meta.order`` layout
+FastEncoder = Callable[[np.ndarray], bytes]
+
+
+def fast_encoder(meta: DraftArrayMeta) -> FastEncoder:
+    """Encode full-size chunks that are contiguous in ``meta.order`` (no padding step):
+    the same bytes as :func:`encode_chunk_payload`, with the checks and copies that a
+    batch has already done left out."""
+    comp = meta.compressor
+    if meta.filters:
+        return lambda chunk: encode_chunk_payload(meta, chunk)
+    if comp is None:
+        return lambda chunk: chunk.tobytes(order="A")
+    encode = comp.encode  # blosc: its *_ctx function (GIL released) off the main thread
+    return lambda chunk: ensure_bytes(encode(chunk))

@@ -139,10 +139,37 @@ class FsspecInner:
     """
 
     def __init__(self, fs: Any, root: str) -> None:
-        self.fs = fs
+        self._fs = fs
+        if fs is None:  # a plain local path (see ``local``): fsspec is imported only if needed
+            self.root = root
+            self.is_local = True
+            return
         self.root = fs._strip_protocol(root).rstrip("/")
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.is_local = protocol in ("file", "local")
+
+    @classmethod
+    def local(cls, path: str) -> FsspecInner:
+        """A local directory without importing fsspec: ranged reads and writes are plain
+        ``pread``/atomic writes; listings and deletes load fsspec's local filesystem on
+        first use. ``root`` is spelled as fsspec's ``LocalFileSystem`` spells it."""
+        if path.startswith("~"):
+            path = os.path.expanduser(path)
+        elif path.startswith("./"):
+            path = path[2:]
+        elif path == ".":
+            path = ""
+        if not path.startswith("/"):
+            path = f"{os.getcwd()}/{path}"
+        return cls(None, path.rstrip("/"))
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            from fsspec.implementations.local import LocalFileSystem
+
+            self._fs = LocalFileSystem()
+        return self._fs
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
@@ -153,6 +180,9 @@ class FsspecInner:
 
     def get(self, key: str) -> bytes | None:
         try:
+            if self.is_local:
+                got = self._pread(key, 0, None)
+                return None if got is None else got[0]
             return self.fs.cat_file(self._path(key))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
@@ -387,14 +417,16 @@ class ZarrStoreInner:
 
 def as_inner(store: Any, *, storage_options: Mapping[str, Any] | None = None) -> Inner:
     """Adapt ``store`` (path/URL, ``FSMap``, zarr-3 ``Store``, mapping, or an adapter) to :class:`Inner`."""
-    import fsspec
-
     if isinstance(store, (MappingInner, FsspecInner, ZarrStoreInner)) or (
         isinstance(store, Inner) and not isinstance(store, Mapping)
     ):
         return store
     if isinstance(store, os.PathLike):
         store = os.fspath(store)
+    if isinstance(store, str) and not storage_options and "://" not in store and "::" not in store:
+        return FsspecInner.local(store)  # a plain local path: no fsspec import on the read path
+    import fsspec
+
     if isinstance(store, str):
         fs, root = fsspec.core.url_to_fs(store, **dict(storage_options or {}))
         return FsspecInner(fs, root)

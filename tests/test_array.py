@@ -109,7 +109,7 @@ def arrays_and_ops(draw):
     chunks = tuple(draw(st.integers(1, max(1, n)) | st.just(n + 2)) for n in shape)
     cps = draw(st.none() | st.lists(st.integers(1, 3), min_size=ndim, max_size=ndim).map(tuple))
     dtype = np.dtype(draw(st.sampled_from(DTYPES)))
-    compressor = draw(st.sampled_from([None, numcodecs.Zlib(level=1), numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1)]))
+    compressor = draw(st.sampled_from([None, numcodecs.Zlib(level=1), numcodecs.Zstd(level=1), numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1)]))
     params = dict(
         shape=shape,
         chunks=chunks,

@@ -157,3 +157,33 @@ def test_fixture_payloads_re_encode_byte_for_byte(store):
             assert _masked_gzip(encode_chunk_payload(m, chunk)) == _masked_gzip(payload), key
             n += 1
     assert n > 0
+
+
+@pytest.mark.parametrize("compressor", [None, numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1), numcodecs.Zstd(level=1)])
+def test_fast_decoder_matches_the_pipeline_and_refuses_wrong_sizes(compressor):
+    from sharding_store.chunk_codec import decode_chunk_into, fast_decoder
+
+    m = meta(chunks=(4, 3), compressor=compressor)
+    chunk = np.arange(12, dtype="<i4").reshape(4, 3)
+    row = np.empty(48, dtype=np.uint8)
+    fast = fast_decoder(m)
+    assert fast is not None and fast(memoryview(encode_chunk_payload(m, chunk)), row)
+    np.testing.assert_array_equal(row.view("<i4").reshape(4, 3), chunk)
+    small = meta(chunks=(2, 3), compressor=compressor)
+    wrong = encode_chunk_payload(small, np.ones((2, 3), dtype="<i4"))  # a payload of another size
+    assert not fast(wrong, row)  # never a silent partial decode: the general path reports it
+    with pytest.raises(ChunkDecodeError, match=r"c0/0: .*(decoded chunk is 24 bytes|failed to decode)"):
+        decode_chunk_into(m, wrong, row, key="c0/0")
+
+
+def test_local_inner_spells_root_like_fsspec(tmp_path, monkeypatch):
+    import fsspec
+
+    from sharding_store.inner import FsspecInner, as_inner
+
+    monkeypatch.chdir(tmp_path)
+    for p in [str(tmp_path), str(tmp_path) + "/", "rel/dir", "./rel", ".", "a//b"]:
+        fs, root = fsspec.core.url_to_fs(p)
+        local = as_inner(p)
+        assert isinstance(local, FsspecInner) and local.is_local
+        assert local.root == FsspecInner(fs, root).root, p
