@@ -25,6 +25,10 @@ OPERATIONS = {
 }
 
 
+#: arrays this package cannot parse (object dtype): reshard leaves them alone, as damaged
+LEFT_ALONE = {("odd_dtypes", "vlen_utf8")}
+
+
 @pytest.fixture(scope="module")
 def resharded(legacy_corpus, tmp_path_factory):
     """{(case, op): (original store, resharded store)} for every corpus store."""
@@ -66,7 +70,7 @@ def test_layouts_changed_as_asked(resharded):
     dumps = oracle.legacy_dump_many({after for _, after in resharded.values()}, chunks=False)
     for (case, op), (_, after) in resharded.items():
         for path, info in dumps[after.resolve()].info.items():
-            if info.get("error") or "resized" in case:
+            if info.get("error") or "resized" in case or (case, path) in LEFT_ALONE:
                 continue
             cps = info["effective_chunks_per_shard"]
             ndim = len(info["shape"])

@@ -10,12 +10,12 @@ enumerated here, so the walk costs one listing of ``meta/`` plus one get per arr
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from . import draft_metadata as dm
-from .errors import ShardingStoreError, StoreNotFoundError
+from .errors import ShardingStoreError, StoreNotFoundError, UsageError
 from .inner import Inner, as_inner
 
 CONSOLIDATED_PATH = "consolidated"
@@ -101,6 +101,36 @@ class DraftHierarchy:
             nodes.setdefault(path, Node(path, "group", explicit=False))
         return dict(sorted(nodes.items(), key=lambda kv: (kv[0].count("/") if kv[0] else -1, kv[0])))
 
+    def assume_sharded(self, assume: Mapping[str, int | Sequence[int]] | None) -> None:
+        """Treat unsharded arrays as sharded with the given ``chunks_per_shard`` (path -> cps).
+
+        For arrays whose metadata lost its ``storage_transformers`` to zarr-python 2.x's
+        ``resize()``/``append()`` while their objects are still shards; ``cps`` is read as
+        the draft document spelled it (a shorter list is padded with 1s). Only the in-memory
+        metadata changes; an unknown path, a group, or an array that is already sharded is
+        refused (:class:`UsageError`), so a typo cannot silently do nothing.
+        """
+        for raw_path, cps in (assume or {}).items():
+            path = dm.normalize_path(raw_path)
+            option = f"--assume-chunks-per-shard {raw_path}"
+            if path in self.damaged:
+                raise UsageError(f"{option}: array '{path or '/'}' is damaged ({self.damaged[path]})", key=path)
+            node = self.nodes.get(path)
+            if node is None or node.meta is None:
+                what = "no array" if node is None else "a group, not an array"
+                raise UsageError(f"{option}: '{path or '/'}' is {what}", key=path)
+            if node.meta.is_sharded:
+                raise UsageError(
+                    f"{option}: array '{path or '/'}' is sharded already (chunks_per_shard {list(node.meta.chunks_per_shard or ())})",
+                    key=path,
+                )
+            values = (cps,) if isinstance(cps, int) else tuple(cps)
+            try:  # as the draft metadata said it: a shorter list is padded with 1s
+                meta = node.meta.with_chunks_per_shard(values)
+            except ShardingStoreError as e:
+                raise UsageError(f"{option}: {e}", key=path) from None
+            self.nodes[path] = replace(node, meta=meta)
+
     def node(self, path: str) -> Node:
         path = dm.normalize_path(path)
         try:
@@ -135,7 +165,13 @@ class DraftHierarchy:
 
 
 def open_hierarchy(
-    store_or_url: Any, *, storage_options: Mapping[str, Any] | None = None, strict: bool = True
+    store_or_url: Any,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    strict: bool = True,
+    assume_chunks_per_shard: Mapping[str, int | Sequence[int]] | None = None,
 ) -> DraftHierarchy:
     location = store_or_url if isinstance(store_or_url, str) else type(store_or_url).__name__
-    return DraftHierarchy(inner_of(store_or_url, storage_options), location=str(location), strict=strict)
+    h = DraftHierarchy(inner_of(store_or_url, storage_options), location=str(location), strict=strict)
+    h.assume_sharded(assume_chunks_per_shard)
+    return h

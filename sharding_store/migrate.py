@@ -11,6 +11,16 @@ values: an array's shards, then its ``zarr.json`` (zarr cannot open it before); 
 after all arrays; the root ``zarr.json`` last. A marker object records the options
 so that ``resume=True`` continues with the same ones, skipping target shards whose
 index parses (and checksums).
+
+Damaged sources. An array whose metadata does not parse, or whose objects are shards
+under metadata that lost its storage transformer (zarr-python 2.x ``resize()``), is
+found while planning, as is one a v3 translation cannot express: the migration stops
+before writing anything, or with ``skip_damaged`` leaves it out and reports why. A
+damaged shard is found when its unit reads it: the array's ``zarr.json`` is then never
+written (other arrays may be complete), and with ``skip_damaged`` the rest goes on and
+the array's partial objects are removed. Payloads are copied verbatim, not decoded,
+so a chunk whose payload cannot be decoded is carried over as it is (and fails in the
+reader, as in the source).
 """
 
 from __future__ import annotations
@@ -28,7 +38,16 @@ import numcodecs
 from numcodecs.abc import Codec
 
 from . import draft_metadata as dm
-from .errors import DestinationExistsError, DraftMetadataError, MigrationError, UsageError
+from .errors import (
+    ChunkDecodeError,
+    ChunkKeyError,
+    DestinationExistsError,
+    DraftMetadataError,
+    MigrationError,
+    ShardCorruptError,
+    ShardingStoreError,
+    UsageError,
+)
 from .hierarchy import DraftHierarchy, Node
 from .inner import TEMP_MARKER, Inner
 from .migrate_units import (
@@ -43,6 +62,7 @@ from .migrate_units import (
     plan_units,
     run_unit,
 )
+from .reshard import fault_point
 from .retry import run_bounded, with_retries
 from .store import ArrayLayout
 from .v3_metadata import portability_problems, v3_array_document, v3_group_document
@@ -57,6 +77,10 @@ PAUSE_ENV = "SHARDING_STORE_TEST_PAUSE_AFTER"
 RETRY_ATTEMPTS = 4
 RETRY_DELAY = 0.2
 MiB = 1 << 20
+#: errors that describe the source data (not the connection): the array is damaged
+DAMAGE_ERRORS = (ShardCorruptError, ChunkDecodeError, ChunkKeyError, DraftMetadataError)
+#: ``assume_chunks_per_shard``: array path -> chunks_per_shard its lost transformer had
+AssumeChunksPerShard = Mapping[str, "int | Sequence[int]"]
 
 
 def default_jobs() -> int:
@@ -74,6 +98,40 @@ def node_prefix(path: str) -> str:
 
 def json_bytes(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, indent=2).encode()
+
+
+def is_v3_chunk_key(rest: str, separator: str, ndim: int) -> bool:
+    """True when ``rest`` (relative to the array prefix) is a default-encoded chunk key."""
+    parts = rest.split(separator)
+    return parts[0] == "c" and len(parts) == ndim + 1 and all(p.isdigit() for p in parts[1:])
+
+
+def damage_error(error: ShardingStoreError, path: str, consequence: str) -> ShardingStoreError:
+    """The same error class (so the CLI exits with the same code), naming the array and the way out."""
+    return type(error)(f"{error}; array '{path or '/'}' is damaged: {consequence}", key=error.key)
+
+
+SKIP_HINT = "--skip-damaged migrates the other arrays and lists the damaged ones"
+
+
+def lost_transformer(h: DraftHierarchy, node: Node) -> ShardingStoreError | None:
+    """The error for an unsharded array whose objects are shards (one listing, one or two
+    reads), or None: such an array must never be migrated as unsharded."""
+    from .inspect import detect_lost_transformer
+
+    if node.meta is None or node.meta.is_sharded:
+        return None
+    others = other_prefixes(h, node.path)
+    keys = [k for k, _ in list_sized(h.inner, dm.data_prefix(node.path)) if not (others and k.startswith(others))]
+    found = detect_lost_transformer(h.inner, node.meta, sorted(keys))
+    return None if found is None else found.error()
+
+
+def assume_marker(assume: AssumeChunksPerShard | None) -> dict[str, list[int]] | None:
+    """``assume_chunks_per_shard`` as the migration marker records it (None when empty)."""
+    if not assume:
+        return None
+    return {dm.normalize_path(p): [c] if isinstance(c, int) else list(c) for p, c in sorted(assume.items())}
 
 
 # --------------------------------------------------------------------------- report
@@ -101,8 +159,17 @@ class MigrationReport:
     totals: UnitResult = field(default_factory=UnitResult)
     seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    #: arrays left out: ``{"path", "kind": "damaged" | "untranslatable", "error": class name, "reason"}``
     skipped_arrays: list[dict[str, str]] = field(default_factory=list)
     verification: Any = None  # a VerifyReport when verified
+
+    def skip(self, path: str, kind: str, error: ShardingStoreError) -> None:
+        self.skipped_arrays.append({"path": path, "kind": kind, "error": type(error).__name__, "reason": str(error)})
+        self.arrays = [a for a in self.arrays if a.path != path]
+
+    @property
+    def skipped_paths(self) -> dict[str, str]:
+        return {s["path"]: s["reason"] for s in self.skipped_arrays}
 
     @property
     def bytes(self) -> int:
@@ -157,7 +224,7 @@ class MigrationReport:
             if self.verification is not None:
                 lines.append(f"  verified: {self.verification.summary()}")
         lines += [f"warning: {w}" for w in self.warnings]
-        lines += [f"skipped {s['path'] or '/'}: {s['reason']}" for s in self.skipped_arrays]
+        lines += [f"skipped {s['path'] or '/'} ({s['kind']}, {s['error']}): {s['reason']}" for s in self.skipped_arrays]
         return "\n".join(lines)
 
 
@@ -286,9 +353,10 @@ class _Driver:
     """Feeds every array's units to the executor and writes metadata as arrays complete."""
 
     def __init__(self, h: DraftHierarchy, plans: list[ArrayPlan], src: Inner, dst: Inner, report: MigrationReport,
-                 *, resume: bool, attempts: int, delay: float, progress: bool | None) -> None:
+                 *, resume: bool, attempts: int, delay: float, progress: bool | None, skip_damaged: bool) -> None:
         self.h, self.plans, self.src, self.dst, self.report = h, plans, src, dst, report
-        self.resume, self.attempts, self.delay = resume, attempts, delay
+        self.resume, self.attempts, self.delay, self.skip_damaged = resume, attempts, delay, skip_damaged
+        self.damaged: dict[str, ShardingStoreError] = {}
         self.remaining: dict[str, int] = {}
         self.root_doc: dict[str, Any] | None = None
         self.by_path = {p.node.path: p for p in plans}
@@ -305,13 +373,52 @@ class _Driver:
             if not units:
                 self.finish(plan)
             for unit in units:
-                yield plan.job, unit, self.attempts, self.delay
+                if plan.node.path not in self.damaged:
+                    yield plan.job, unit, self.attempts, self.delay
+
+    def retried(self, fn: Any, key: str, *args: Any) -> Any:
+        """``fn(key, *args)`` on the destination, retried like a unit; when the retries run
+        out, a :class:`MigrationError` that says the destination is resumable."""
+        try:
+            return with_retries(fn, key, *args, attempts=self.attempts, base_delay=self.delay)
+        except ShardingStoreError:
+            raise
+        except Exception as e:
+            raise MigrationError(
+                f"{key}: {type(e).__name__}: {e}; the destination is incomplete: run again with --resume", key=key
+            ) from e
+
+    def set(self, key: str, value: bytes) -> None:
+        """A metadata write (as idempotent as a unit)."""
+        self.retried(self.dst.set, key, value)
+        fault_point("meta")
 
     def finish(self, plan: ArrayPlan) -> None:
         if plan.node.path == "":
             self.root_doc = plan.doc  # a root array's zarr.json is the hierarchy's: written last
         else:
-            self.dst.set(node_key(plan.node.path), json_bytes(plan.doc))
+            self.set(node_key(plan.node.path), json_bytes(plan.doc))
+
+    def failed(self, job: ArrayJob, unit: Unit, e: Exception) -> None:
+        """A unit gave up: its array is skipped as damaged (or named); anything else stops the run."""
+        name = _unit_name(job, unit)
+        if not isinstance(e, DAMAGE_ERRORS):
+            raise MigrationError(
+                f"{name}: {type(e).__name__}: {e}; the destination is incomplete: run again with --resume", key=name
+            ) from e
+        if not self.skip_damaged:
+            raise damage_error(e, job.path, f"its zarr.json was not written; {SKIP_HINT}") from e
+        if job.path not in self.damaged:
+            self.damaged[job.path] = e
+            self.report.skip(job.path, "damaged", e)
+
+    def remove_damaged(self) -> None:
+        """Delete what the completed units of damaged arrays wrote (their zarr.json never was)."""
+        for path in self.damaged:
+            job = self.by_path[path].job
+            for key, _ in list(list_sized(self.dst, job.dst_prefix)):
+                if is_v3_chunk_key(key[len(job.dst_prefix) :], job.src_layout.separator, job.src_layout.ndim):
+                    self.retried(self.dst.delete, key)
 
     def run(self, executor: Executor, window: int) -> None:
         pause, done = _pause_after(), 0
@@ -320,11 +427,10 @@ class _Driver:
                 try:
                     result = future.result()
                 except Exception as e:
-                    name = _unit_name(job, unit)
-                    raise MigrationError(
-                        f"{name}: {type(e).__name__}: {e}; the destination is incomplete: run again with --resume",
-                        key=name,
-                    ) from e
+                    self.failed(job, unit, e)
+                    continue
+                if job.path in self.damaged:
+                    continue
                 self.report.totals.add(result)
                 self.bar.update(1)
                 self.bar.set_postfix_str(f"{(result.bytes_read + result.bytes_copied) / MiB:.1f} MiB", refresh=False)
@@ -332,6 +438,7 @@ class _Driver:
                 if self.remaining[job.path] == 0:
                     self.finish(self.by_path[job.path])
                 done += 1
+                fault_point("unit")
                 if pause is not None and done == pause:
                     print(f"sharding-store: test pause after {done} work units", file=sys.stderr, flush=True)
                     time.sleep(3600)
@@ -351,12 +458,11 @@ def _remove_temp_files(dst: Inner) -> None:
                 os.unlink(os.path.join(directory, name))
 
 
-def _check_marker(dst: Inner, opts: Options, src: str) -> None:
-    raw = dst.get(MARKER_KEY)
+def _check_marker(driver: _Driver, current: Mapping[str, Any]) -> None:
+    raw = driver.retried(driver.dst.get, MARKER_KEY)
     if raw is None:
         return
     previous = json.loads(raw)
-    current = opts.marker(src)
     diff = [k for k in current if k != "src" and previous.get(k) != current[k]]
     if diff:
         raise UsageError(
@@ -385,6 +491,36 @@ def _prepare(src_ref: StoreRef, dst_ref: StoreRef, dst: Inner, *, overwrite: boo
         _prepare_destination(dst, dst_ref.describe(), True)
 
 
+def _plan_all(
+    h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, opts: Options, report: MigrationReport, *, skip_damaged: bool
+) -> list[ArrayPlan]:
+    """Every array's plan; damaged and untranslatable arrays raise (nothing is written yet)
+    or, with ``skip_damaged``, go into the report."""
+    for path, error in h.damaged.items():
+        if not skip_damaged:
+            raise damage_error(error, path, f"nothing was written; {SKIP_HINT}")
+        report.skip(path, "damaged", error)
+    plans = []
+    for node in h.arrays():
+        lost = lost_transformer(h, node)
+        if lost is not None:
+            if not skip_damaged:
+                raise damage_error(lost, node.path, f"nothing was written; {SKIP_HINT}")
+            report.skip(node.path, "damaged", lost)
+            continue
+        try:
+            plan, warnings = plan_array(node, src_ref, dst_ref, opts)
+        except DraftMetadataError as e:
+            if not skip_damaged:
+                raise MigrationError(f"{e} (nothing was written; --skip-damaged leaves such arrays out)", key=e.key) from e
+            report.skip(node.path, "untranslatable", e)
+            continue
+        plans.append(plan)
+        report.warnings += warnings
+        report.arrays.append(plan.report)
+    return plans
+
+
 def migrate(
     src: Any,
     dst: Any,
@@ -400,7 +536,9 @@ def migrate(
     resume: bool = False,
     dry_run: bool = False,
     verify: bool = True,
+    skip_damaged: bool = False,
     skip_untranslatable: bool = False,
+    assume_chunks_per_shard: AssumeChunksPerShard | None = None,
     jobs: int | None = None,
     executor: Executor | None = None,
     progress: bool | None = None,
@@ -412,11 +550,17 @@ def migrate(
     ``src``/``dst`` are paths or fsspec URLs (or, without ``executor``, store objects).
     ``chunks_per_shard`` reshards every array (one number applies to every dimension);
     ``executor`` (e.g. ``distributed.Client(...).get_executor()``) runs the work units
-    instead of a pool of ``jobs`` threads. Raises :class:`DestinationExistsError`,
-    :class:`MigrationError` (a unit failed after retries: rerun with ``resume=True``)
-    or :class:`VerificationError` (``verify=True``, the default).
+    instead of a pool of ``jobs`` threads. ``skip_damaged`` leaves out (and reports)
+    arrays that are damaged or that v3 cannot express instead of failing;
+    ``skip_untranslatable`` is its older name. ``assume_chunks_per_shard`` (path ->
+    chunks per shard) migrates arrays whose metadata lost its storage transformer as
+    the shards they are. Raises the damage's own error class (e.g.
+    :class:`ShardCorruptError`) naming the array, :class:`DestinationExistsError`,
+    :class:`MigrationError` (untranslatable array; or a unit failed after retries:
+    rerun with ``resume=True``) or :class:`VerificationError` (``verify=True``, the default).
     """
     started = time.perf_counter()
+    skip_damaged = skip_damaged or skip_untranslatable
     if overwrite and resume:
         raise UsageError("overwrite and resume contradict each other: resume keeps what the destination holds")
     if index_location not in ("start", "end"):
@@ -429,20 +573,10 @@ def migrate(
         check_picklable(src_ref, dst_ref)
     jobs = jobs or default_jobs()
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
-    h = DraftHierarchy(src_inner, location=src_ref.describe())
+    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
+    h.assume_sharded(assume_chunks_per_shard)
     report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)
-    plans = []
-    for node in h.arrays():
-        try:
-            plan, warnings = plan_array(node, src_ref, dst_ref, opts)
-        except DraftMetadataError as e:
-            if not skip_untranslatable:
-                raise MigrationError(f"{e} (nothing was written; skip_untranslatable / --skip-untranslatable leaves such arrays out)", key=e.key) from e
-            report.skipped_arrays.append({"path": node.path, "reason": str(e)})
-            continue
-        plans.append(plan)
-        report.warnings += warnings
-        report.arrays.append(plan.report)
+    plans = _plan_all(h, src_ref, dst_ref, opts, report, skip_damaged=skip_damaged)
     groups = [n for n in h.groups()]
     report.groups = len(groups)
     _prepare(src_ref, dst_ref, dst_inner, overwrite=overwrite, resume=resume, dry_run=dry_run)
@@ -451,25 +585,31 @@ def migrate(
             report.warnings += array_units(plan, h, src_inner)[1]
         report.seconds = time.perf_counter() - started
         return report
+    marker = {**opts.marker(src_ref.describe()), "assume_chunks_per_shard": assume_marker(assume_chunks_per_shard)}
+    driver = _Driver(h, plans, src_inner, dst_inner, report, resume=resume, attempts=retries, delay=retry_delay,
+                     progress=progress, skip_damaged=skip_damaged)
     if resume:
-        _check_marker(dst_inner, opts, src_ref.describe())
+        _check_marker(driver, marker)
         _remove_temp_files(dst_inner)
-    dst_inner.set(MARKER_KEY, json_bytes(opts.marker(src_ref.describe())))
-    driver = _Driver(h, plans, src_inner, dst_inner, report, resume=resume, attempts=retries, delay=retry_delay, progress=progress)
+    driver.set(MARKER_KEY, json_bytes(marker))
     if executor is None:
         with ThreadPoolExecutor(jobs, thread_name_prefix="migrate") as pool:
             driver.run(pool, window=2 * jobs)
     else:
         driver.run(executor, window=4 * jobs)
+    driver.remove_damaged()
     for node in sorted(groups, key=lambda n: (n.path == "", -n.path.count("/"))):  # the root last
-        dst_inner.set(node_key(node.path), json_bytes(v3_group_document(node.attributes)))
+        driver.set(node_key(node.path), json_bytes(v3_group_document(node.attributes)))
     if driver.root_doc is not None:
-        dst_inner.set(node_key(""), json_bytes(driver.root_doc))
-    dst_inner.delete(MARKER_KEY)
+        driver.set(node_key(""), json_bytes(driver.root_doc))
+    driver.retried(dst_inner.delete, MARKER_KEY)
     report.seconds = time.perf_counter() - started
     if verify:
         from .verify import verify as run_verify
 
-        report.verification = run_verify(src_ref, dst_ref, jobs=jobs, executor=executor, progress=progress)
+        report.verification = run_verify(
+            src_ref, dst_ref, jobs=jobs, executor=executor, progress=progress, retries=retries, retry_delay=retry_delay,
+            assume_chunks_per_shard=assume_chunks_per_shard, skip_arrays=report.skipped_paths,
+        )
         report.seconds = time.perf_counter() - started
     return report

@@ -60,6 +60,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -89,14 +90,31 @@ DEFAULT_JOBS = 8
 ChunksPerShard = int | Sequence[int] | None
 
 #: tests set this to ``hook(phase)``; it is called after every object operation of the
-#: in-place protocol (phases ``stage``, ``hide``, ``clear``, ``move``, ``commit``) and
+#: in-place protocol (phases ``stage``, ``hide``, ``clear``, ``move``, ``commit``), and by
+#: the migrator after every completed unit (``unit``) and metadata write (``meta``); it
 #: may raise to simulate a crash at that point
 _FAULT_HOOK: Callable[[str], None] | None = None
+#: test hook for subprocesses: ``N`` or ``PHASE:N`` makes the process SIGKILL itself at
+#: the N-th fault point (of that phase), as a power cut would stop it
+KILL_ENV = "SHARDING_STORE_TEST_KILL_AT"
+_fault_points: defaultdict[str, int] = defaultdict(int)
 
 
-def _fault(phase: str) -> None:
+def fault_point(phase: str) -> None:
+    """A point where a crash must be survivable (see ``_FAULT_HOOK`` and ``KILL_ENV``)."""
     if _FAULT_HOOK is not None:
         _FAULT_HOOK(phase)
+    kill_at = os.environ.get(KILL_ENV)
+    if kill_at:
+        wanted, _, n = kill_at.rpartition(":")
+        with _KILL_LOCK:
+            _fault_points[wanted or "*"] += 1 if not wanted or wanted == phase else 0
+            reached = _fault_points[wanted or "*"] == int(n)
+        if reached:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+_KILL_LOCK = threading.Lock()
 
 
 # --------------------------------------------------------------------------- report
@@ -111,6 +129,7 @@ class ReshardReport:
     arrays_changed: list[str] = field(default_factory=list)
     arrays_skipped: list[str] = field(default_factory=list)
     arrays_resumed: list[str] = field(default_factory=list)
+    arrays_damaged: dict[str, str] = field(default_factory=dict)  # left alone: path -> reason
     objects_written: int = 0  # new objects (shards or chunks) of repacked arrays
     objects_removed: int = 0  # old objects deleted (in place)
     objects_copied: int = 0  # verbatim copies (with a destination)
@@ -370,7 +389,7 @@ class _Repack:
         for key, blob in pack_objects(chunks, self.dst):
             self.dst_inner.set(self.dst_under + key, blob)
             report.add(objects_written=1, bytes_written=len(blob))
-            _fault("stage")
+            fault_point("stage")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -541,9 +560,9 @@ def _rollback(inner: Inner, journal: Journal) -> None:
 def _swap(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> None:
     """Phase ``swap``: hide the array, then delete old objects that no staged object replaces."""
     _update_consolidated(inner, journal.meta_key, None)
-    _fault("hide")
+    fault_point("hide")
     inner.delete(journal.meta_key)
-    _fault("hide")
+    fault_point("hide")
     old, new = journal.layouts()
     staged = set(list_objects(inner, new, STAGING).values())
     doomed = [k for k in list_objects(inner, old).values() if k not in staged]
@@ -551,7 +570,7 @@ def _swap(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options)
     def delete(key: str) -> None:
         inner.delete(key)
         report.add(objects_removed=1)
-        _fault("clear")
+        fault_point("clear")
 
     run_bounded(delete, doomed, opts.jobs)
 
@@ -563,14 +582,14 @@ def _move(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options)
 
     def move(key: str) -> None:
         move_object(inner, STAGING + key, key)
-        _fault("move")
+        fault_point("move")
 
     run_bounded(move, staged, opts.jobs)
     inner.set(journal.meta_key, journal.new.encode())
-    _fault("commit")
+    fault_point("commit")
     if journal.consolidated:
         _update_consolidated(inner, journal.meta_key, journal.new.encode(), add=True)
-        _fault("commit")
+        fault_point("commit")
     inner.delete(journal.key)
     _prune_empty_dirs(inner, new.prefix)
     _prune_empty_dirs(inner, STAGING, keep_top=False)
@@ -709,10 +728,15 @@ def _copy_hierarchy(
 
 
 def _select(h: DraftHierarchy, arrays: Iterable[str] | None) -> list[dm.DraftArrayMeta]:
+    """The arrays to consider; one that was asked for by name and is damaged is refused."""
+    from .migrate import damage_error
+
     if arrays is None:
         return [n.meta for n in h.arrays() if n.meta is not None]
     out = []
     for path in dict.fromkeys(arrays):
+        if dm.normalize_path(path) in h.damaged:
+            raise damage_error(h.damaged[dm.normalize_path(path)], path, "reshard cannot repack it")
         node = h.node(path)
         if node.kind != "array" or node.meta is None:
             raise UsageError(f"--array {path!r}: '{node.path or '/'}' is a group, not an array", key=node.path)
@@ -748,14 +772,8 @@ def _run(
         )
     if dst is None:
         _resume_all(src_inner, report, opts)
-    h = DraftHierarchy(src_inner, location=_describe(src))
-    targets: dict[str, dm.DraftArrayMeta] = {}
-    for meta in _select(h, arrays):
-        cps = want(meta)
-        if cps is False or cps == meta.chunks_per_shard:
-            report.arrays_skipped.append(meta.path)
-        else:
-            targets[meta.path] = meta.with_chunks_per_shard(cps)  # type: ignore[arg-type]
+    h = DraftHierarchy(src_inner, location=_describe(src), strict=False)
+    targets = _targets(h, want, arrays, report)
     if dst is None:
         for path, target in targets.items():
             _reshard_in_place(src_inner, dm.array_meta_key(path, h.suffix), target, report, opts)
@@ -769,6 +787,33 @@ def _run(
         report.arrays_changed.extend(targets)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _targets(
+    h: DraftHierarchy, want: Callable[[dm.DraftArrayMeta], Coords | None | bool], arrays: Iterable[str] | None,
+    report: ReshardReport,
+) -> dict[str, dm.DraftArrayMeta]:
+    """The new metadata of each array to repack. Damaged arrays (invalid documents, or
+    shards under metadata that lost its transformer, which a repack would scramble) are
+    left alone and reported, or refused when asked for by name."""
+    from .migrate import damage_error, lost_transformer
+
+    if arrays is None:
+        report.arrays_damaged.update({p: str(e) for p, e in h.damaged.items()})
+    targets: dict[str, dm.DraftArrayMeta] = {}
+    for meta in _select(h, arrays):
+        cps = want(meta)
+        if cps is False or cps == meta.chunks_per_shard:
+            report.arrays_skipped.append(meta.path)
+            continue
+        lost = lost_transformer(h, h.node(meta.path))
+        if lost is not None and arrays is not None:
+            raise damage_error(lost, meta.path, "reshard cannot repack it")
+        if lost is not None:
+            report.arrays_damaged[meta.path] = str(lost)
+            continue
+        targets[meta.path] = meta.with_chunks_per_shard(cps)  # type: ignore[arg-type]
+    return targets
 
 
 def reshard(

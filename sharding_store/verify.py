@@ -25,9 +25,22 @@ from typing import Any
 import numpy as np
 
 from .errors import DraftMetadataError, ShardCorruptError, ShardingStoreError, VerificationError
-from .hierarchy import DraftHierarchy
+from .hierarchy import DraftHierarchy, Node
 from .inner import Inner
-from .migrate import ArrayPlan, Options, array_units, default_jobs, node_key, plan_array
+from .migrate import (
+    DAMAGE_ERRORS,
+    ArrayPlan,
+    AssumeChunksPerShard,
+    Options,
+    array_units,
+    damage_error,
+    default_jobs,
+    is_v3_chunk_key,
+    lost_transformer,
+    node_key,
+    other_prefixes,
+    plan_array,
+)
 from .migrate_units import ArrayJob, StoreRef, Unit, check_picklable, list_sized, read_source_chunks, read_whole
 from .retry import run_bounded, with_retries
 from .shard_index import CHECKSUM_NBYTES, encode_shard, read_index
@@ -67,6 +80,14 @@ class VerifyReport:
     groups: int = 0
     check: UnitCheck = field(default_factory=UnitCheck)
     seconds: float = 0.0
+    skipped: dict[str, str] = field(default_factory=dict)  # damaged/untranslatable arrays: path -> reason
+
+    def skip(self, path: str, reason: str, dst: Inner) -> None:
+        """Leave an array out; it must then be absent from the destination."""
+        self.skipped[path] = reason
+        key = node_key(path)
+        if dst.get(key) is not None:
+            self.check.problem(key, f"{key}: exists, but array '{path or '/'}' cannot be migrated: {reason}")
 
     @property
     def ok(self) -> bool:
@@ -78,12 +99,14 @@ class VerifyReport:
             "src": self.src, "dst": self.dst, "ok": self.ok, "arrays": self.arrays, "groups": self.groups,
             "objects": c.objects, "chunks": c.chunks, "bytes": c.bytes, "seconds": round(self.seconds, 3),
             "differences": c.n_problems, "first": [{"key": k, "problem": m} for k, m in c.problems],
+            "skipped": [{"path": p, "reason": r} for p, r in self.skipped.items()],
         }
 
     def summary(self) -> str:
         c = self.check
         state = "identical" if self.ok else f"{c.n_problems} difference(s)"
-        return f"{self.arrays} arrays, {c.objects} objects, {c.chunks} chunks: {state} ({self.seconds:.1f} s)"
+        skipped = f", {len(self.skipped)} damaged array(s) skipped" if self.skipped else ""
+        return f"{self.arrays} arrays, {c.objects} objects, {c.chunks} chunks: {state}{skipped} ({self.seconds:.1f} s)"
 
     def error(self) -> VerificationError:
         key, message = self.check.problems[0]
@@ -130,13 +153,9 @@ def _first_difference(expected: Mapping[str, Any], actual: Mapping[str, Any]) ->
     return "documents differ"  # pragma: no cover
 
 
-def _array_plan(h: DraftHierarchy, node: Any, src: StoreRef, dst: StoreRef, dst_inner: Inner, check: UnitCheck) -> ArrayPlan | None:
+def _array_plan(h: DraftHierarchy, node: Any, src: StoreRef, dst: StoreRef, doc: dict[str, Any], check: UnitCheck) -> ArrayPlan | None:
     """The migration plan the destination document implies, or None (a problem is recorded)."""
     key = node_key(node.path)
-    doc = _load(dst_inner, key)
-    if doc is None:
-        check.problem(key, f"{key}: missing (array '{node.path or '/'}' was not migrated)")
-        return None
     try:
         opts = options_from_doc(doc)
         if node.meta.is_sharded and opts.chunks_per_shard is None:
@@ -236,12 +255,6 @@ def _check_with_retries(job: ArrayJob, unit: Unit, attempts: int, delay: float) 
     return with_retries(check_unit, job, unit, attempts=attempts, base_delay=delay)
 
 
-def _v3_coords(rest: str, separator: str, ndim: int) -> bool:
-    """True when ``rest`` (relative to the array prefix) is a default-encoded chunk key."""
-    parts = rest.split(separator)
-    return parts[0] == "c" and len(parts) == ndim + 1 and all(p.isdigit() for p in parts[1:])
-
-
 def _extra_objects(plan: ArrayPlan, units: list[Unit], existing: Mapping[str, int | None], check: UnitCheck) -> None:
     """Destination chunk/shard keys no unit accounts for (they would read as data)."""
     job = plan.job
@@ -250,8 +263,29 @@ def _extra_objects(plan: ArrayPlan, units: list[Unit], existing: Mapping[str, in
     else:
         expected = {job.dst_key(u.target) for u in units if u.target is not None}
     for key in existing:
-        if key not in expected and _v3_coords(key[len(job.dst_prefix) :], job.src_layout.separator, job.src_layout.ndim):
+        if key not in expected and is_v3_chunk_key(key[len(job.dst_prefix) :], job.src_layout.separator, job.src_layout.ndim):
             check.problem(key, f"{key}: unexpected object (the source has no chunk there)")
+
+
+SKIP_HINT = "--skip-damaged checks the other arrays"
+
+
+def _unmigrated_reason(h: DraftHierarchy, node: Node) -> ShardingStoreError | None:
+    """Why an array missing from the destination could not be migrated (a damaged shard
+    index, or a translation v3 cannot express), or None: then it is simply missing.
+    Costs one tail read per shard, and only for missing arrays."""
+    from .inspect import first_shard_damage
+
+    if node.meta is None:
+        return None
+    damage = first_shard_damage(h.inner, node.meta, other_prefixes(h, node.path))
+    if damage is not None:
+        return damage
+    try:
+        plan_array(node, StoreRef(None), StoreRef(None), Options())
+    except DraftMetadataError as e:
+        return e
+    return None
 
 
 # --------------------------------------------------------------------------- the API
@@ -270,11 +304,18 @@ def verify(
     raise_on_error: bool = True,
     retries: int = 4,
     retry_delay: float = 0.2,
+    skip_damaged: bool = False,
+    assume_chunks_per_shard: AssumeChunksPerShard | None = None,
+    skip_arrays: Mapping[str, str] | None = None,
 ) -> VerifyReport:
     """Compare the migrated hierarchy ``dst`` with its draft-era source ``src``.
 
     Raises :class:`VerificationError` naming the first bad key and the number of
-    differences (or returns the report with ``raise_on_error=False``).
+    differences (or returns the report with ``raise_on_error=False``). A damaged source
+    array raises its own error class, unless ``skip_damaged``: then arrays that
+    ``migrate(skip_damaged=True)`` leaves out must be absent from ``dst`` and are listed
+    in ``report.skipped``. ``skip_arrays`` (path -> reason): arrays known to be left
+    out. ``assume_chunks_per_shard``: as given to :func:`~sharding_store.migrate.migrate`.
     """
     started = time.perf_counter()
     src_ref = StoreRef.of(src, src_storage_options if src_storage_options is not None else storage_options)
@@ -283,9 +324,15 @@ def verify(
         check_picklable(src_ref, dst_ref)
     jobs = jobs or default_jobs()
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
-    h = DraftHierarchy(src_inner, location=src_ref.describe())
+    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
+    h.assume_sharded(assume_chunks_per_shard)
     report = VerifyReport(src_ref.describe(), dst_ref.describe())
     check = report.check
+    known = dict(skip_arrays or {})
+    for path, error in h.damaged.items():
+        if path not in known and not skip_damaged:
+            raise damage_error(error, path, SKIP_HINT)
+        report.skip(path, known.get(path, str(error)), dst_inner)
     for node in h.groups():
         if node.path == "" and any(n.path == "" for n in h.arrays()):
             continue
@@ -298,8 +345,28 @@ def verify(
     def items() -> Iterator[tuple[Any, ...]]:
         for node in h.arrays():
             report.arrays += 1
+            if node.path in known:
+                report.skip(node.path, known[node.path], dst_inner)
+                continue
+            lost = lost_transformer(h, node)
+            if lost is not None:
+                if not skip_damaged:
+                    raise damage_error(lost, node.path, SKIP_HINT)
+                report.skip(node.path, str(lost), dst_inner)
+                continue
+            key = node_key(node.path)
+            doc = _load(dst_inner, key)
+            why = _unmigrated_reason(h, node) if doc is None else None
+            if why is not None and not skip_damaged:
+                raise damage_error(why, node.path, f"it was not migrated; {SKIP_HINT}")
+            if why is not None:
+                report.skipped[node.path] = str(why)
+                continue
+            if doc is None:
+                check.problem(key, f"{key}: missing (array '{node.path or '/'}' was not migrated)")
+                continue
             try:
-                plan = _array_plan(h, node, src_ref, dst_ref, dst_inner, check)
+                plan = _array_plan(h, node, src_ref, dst_ref, doc, check)
             except DraftMetadataError as e:  # an array migrate could not translate (skipped there)
                 check.problem(node_key(node.path), f"{node_key(node.path)}: {e}")
                 continue
@@ -312,8 +379,13 @@ def verify(
                 yield plan.job, unit, retries, retry_delay
 
     def run(pool: Executor, window: int) -> None:
-        for _, future in run_bounded(pool, _check_with_retries, items(), window=window):
-            check.add(future.result())
+        for (job, *_), future in run_bounded(pool, _check_with_retries, items(), window=window):
+            try:
+                check.add(future.result())
+            except DAMAGE_ERRORS as e:  # the source is damaged under a migrated array
+                if not skip_damaged:
+                    raise damage_error(e, job.path, SKIP_HINT) from e
+                check.problem(e.key or node_key(job.path), f"{e} (array '{job.path or '/'}' was migrated)")
 
     if executor is None:
         with ThreadPoolExecutor(jobs, thread_name_prefix="verify") as pool:

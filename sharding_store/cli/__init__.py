@@ -49,6 +49,32 @@ def int_tuple(text: str) -> tuple[int, ...]:
     return values
 
 
+def assume_item(text: str) -> tuple[str, tuple[int, ...]]:
+    """``PATH=N[,N...]`` -> ``(path, chunks_per_shard)`` (for argparse ``type=``)."""
+    path, sep, cps = text.rpartition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected PATH=N[,N...]: {text!r}")
+    return path.strip("/"), int_tuple(cps)
+
+
+def add_assume_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--assume-chunks-per-shard", type=assume_item, action="append", metavar="PATH=N[,N...]", default=[],
+        help="treat array PATH as sharded with these chunks per shard although its metadata has no storage "
+             "transformer (the zarr-python 2.x resize()/append() defect; info suggests the value); repeatable",
+    )
+
+
+def assumed(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
+    """The ``--assume-chunks-per-shard`` options as the API's ``assume_chunks_per_shard``."""
+    out: dict[str, tuple[int, ...]] = {}
+    for path, cps in args.assume_chunks_per_shard:
+        if out.get(path, cps) != cps:
+            raise UsageError(f"--assume-chunks-per-shard: '{path or '/'}' given twice with different values", key=path)
+        out[path] = cps
+    return out
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, like every other usage error
         raise UsageError(f"{self.prog}: {message}")

@@ -4,6 +4,13 @@
 (shards, live inner chunks, bytes stored, dead bytes) and whether every v3 reader could
 decode its codecs; ``--json`` gives the same as one JSON document. ``ls`` prints one
 node per line, for scripts.
+
+Damaged input does not stop either: nodes whose documents are invalid are listed with
+the reason, arrays with damaged shard indices or with a lost storage transformer (zarr
+2.x ``resize()``) get a ``problem:`` line, and the command exits 0 so that the rest of
+the store can be inspected. ``info --strict`` exits with the first problem's code
+instead (3 for metadata, 4 for a shard), after printing the report. Chunk payloads are
+not decoded, so an undecodable payload is not a problem ``info`` sees.
 """
 
 from __future__ import annotations
@@ -13,9 +20,11 @@ import json
 import sys
 from typing import Any
 
+from .. import draft_metadata as dm
+from ..errors import ShardingStoreError
 from ..hierarchy import DraftHierarchy, Node, open_hierarchy
 from ..inspect import ArrayStats, codec_chain_text, hierarchy_stats
-from . import storage_options
+from . import add_assume_option, assumed, storage_options
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -28,6 +37,9 @@ def register(subparsers: Any) -> None:
     info = subparsers.add_parser("info", help="tree, layout, codecs and storage statistics of each array")
     _add_common(info)
     info.add_argument("--json", action="store_true", help="machine-readable output")
+    info.add_argument("--strict", action="store_true",
+                      help="exit with the error code of the first damaged node or shard (default: report it, exit 0)")
+    add_assume_option(info)
     info.set_defaults(func=run_info)
     ls = subparsers.add_parser("ls", help="list nodes: path, kind, shape and dtype")
     _add_common(ls)
@@ -96,7 +108,12 @@ def _subtree_text(h: DraftHierarchy, root: str) -> str:
     return "\n".join(line for p, line in zip(h.nodes, lines) if _in_subtree(p, root))
 
 
-def info_document(location: str, h: DraftHierarchy, nodes: list[Node], stats: list[ArrayStats]) -> dict[str, Any]:
+def _damaged(h: DraftHierarchy, root: str) -> dict[str, ShardingStoreError]:
+    """Nodes at or below ``root`` whose documents are invalid."""
+    return {p: e for p, e in h.damaged.items() if _in_subtree(p, root)}
+
+
+def info_document(location: str, h: DraftHierarchy, nodes: list[Node], stats: list[ArrayStats], root: str = "") -> dict[str, Any]:
     return {
         "store": location,
         "metadata_key_suffix": h.suffix,
@@ -104,6 +121,9 @@ def info_document(location: str, h: DraftHierarchy, nodes: list[Node], stats: li
             {"path": n.path, "kind": n.kind, "explicit": n.explicit, "attributes": n.attributes} for n in nodes
         ],
         "arrays": [s.to_json() for s in stats],
+        "damaged": [
+            {"path": p, "key": e.key, "error": type(e).__name__, "reason": str(e)} for p, e in _damaged(h, root).items()
+        ],
     }
 
 
@@ -112,17 +132,29 @@ def info_document(location: str, h: DraftHierarchy, nodes: list[Node], stats: li
 
 def run_info(args: argparse.Namespace) -> int:
     opts = storage_options(args.storage_options)
-    h = open_hierarchy(args.store, storage_options=opts)
-    nodes = _nodes(h, args.path)
-    _, stats = hierarchy_stats(args.store, args.path, hierarchy=h)
+    h = open_hierarchy(args.store, storage_options=opts, strict=False, assume_chunks_per_shard=assumed(args))
+    root = dm.normalize_path(args.path)
+    nodes: list[Node] = []
+    stats: list[ArrayStats] = []
+    if root not in h.damaged:  # else only its damage is shown
+        nodes = _nodes(h, root)
+        stats = hierarchy_stats(args.store, root, hierarchy=h)[1]
+    damaged = _damaged(h, root)
     if args.json:
-        json.dump(info_document(args.store, h, nodes, stats), sys.stdout, indent=2, default=str)
+        json.dump(info_document(args.store, h, nodes, stats, root), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
-        return 0
-    print(_subtree_text(h, h.node(args.path).path))
-    for s in stats:
-        print()
-        print(format_array(s))
+    else:
+        if nodes:
+            print(_subtree_text(h, root))
+        for s in stats:
+            print()
+            print(format_array(s))
+        for path, e in damaged.items():
+            print()
+            print(f"{display_path(path)}\n  damaged ({type(e).__name__}): {e}")
+    problems = [*damaged.values(), *(s.damage for s in stats if s.damage is not None)]
+    if args.strict and problems:
+        raise problems[0]
     return 0
 
 
@@ -133,7 +165,9 @@ def ls_line(n: Node) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    h = open_hierarchy(args.store, storage_options=storage_options(args.storage_options))
+    h = open_hierarchy(args.store, storage_options=storage_options(args.storage_options), strict=False)
     for n in _nodes(h, args.path):
         print(ls_line(n))
+    for path, e in _damaged(h, h.node(args.path).path).items():
+        print(f"{display_path(path)}\tdamaged\t{type(e).__name__}")
     return 0

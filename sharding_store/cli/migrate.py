@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import UsageError
-from . import int_tuple, storage_options
+from . import add_assume_option, assumed, int_tuple, storage_options
 
 
 def _store_options(p: argparse.ArgumentParser) -> None:
@@ -21,6 +21,11 @@ def _store_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, metavar="N", help="parallel work units (default min(8, 2 x CPUs))")
     p.add_argument("--scheduler", metavar="ADDRESS", help="run the work units on this dask scheduler")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON report")
+    p.add_argument("--skip-damaged", "--skip-untranslatable", dest="skip_damaged", action="store_true",
+                   help="leave out arrays that are damaged (invalid metadata, corrupt shard index, lost storage "
+                        "transformer) or that Zarr v3 cannot express, and list them with the reason, instead of "
+                        "failing (--skip-untranslatable is an older name)")
+    add_assume_option(p)
 
 
 def register(subparsers: Any) -> None:
@@ -45,8 +50,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--resume", action="store_true", help="finish an interrupted migration into DST")
     p.add_argument("--dry-run", action="store_true", help="print the plan (arrays, shards, bytes); write nothing")
     p.add_argument("--no-verify", action="store_true", help="skip the verification of DST against SRC")
-    p.add_argument("--skip-untranslatable", action="store_true",
-                   help="leave out arrays zarr v3 cannot express (listed in the report) instead of failing")
     p.set_defaults(func=run_migrate)
 
     v = subparsers.add_parser(
@@ -64,7 +67,8 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
     shared = storage_options(args.storage_options)
     src = storage_options(args.src_storage_options, "--src-storage-options") if args.src_storage_options else shared
     dst = storage_options(args.dst_storage_options, "--dst-storage-options") if args.dst_storage_options else shared
-    return {"src_storage_options": src, "dst_storage_options": dst, "jobs": args.jobs}
+    return {"src_storage_options": src, "dst_storage_options": dst, "jobs": args.jobs,
+            "skip_damaged": args.skip_damaged, "assume_chunks_per_shard": assumed(args)}
 
 
 @contextlib.contextmanager
@@ -97,7 +101,6 @@ def run_migrate(args: argparse.Namespace) -> int:
             resume=args.resume,
             dry_run=args.dry_run,
             verify=not args.no_verify,
-            skip_untranslatable=args.skip_untranslatable,
             executor=executor,
             **common,
         )

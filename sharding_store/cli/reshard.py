@@ -87,4 +87,6 @@ def _summary(report: Any) -> str:
     parts.append(f"{report.objects_written} objects written, {report.objects_removed} removed")
     if report.objects_copied:
         parts.append(f"{report.objects_copied} copied verbatim")
-    return f"{where}: " + ", ".join(parts) + f" in {report.seconds:.2f} s"
+    lines = [f"{where}: " + ", ".join(parts) + f" in {report.seconds:.2f} s"]
+    lines += [f"left alone {path or '/'} (damaged): {reason}" for path, reason in report.arrays_damaged.items()]
+    return "\n".join(lines)
