@@ -40,7 +40,9 @@ from .chunk_codec import (
     encode_chunk_payload,
     fast_decoder,
     fast_encoder,
+    fast_row_encoder,
     fill_chunk,
+    takes_address,
 )
 from .errors import DestinationExistsError, ReadOnlyError, StoreNotFoundError, UsageError
 from .hierarchy import DraftHierarchy, inner_of
@@ -343,6 +345,9 @@ class DraftArray:
         self._cnb = chunk_nbytes(meta)
         self._decode_fast = fast_decoder(meta)
         self._encode_fast = fast_encoder(meta)
+        self._encode_row: Any = None  # zstd: encode straight from a scratch row (see _encode_shards)
+        self._encode_row_ready = False
+        self._decode_addr = takes_address(self._decode_fast)
         n = meta.ndim
         if meta.order == "F":
             self._mem_chunks = tuple(reversed(meta.chunks))
@@ -585,15 +590,17 @@ class DraftArray:
         """Decode ``payloads`` (None: absent, fill value) into this thread's scratch buffer:
         ``(n, chunk elements)`` in memory order. ``todo``: only these rows (others untouched)."""
         n = len(coords)
-        rows = _scratch(n * self._cnb).reshape(n, self._cnb)
+        cnb = self._cnb
+        rows = _scratch(n * cnb).reshape(n, cnb)
         chunks = rows.view(self.dtype)
         fast = self._decode_fast
+        base = rows.ctypes.data if self._decode_addr else None
         missing = []
         for i in range(n) if todo is None else todo.tolist():
             p = payloads[i]
             if p is None:
                 missing.append(i)
-            elif fast is None or not fast(p, rows[i]):
+            elif fast is None or not fast(p, rows[i] if base is None else base + i * cnb):
                 decode_chunk_into(self.meta, p, rows[i], key=self._chunk_key(tuple(coords[i].tolist())))
         if missing:
             chunks[missing] = self._fill_flat
@@ -644,15 +651,28 @@ class DraftArray:
                 src = block[tuple(s[2] for s in seg)].reshape(tuple(x for js, _, _, k in seg for x in (js.stop - js.start, k)))
                 blocks[tuple(x for js, inner, _, _ in seg for x in (js, inner))] = src
             keep = np.ones(n, dtype=bool) if self.write_empty_chunks else ~_fill_rows(self.meta, chunks)
-            encode = self._encode_fast
-            shaped = chunks.reshape(n, *self._mem_chunks)
-            if self.meta.order == "F":
-                shaped = shaped.transpose(0, *range(self.ndim, 0, -1))
             changes: dict[Coords, bytes | None] = {}
-            for i, local in enumerate((coords % cps).tolist()):
-                changes[tuple(local)] = encode(shaped[i]) if keep[i] else None
+            encode_row = self._row_encoder()
+            if encode_row is not None:  # straight from the scratch rows (chunk bytes in memory order)
+                base, cnb = chunks.ctypes.data, self._cnb
+                for i, local in enumerate((coords % cps).tolist()):
+                    changes[tuple(local)] = encode_row(base + i * cnb) if keep[i] else None
+            else:
+                encode = self._encode_fast
+                shaped = chunks.reshape(n, *self._mem_chunks)
+                if self.meta.order == "F":
+                    shaped = shaped.transpose(0, *range(self.ndim, 0, -1))
+                for i, local in enumerate((coords % cps).tolist()):
+                    changes[tuple(local)] = encode(shaped[i]) if keep[i] else None
             shard = tuple((coords[0] // cps).tolist())
             self.store._rewrite_shard(layout.shard_key(shard), layout, shard, changes)
+
+    def _row_encoder(self) -> Any:
+        """:func:`fast_row_encoder` of this array, looked up on first write (it self-checks)."""
+        if not self._encode_row_ready:
+            self._encode_row = fast_row_encoder(self.meta)
+            self._encode_row_ready = True
+        return self._encode_row
 
     # ------------------------------------------------------------ writing
     def __setitem__(self, key: Any, value: Any) -> None:

@@ -14,8 +14,11 @@ byte-identical to the one 2.18 writes (gzip embeds a timestamp, so it is not).
 
 from __future__ import annotations
 
+import ctypes
 import math
+import os
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +36,8 @@ __all__ = [
     "encode_chunk_payload",
     "fast_decoder",
     "fast_encoder",
+    "fast_row_encoder",
+    "takes_address",
     "fill_chunk",
     "pad_chunk",
     "chunk_nbytes",
@@ -168,15 +173,25 @@ def _as_chunk(meta: DraftArrayMeta, arr: np.ndarray, where: str, key: str | None
 #
 # Arrays decode and encode whole shards at a time, chunk after chunk into (or out of) one
 # chunk-major scratch buffer, on a thread pool. These helpers are the per-chunk step of
-# that loop: the codec's own C function on a buffer, no per-chunk allocation, no
-# per-chunk Python beyond one call; the GIL is released inside blosc (its ``*_ctx``
-# functions when called from a non-main thread) and zstd.
+# that loop: one C call on a buffer, no per-chunk allocation, no per-chunk Python beyond
+# that call.
+#
+# For blosc and zstd the C functions are those of numcodecs' own extension modules
+# (their libblosc/libzstd symbols are exported), called through ctypes, which releases
+# the GIL: numcodecs' Python-level wrappers cost more than the work on 8-16 KiB chunks
+# (blosc: a thread/fork check and two buffer objects per call; zstd: a fresh
+# (de)compression context per call, ~20 us). Per-thread zstd contexts are reused. Being
+# the same library, the bytes are numcodecs' bytes: zstd encoding is additionally
+# checked against ``numcodecs.zstd.compress`` once per (level, checksum) before use.
+# Whenever a symbol is missing or a check fails, the numcodecs path is used.
 
 _U32 = struct.Struct("<I")
+_BLOSC_HEADER = struct.Struct("<4xIxxxxI")  # nbytes at 4, cbytes at 12
 #: a fast decoder: ``decode(payload, out) -> True`` when ``out`` (a C-contiguous uint8 row
-#: of ``chunk_nbytes`` bytes) now holds the chunk's bytes in memory order; False when the
-#: caller must take the general path (:func:`decode_chunk_into`), which names the failure
-FastDecoder = Callable[[Any, np.ndarray], bool]
+#: of ``chunk_nbytes`` bytes, or the integer address of such a row) now holds the chunk's
+#: bytes in memory order; False when the caller must take the general path
+#: (:func:`decode_chunk_into`), which names the failure
+FastDecoder = Callable[[Any, "np.ndarray | int"], bool]
 
 
 def _zstd_content_size(payload: Any) -> int | None:
@@ -193,6 +208,160 @@ def _zstd_content_size(payload: Any) -> int | None:
     return value + 256 if size == 2 else value
 
 
+class _Native:
+    """ctypes bindings to the libzstd / libblosc inside numcodecs' extension modules."""
+
+    _lock = threading.Lock()
+    _zstd: Any = None
+    _blosc: Any = None
+    _loaded = False
+
+    @classmethod
+    def load(cls) -> None:
+        with cls._lock:
+            if cls._loaded:
+                return
+            cls._loaded = True
+            if os.environ.get("SHARDING_STORE_NO_NATIVE"):
+                return
+            try:
+                cls._zstd = cls._bind_zstd()
+            except Exception:  # noqa: BLE001 - no symbols, other build: numcodecs' path
+                cls._zstd = None
+            try:
+                cls._blosc = cls._bind_blosc()
+            except Exception:  # noqa: BLE001
+                cls._blosc = None
+
+    @staticmethod
+    def _bind_zstd() -> Any:
+        import numcodecs.zstd as nz
+
+        lib = ctypes.CDLL(nz.__file__)
+        size_t, vp, cp = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
+        sigs = {
+            "ZSTD_versionNumber": (ctypes.c_uint, []),
+            "ZSTD_createDCtx": (vp, []),
+            "ZSTD_freeDCtx": (size_t, [vp]),
+            "ZSTD_decompressDCtx": (size_t, [vp, vp, size_t, cp, size_t]),
+            "ZSTD_getFrameContentSize": (ctypes.c_ulonglong, [cp, size_t]),
+            "ZSTD_createCCtx": (vp, []),
+            "ZSTD_freeCCtx": (size_t, [vp]),
+            "ZSTD_CCtx_setParameter": (size_t, [vp, ctypes.c_int, ctypes.c_int]),
+            "ZSTD_compress2": (size_t, [vp, vp, size_t, vp, size_t]),
+            "ZSTD_compressBound": (size_t, [size_t]),
+            "ZSTD_isError": (ctypes.c_uint, [size_t]),
+        }
+        for name, (res, args) in sigs.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        if lib.ZSTD_versionNumber() != nz.VERSION_NUMBER:
+            return None
+        return lib
+
+    @staticmethod
+    def _bind_blosc() -> Any:
+        import numcodecs.blosc as nb
+
+        lib = ctypes.CDLL(nb.__file__)
+        fn = lib.blosc_decompress_ctx
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return lib
+
+
+class _Ctx:
+    """A zstd context owned by one thread, freed with it."""
+
+    __slots__ = ("ptr", "_free")
+
+    def __init__(self, ptr: int, free: Callable[[int], Any]) -> None:
+        if not ptr:
+            raise MemoryError("zstd: cannot allocate a context")
+        self.ptr, self._free = ptr, free
+
+    def __del__(self) -> None:
+        try:
+            self._free(self.ptr)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the process frees it anyway
+            pass
+
+
+_TLS = threading.local()
+_ZSTD_C_LEVEL, _ZSTD_C_CHECKSUM = 100, 201  # ZSTD_c_compressionLevel, ZSTD_c_checksumFlag
+_ZSTD_SELF_CHECKED: dict[tuple[type, int, bool], bool] = {}
+
+
+def _zstd_dctx(lib: Any) -> int:
+    ctx = getattr(_TLS, "dctx", None)
+    if ctx is None:
+        ctx = _TLS.dctx = _Ctx(lib.ZSTD_createDCtx(), lib.ZSTD_freeDCtx)
+    return ctx.ptr
+
+
+def _zstd_cctx(lib: Any, level: int, checksum: bool) -> int:
+    """This thread's compression context for ``(level, checksum)``, parameters set once
+    (``ZSTD_compress2`` resets the session and keeps them)."""
+    cctxs = getattr(_TLS, "cctx", None)
+    if cctxs is None:
+        cctxs = _TLS.cctx = {}
+    ctx = cctxs.get((level, checksum))
+    if ctx is None:
+        ctx = _Ctx(lib.ZSTD_createCCtx(), lib.ZSTD_freeCCtx)
+        for param, value in ((_ZSTD_C_LEVEL, level), (_ZSTD_C_CHECKSUM, int(checksum))):
+            if lib.ZSTD_isError(lib.ZSTD_CCtx_setParameter(ctx.ptr, param, value)):
+                raise ValueError(f"zstd: parameter {param}={value} refused")
+        cctxs[(level, checksum)] = ctx
+    return ctx.ptr
+
+
+def _zstd_native_encoder(comp: Any, nbytes: int) -> Callable[[int], bytes] | None:
+    """``encode(address) -> payload`` for ``nbytes`` at ``address``, with this thread's
+    reused context; None unless it gives exactly ``numcodecs.zstd.compress``'s bytes."""
+    _Native.load()
+    lib = _Native._zstd
+    level = getattr(comp, "level", None)
+    checksum = bool(getattr(comp, "checksum", False))
+    if lib is None or not isinstance(level, int) or not 1 <= level <= 22 or nbytes < 1:
+        return None
+    bound = lib.ZSTD_compressBound(nbytes)
+    compress2, is_error = lib.ZSTD_compress2, lib.ZSTD_isError
+
+    def encode(address: int) -> bytes:
+        dst = getattr(_TLS, "zdst", None)
+        if dst is None or len(dst) < bound:
+            dst = _TLS.zdst = ctypes.create_string_buffer(bound)
+        n = compress2(_zstd_cctx(lib, level, checksum), dst, bound, address, nbytes)
+        if is_error(n):
+            raise RuntimeError(f"zstd: compression failed (code {n})")
+        return ctypes.string_at(dst, n)
+
+    key = (type(comp), level, checksum)
+    if key not in _ZSTD_SELF_CHECKED:
+        probe = (np.arange(max(nbytes, 4096), dtype=np.uint32) * 2654435761 >> 7).astype(np.uint8)
+        probe[::7] = 0
+        probe = probe[:nbytes]
+        try:
+            _ZSTD_SELF_CHECKED[key] = encode(probe.ctypes.data) == ensure_bytes(comp.encode(probe))
+        except Exception:  # noqa: BLE001
+            _ZSTD_SELF_CHECKED[key] = False
+    return encode if _ZSTD_SELF_CHECKED[key] else None
+
+
+def _native(decoder: Any) -> FastDecoder:
+    """Mark a decoder that also takes the integer address of its output row."""
+    decoder.takes_address = True
+    return decoder
+
+
+def takes_address(decoder: FastDecoder | None) -> bool:
+    """Whether ``decoder`` accepts the address of its output row instead of an array."""
+    return bool(getattr(decoder, "takes_address", False))
+
+
+def _is_zstd(comp: Any) -> bool:
+    return type(comp).__name__ == "Zstd" and getattr(comp, "codec_id", None) == "zstd"
+
+
 def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
     """A per-chunk decoder into a byte row for the common pipelines (no filters; blosc, zstd
     or no compressor), or None. It checks the size the payload announces before decoding
@@ -202,22 +371,42 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
         return None
     nbytes = chunk_nbytes(meta)
     comp = meta.compressor
+    _Native.load()
     if comp is None:
 
-        def raw(payload: Any, out: np.ndarray) -> bool:
+        def raw(payload: Any, out: Any) -> bool:
             if len(payload) != nbytes:
                 return False
-            out[:] = np.frombuffer(payload, dtype=np.uint8)
+            if type(out) is int:
+                ctypes.memmove(out, payload if type(payload) is bytes else bytes(payload), nbytes)
+            else:
+                out[:] = np.frombuffer(payload, dtype=np.uint8)
             return True
 
-        return raw
+        return _native(raw)
     if isinstance(comp, numcodecs.Blosc):
+        lib = _Native._blosc
+        if lib is not None:
+            header = _BLOSC_HEADER.unpack_from
+            blosc_ctx = lib.blosc_decompress_ctx
+
+            def blosc_native(payload: Any, out: Any) -> bool:
+                src = payload if type(payload) is bytes else bytes(payload)
+                # the announced sizes must be this chunk's and this payload's (blosc 1 trusts
+                # its header's cbytes: a truncated payload is never handed to it)
+                if len(src) < 16 or header(src, 0) != (nbytes, len(src)):
+                    return False
+                return blosc_ctx(src, out if type(out) is int else out.ctypes.data, nbytes, 1) == nbytes
+
+            return _native(blosc_native)
         from numcodecs.blosc import decompress as blosc_decompress
 
         unpack = _U32.unpack_from
 
-        def blosc(payload: Any, out: np.ndarray) -> bool:
+        def blosc(payload: Any, out: Any) -> bool:
             if len(payload) < 16 or unpack(payload, 4)[0] != nbytes:
+                return False
+            if type(out) is int:
                 return False
             try:
                 blosc_decompress(payload, out)
@@ -226,11 +415,24 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
             return True
 
         return blosc
-    if type(comp).__name__ == "Zstd" and comp.codec_id == "zstd":
+    if _is_zstd(comp):
+        zlib = _Native._zstd
+        if zlib is not None:
+            frame_size, decompress, dctx = zlib.ZSTD_getFrameContentSize, zlib.ZSTD_decompressDCtx, _zstd_dctx
+
+            def zstd_native(payload: Any, out: Any) -> bool:
+                src = payload if type(payload) is bytes else bytes(payload)
+                # numcodecs sizes its output by the first frame's content size: so do we
+                if frame_size(src, len(src)) != nbytes:
+                    return False
+                addr = out if type(out) is int else out.ctypes.data
+                return decompress(dctx(zlib), addr, nbytes, src, len(src)) == nbytes
+
+            return _native(zstd_native)
         from numcodecs.zstd import decompress as zstd_decompress
 
-        def zstd(payload: Any, out: np.ndarray) -> bool:
-            if _zstd_content_size(payload) != nbytes:
+        def zstd(payload: Any, out: Any) -> bool:
+            if type(out) is int or _zstd_content_size(payload) != nbytes:
                 return False
             try:
                 zstd_decompress(payload, out)
@@ -264,3 +466,12 @@ def fast_encoder(meta: DraftArrayMeta) -> FastEncoder:
         return lambda chunk: chunk.tobytes(order="A")
     encode = comp.encode  # blosc: its *_ctx function (GIL released) off the main thread
     return lambda chunk: ensure_bytes(encode(chunk))
+
+
+def fast_row_encoder(meta: DraftArrayMeta) -> Callable[[int], bytes] | None:
+    """``encode(address) -> payload`` for a full-size chunk whose bytes (memory order) sit at
+    ``address``: zstd through a reused per-thread context (numcodecs' bytes exactly), or
+    None (use :func:`fast_encoder`)."""
+    if meta.filters or not _is_zstd(meta.compressor):
+        return None
+    return _zstd_native_encoder(meta.compressor, chunk_nbytes(meta))

@@ -23,6 +23,7 @@ Targets:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -30,9 +31,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
-
-from numcodecs.abc import Codec
+from typing import TYPE_CHECKING, Any, Literal
 
 from .draft_metadata import DraftArrayMeta
 from .errors import UsageError
@@ -41,6 +40,9 @@ from .keys import Coords
 from .shard_index import CHECKSUM_NBYTES, ShardCorruptError, ShardIndex, encode_shard, index_nbytes, payload_bounds, read_index
 from .store import ArrayLayout
 from .v3_metadata import v3_chunk_key
+
+if TYPE_CHECKING:
+    from numcodecs.abc import Codec
 
 IndexLocation = Literal["start", "end"]
 #: chunk objects per unit when copying an unsharded array chunk by chunk
@@ -176,15 +178,36 @@ def _server_copy(fs: Any, src_path: str, dst_path: str, size: int | None) -> Non
 
 
 def _local_copy(src_path: str, dst_path: str, append: bytes = b"") -> None:
+    """Kernel copy of ``src_path`` (plus ``append``) into a temporary file next to ``dst_path``,
+    then ``os.replace``: one open of each file, ``copy_file_range`` (no user-space copy),
+    the directory created only when the temporary file cannot be."""
     directory = os.path.dirname(dst_path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dst_path) + TEMP_MARKER, dir=directory)
-    os.close(fd)
+    prefix = os.path.basename(dst_path) + TEMP_MARKER
+    for attempt in range(5):  # a concurrent delete may prune the directory between the two calls
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
+            break
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
+            os.makedirs(directory, exist_ok=True)
     try:
-        shutil.copyfile(src_path, tmp)  # sendfile/copy_file_range: no user-space copy
-        if append:
-            with open(tmp, "ab") as f:
-                f.write(append)
+        try:
+            src_fd = os.open(src_path, os.O_RDONLY)
+            try:
+                copied = _copy_fd(src_fd, fd)
+            finally:
+                os.close(src_fd)
+            if not copied:  # no kernel copy between these files: the portable way
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+                shutil.copyfile(src_path, tmp)  # sendfile where it can
+                os.lseek(fd, 0, os.SEEK_END)
+            view = memoryview(append)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
         os.replace(tmp, dst_path)
     except BaseException:
         try:
@@ -192,6 +215,25 @@ def _local_copy(src_path: str, dst_path: str, append: bytes = b"") -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _copy_fd(src_fd: int, dst_fd: int) -> bool:
+    """``copy_file_range`` the whole of ``src_fd`` to ``dst_fd``; False when the kernel or the
+    filesystems refuse it before anything was copied (the caller copies another way)."""
+    copy = getattr(os, "copy_file_range", None)
+    if copy is None:
+        return False
+    done = 0
+    while True:
+        try:
+            n = copy(src_fd, dst_fd, 1 << 30)
+        except OSError as e:
+            if done == 0 and e.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM, errno.EBADF):
+                return False
+            raise
+        if n == 0:
+            return True
+        done += n
 
 
 # --------------------------------------------------------------------------- jobs and units

@@ -23,6 +23,7 @@ Writes to one shard from several threads are serialised by a per-shard lock;
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import zlib
 from collections import OrderedDict, defaultdict
@@ -45,10 +46,11 @@ from .keys import (
     prefix_coords,
     shard_chunks,
 )
-from .shard_index import MAX_UINT64, ShardIndex, encode_shard, index_nbytes
+from .shard_index import MAX_UINT64, ShardIndex, encode_shard, index_nbytes, parse_indices
 
 DATA_ROOT = "data/root/"
 _N_LOCKS = 64
+_MISSING = object()
 
 
 @dataclass(frozen=True)
@@ -284,61 +286,101 @@ class ShardingStore(MutableMapping[str, bytes]):
     def read_indices(self, shards: Mapping[str, Coords], *, use_cache: bool = True) -> dict[str, ShardIndex | None]:
         """Indices of several shards (``shard key -> chunks_per_shard``) in one inner call."""
         out: dict[str, ShardIndex | None] = {}
-        todo = []
+        todo: dict[Coords, list[str]] = {}
         for key, cps in shards.items():
             hit, index = self._cache_get(key) if use_cache else (False, None)
             if hit:
                 out[key] = index
             else:
-                todo.append((key, cps))
+                todo.setdefault(tuple(cps), []).append(key)
         if todo:
-            tails = self.inner.get_tails([(key, index_nbytes(cps)) for key, cps in todo])
-            for (key, cps), tail in zip(todo, tails):
-                index = None
-                if tail is not None:
-                    raw, size = tail
-                    limit = None if size is None else max(0, size - len(raw))
-                    index = ShardIndex.from_bytes(raw, cps, key=key, payload_limit=limit)
+            for key, index in self._load_indices(todo).items():
                 out[key] = index
+        return out
+
+    def _load_indices(self, todo: Mapping[Coords, Sequence[str]]) -> dict[str, ShardIndex | None]:
+        """Read (one inner call for all) and validate (in bulk per layout) shard indices; cached."""
+        flat = [(key, cps) for cps, keys in todo.items() for key in keys]
+        tails = iter(self.inner.get_tails([(key, index_nbytes(cps)) for key, cps in flat]))
+        out: dict[str, ShardIndex | None] = {}
+        for cps, keys in todo.items():
+            found = [(key, tail) for key, tail in zip(keys, tails)]
+            present = [(key, tail) for key, tail in found if tail is not None]
+            table = parse_indices(
+                [raw for _, (raw, _) in present],
+                cps,
+                keys=[key for key, _ in present],
+                payload_limits=[None if size is None else max(0, size - len(raw)) for _, (raw, size) in present],
+            )
+            rows = iter(table.reshape(len(present), *cps, 2))
+            for key, tail in found:
+                out[key] = None if tail is None else ShardIndex(next(rows))
+        if self.index_cache_size:
+            for key, index in out.items():
                 self._cache_put(key, index)
         return out
 
+    def _index_table(self, keys: Sequence[str], cps: Coords) -> np.ndarray:
+        """``(len(keys), n_entries, 2)`` entries of shards of one layout (absent shards: empty),
+        through the index cache; the misses in one inner call, validated in bulk."""
+        n = math.prod(cps)
+        table = np.empty((len(keys), n, 2), dtype=np.uint64)
+        missing: list[int] = []
+        if self.index_cache_size:
+            with self._cache_lock:
+                cache = self._cache
+                for i, key in enumerate(keys):
+                    index = cache.get(key, _MISSING)
+                    if index is _MISSING:
+                        missing.append(i)
+                        continue
+                    cache.move_to_end(key)
+                    table[i] = MAX_UINT64 if index is None else index.entries.reshape(n, 2)  # type: ignore[union-attr]
+        else:
+            missing = list(range(len(keys)))
+        if missing:
+            loaded = self._load_indices({cps: [keys[i] for i in missing]})
+            for i in missing:
+                index = loaded[keys[i]]
+                table[i] = MAX_UINT64 if index is None else index.entries.reshape(n, 2)
+        return table
+
     def _read_ranges(self, wanted: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], memoryview]:
         """Read ``(shard key, offset, nbytes)`` ranges, coalescing those of one shard."""
-        by_shard: dict[str, list[tuple[int, int]]] = defaultdict(list)
-        for key, off, nb in dict.fromkeys(wanted):
-            by_shard[key].append((off, nb))
-        views = self._fetch_spans(
-            [(key, np.array([o for o, _ in r], np.int64), np.array([n for _, n in r], np.int64)) for key, r in by_shard.items()]
-        )
-        return {
-            (key, off, nb): view for (key, ranges), shard_views in zip(by_shard.items(), views) for (off, nb), view in zip(ranges, shard_views)
-        }
+        unique = list(dict.fromkeys(wanted))
+        if not unique:
+            return {}
+        shard_of: dict[str, int] = {}
+        seg = np.fromiter((shard_of.setdefault(k, len(shard_of)) for k, _, _ in unique), dtype=np.int64, count=len(unique))
+        offsets = np.fromiter((o for _, o, _ in unique), dtype=np.uint64, count=len(unique))
+        nbytes = np.fromiter((n for _, _, n in unique), dtype=np.uint64, count=len(unique))
+        views = self._fetch_spans(list(shard_of), seg, offsets, nbytes)
+        return dict(zip(unique, views))
 
-    def _fetch_spans(self, per_shard: Sequence[tuple[str, np.ndarray, np.ndarray]]) -> list[list[memoryview]]:
-        """One inner call for ranges ``(shard key, offsets, nbytes)``; adjacent ranges of a shard coalesce.
+    def _fetch_spans(self, keys: Sequence[str], seg: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray) -> list[memoryview]:
+        """One inner call for the ranges ``(keys[seg[i]], offsets[i], nbytes[i])``; adjacent ranges
+        of a shard coalesce (one sort for all shards).
 
-        Returns, per shard, a zero-copy view of each range. A short read means the index
-        points past the end of the object: :class:`ShardCorruptError`, never a short chunk.
+        Returns a zero-copy view of each range, in the order given. A short read means the
+        index points past the end of the object: :class:`ShardCorruptError`, never a short chunk.
         """
-        requests: list[tuple[str, int, int]] = []
-        placed = []
-        for key, offsets, nbytes in per_shard:
-            group, spans = coalesced_spans(offsets, offsets + nbytes, self.coalesce_gap)
-            first = len(requests)
-            requests += [(key, lo, hi) for lo, hi in spans]
-            starts = offsets - np.array([lo for lo, _ in spans], dtype=np.int64)[group]
-            placed.append(((group + first).tolist(), starts.tolist(), nbytes.tolist()))
-        blobs = self.inner.get_ranges(requests) if requests else []
+        if not len(seg):
+            return []
+        group, span_seg, lo, hi = coalesced_spans(offsets, offsets + nbytes, self.coalesce_gap, seg)
+        lo_list, hi_list = lo.tolist(), hi.tolist()
+        requests = [(keys[s], a, b) for s, a, b in zip(span_seg.tolist(), lo_list, hi_list)]
+        blobs = self.inner.get_ranges(requests)
         views = [_checked_range(req, blob) for req, blob in zip(requests, blobs)]
-        return [[views[r][st : st + nb] for r, st, nb in zip(*p)] for p in placed]
+        starts = (offsets - lo[group]).tolist()
+        return [views[g][st : st + nb] for g, st, nb in zip(group.tolist(), starts, nbytes.tolist())]
 
     def read_chunks(self, layout: ArrayLayout, coords: Sequence[Coords] | np.ndarray) -> list[memoryview | None]:
         """Raw payloads of many chunks of one sharded array, addressed by grid coordinates.
 
         The fast path for array reads: no key strings are parsed. Indices come in one
         inner call (through the index cache), the chunk ranges in one more, coalesced per
-        shard; payloads are zero-copy views. ``None`` marks an absent chunk.
+        shard; payloads are zero-copy views. ``None`` marks an absent chunk. Everything
+        is done for all shards at once (one entry table, one sort), without per-shard numpy.
         """
         cps = layout.chunks_per_shard
         assert cps is not None, "read_chunks needs a sharded layout"
@@ -346,31 +388,21 @@ class ShardingStore(MutableMapping[str, bytes]):
         if not len(coords):
             return out
         grid = np.asarray(coords, dtype=np.int64).reshape(len(coords), layout.ndim)
-        cps_arr = np.array(cps, dtype=np.int64)
         if layout.ndim:
-            shard_ids, inverse = np.unique(grid // cps_arr, axis=0, return_inverse=True)
+            cps_arr = np.array(cps, dtype=np.int64)
+            shard_ids, inverse = _unique_rows(grid // cps_arr)
             flat_local = np.ravel_multi_index(tuple((grid % cps_arr).T), cps)
         else:
             shard_ids, inverse, flat_local = np.zeros((1, 0), np.int64), np.zeros(len(grid), np.int64), np.zeros(len(grid), np.int64)
-        inverse = inverse.ravel()
         shard_keys = [layout.shard_key(tuple(sh)) for sh in shard_ids.tolist()]
-        indices = self.read_indices({k: cps for k in shard_keys})
-        order = np.argsort(inverse, kind="stable")
-        bounds = np.searchsorted(inverse[order], np.arange(len(shard_keys) + 1))
-        wanted, members_of = [], []
-        for i, key in enumerate(shard_keys):
-            index = indices[key]
-            if index is None:
-                continue
-            members = order[bounds[i] : bounds[i + 1]]
-            entries = index.entries.reshape(-1, 2)[flat_local[members]]
-            live = entries[:, 0] != MAX_UINT64
-            if live.any():
-                wanted.append((key, entries[live, 0].astype(np.int64), entries[live, 1].astype(np.int64)))
-                members_of.append(members[live].tolist())
-        for members, views in zip(members_of, self._fetch_spans(wanted)):
-            for m, v in zip(members, views):
-                out[m] = v
+        table = self._index_table(shard_keys, cps)
+        entries = table[inverse, flat_local]
+        live = np.flatnonzero(entries[:, 0] != MAX_UINT64)
+        if not live.size:
+            return out
+        views = self._fetch_spans(shard_keys, inverse[live], entries[live, 0], entries[live, 1])
+        for m, v in zip(live.tolist(), views):
+            out[m] = v
         return out
 
     def _read(self, reads: Sequence[_ChunkRead]) -> list[bytes | None]:
@@ -679,16 +711,48 @@ class ShardingStore(MutableMapping[str, bytes]):
         return sorted(keys), sorted(prefixes)
 
 
-def coalesced_spans(offsets: np.ndarray, ends: np.ndarray, gap: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """Merge byte ranges closer than ``gap`` into spans: ``(span of each range, spans)``."""
-    order = np.argsort(offsets, kind="stable")
-    lo, reach = offsets[order], np.maximum.accumulate(ends[order])
-    breaks = np.flatnonzero(lo[1:] > reach[:-1] + gap) + 1
-    starts = np.concatenate(([0], breaks))
-    stops = np.concatenate((breaks, [len(lo)]))
-    group = np.empty(len(lo), dtype=np.int64)
-    group[order] = np.repeat(np.arange(len(starts)), stops - starts)
-    return group, [(int(lo[a]), int(reach[b - 1])) for a, b in zip(starts, stops)]
+def coalesced_spans(
+    offsets: np.ndarray, ends: np.ndarray, gap: int, seg: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Merge byte ranges of one object (``seg``: of several, by object number) closer than ``gap``.
+
+    Returns ``(span of each range, object of each span, span starts, span ends)``, spans
+    sorted by object then offset. Ranges may overlap or nest (an index may share bytes).
+    """
+    n = len(offsets)
+    seg = np.zeros(n, dtype=np.int64) if seg is None else np.asarray(seg, dtype=np.int64)
+    offsets = np.asarray(offsets, dtype=np.uint64)
+    ends = np.asarray(ends, dtype=np.uint64)
+    order = np.lexsort((offsets, seg))
+    s, lo, hi = seg[order], offsets[order], ends[order]
+    # the furthest end so far within each object: a running max of (object, rank of end)
+    by_end = np.argsort(hi, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_end] = np.arange(n, dtype=np.int64)
+    best = np.maximum.accumulate(s * n + rank) - s * n
+    reach = hi[by_end[best]]
+    with np.errstate(over="ignore"):
+        limit = reach[:-1] + np.uint64(gap)
+    limit = np.where(limit < reach[:-1], np.uint64(MAX_UINT64), limit)  # saturate instead of wrapping
+    breaks = np.flatnonzero((s[1:] != s[:-1]) | (lo[1:] > limit)) + 1
+    first = np.concatenate(([0], breaks))
+    last = np.concatenate((breaks, [n])) - 1
+    group = np.empty(n, dtype=np.int64)
+    group[order] = np.repeat(np.arange(len(first)), last - first + 1)
+    return group, s[first], lo[first], reach[last]
+
+
+def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_inverse=True)`` through one linear index (much faster)."""
+    lo = rows.min(axis=0)
+    dims = rows.max(axis=0) - lo + 1
+    if math.prod(int(d) for d in dims) >= 2**62:
+        ids, inverse = np.unique(rows, axis=0, return_inverse=True)
+        return ids, inverse.ravel()
+    lin = np.ravel_multi_index(tuple((rows - lo).T), tuple(int(d) for d in dims))
+    uniq, inverse = np.unique(lin, return_inverse=True)
+    ids = np.stack(np.unravel_index(uniq, tuple(int(d) for d in dims)), axis=1) + lo
+    return ids.reshape(len(uniq), rows.shape[1]), inverse.ravel()
 
 
 def _checked_range(request: tuple[str, int, int], blob: bytes | None) -> memoryview:
