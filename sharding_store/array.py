@@ -821,7 +821,14 @@ def _check_mode(mode: str) -> bool:
     return mode == "r"
 
 
-def _open_node(inner: Inner, path: str, *, read_only: bool, location: str = "store") -> DraftArray | DraftGroup:
+def _open_node(
+    inner: Inner,
+    path: str,
+    *,
+    read_only: bool,
+    location: str = "store",
+    assume_chunks_per_shard: Sequence[int] | None = None,
+) -> DraftArray | DraftGroup:
     """Resolve ``path`` with one batched read of the entry point and both node documents."""
     path = dm.normalize_path(path)
     keys = [dm.ENTRY_POINT_KEY, dm.array_meta_key(path), dm.group_meta_key(path)]
@@ -837,6 +844,10 @@ def _open_node(inner: Inner, path: str, *, read_only: bool, location: str = "sto
     akey, gkey = dm.array_meta_key(path, suffix), dm.group_meta_key(path, suffix)
     if docs.get(akey) is not None:
         meta = dm.parse_array_metadata(docs[akey], akey, path)  # type: ignore[arg-type]
+        if assume_chunks_per_shard is not None:
+            meta = _assume_sharded(meta, assume_chunks_per_shard)
+        else:
+            _refuse_lost_transformer(inner, meta)
         return DraftArray(inner, meta, read_only=read_only)
     if docs.get(gkey) is not None:
         attrs = dm.parse_group_metadata(docs[gkey], gkey)  # type: ignore[arg-type]
@@ -844,6 +855,30 @@ def _open_node(inner: Inner, path: str, *, read_only: bool, location: str = "sto
     if path == "" or _has_children(inner, path):
         return DraftGroup(inner, path, {}, explicit=False, read_only=read_only)
     raise StoreNotFoundError(f"{location}: no array or group at '/{path}'", key=path)
+
+
+def _refuse_lost_transformer(inner: Inner, meta: dm.DraftArrayMeta) -> None:
+    """Never read shards as chunks: an unsharded array whose first object is really a draft
+    shard (zarr-python 2.x ``resize()`` dropped the transformer) would decode to wrong
+    values, since zlib and friends ignore the index after the payload. One tail read."""
+    if meta.is_sharded or meta.ndim == 0:
+        return
+    from .inspect import detect_lost_transformer
+
+    first = dm.data_prefix(meta.path) + format_chunk_suffix((0,) * meta.ndim, meta.separator)
+    found = detect_lost_transformer(inner, meta, [first])
+    if found is not None:
+        raise found.error()
+
+
+def _assume_sharded(meta: dm.DraftArrayMeta, cps: Sequence[int]) -> dm.DraftArrayMeta:
+    if meta.is_sharded:
+        raise UsageError(
+            f"'/{meta.path}' is sharded already ({meta.chunks_per_shard}); assume_chunks_per_shard is for arrays "
+            "whose metadata lost its transformer",
+            key=meta.path,
+        )
+    return meta.with_chunks_per_shard(tuple(int(c) for c in cps))
 
 
 def _has_children(inner: Inner, path: str) -> bool:
@@ -861,16 +896,21 @@ def open_draft(
     *,
     storage_options: Mapping[str, Any] | None = None,
     mode: str = "r",
+    assume_chunks_per_shard: Sequence[int] | None = None,
 ) -> DraftArray | DraftGroup:
     """Open the node at ``path``: a :class:`DraftArray` or a :class:`DraftGroup`.
 
     ``store_or_url``: a path/URL (with ``storage_options``), a mapping, a zarr-3 ``Store``
     or a ``ShardingStore`` (its inner store is used). ``mode``: ``"r"`` (read-only),
-    ``"r+"``/``"a"`` (read-write; nothing is created).
+    ``"r+"``/``"a"`` (read-write; nothing is created). An unsharded array whose objects
+    are really shards (the zarr-python 2.x ``resize()`` defect) is refused with a
+    ``DraftMetadataError``; ``assume_chunks_per_shard`` reads it as sharded.
     """
     read_only = _check_mode(mode)
     inner = inner_of(store_or_url, storage_options)
-    return _open_node(inner, path, read_only=read_only, location=_location(store_or_url))
+    return _open_node(
+        inner, path, read_only=read_only, location=_location(store_or_url), assume_chunks_per_shard=assume_chunks_per_shard
+    )
 
 
 # --------------------------------------------------------------------------- creating

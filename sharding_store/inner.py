@@ -15,6 +15,7 @@ gives ``None``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import uuid
@@ -324,24 +325,45 @@ class FsspecInner:
 TEMP_MARKER = ".sharding-store-tmp-"
 
 
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: mkstemp creates 0600 files; published objects get the mode a plain open() would give
+FILE_MODE = 0o666 & ~_read_umask()
+
+
 def _is_temp(key: str) -> bool:
     return TEMP_MARKER in key.rpartition("/")[2]
 
 
-def write_local_atomic(path: str, value: bytes) -> None:
-    """Write ``path`` via a temporary file in the same directory and ``os.replace``."""
+@contextlib.contextmanager
+def atomic_local_file(path: str) -> Iterator[tuple[int, str]]:
+    """``(fd, temp path)`` of a new file next to ``path``, renamed over it on success.
+
+    Readers see the old object or the new one, never half of one; on any error the
+    temporary file is removed. The temporary file is tried first and the directory made
+    only when it is missing (a directory pruned by a concurrent delete is made again).
+    It gets the mode a plain ``open()`` would give, not mkstemp's 0600.
+    """
     directory = os.path.dirname(path) or "."
-    for attempt in range(5):  # a concurrent delete may prune the directory between the two calls
-        os.makedirs(directory, exist_ok=True)
+    prefix = os.path.basename(path) + TEMP_MARKER
+    for attempt in range(5):
         try:
-            fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + TEMP_MARKER, dir=directory)
+            fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
             break
         except FileNotFoundError:
             if attempt == 4:
                 raise
+            os.makedirs(directory, exist_ok=True)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(value)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            yield fd, tmp
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -349,6 +371,18 @@ def write_local_atomic(path: str, value: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def write_local_atomic(path: str, value: bytes) -> None:
+    """Write ``path`` atomically (see :func:`atomic_local_file`)."""
+    with atomic_local_file(path) as (fd, _):
+        write_all(fd, value)
 
 
 class ZarrStoreInner:

@@ -27,7 +27,6 @@ import errno
 import json
 import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .draft_metadata import DraftArrayMeta
 from .errors import UsageError
-from .inner import TEMP_MARKER, FsspecInner, Inner, as_inner
+from .inner import TEMP_MARKER, FsspecInner, Inner, as_inner, atomic_local_file, write_all
 from .keys import Coords
 from .shard_index import CHECKSUM_NBYTES, ShardCorruptError, ShardIndex, encode_shard, index_nbytes, payload_bounds, read_index
 from .store import ArrayLayout
@@ -178,43 +177,19 @@ def _server_copy(fs: Any, src_path: str, dst_path: str, size: int | None) -> Non
 
 
 def _local_copy(src_path: str, dst_path: str, append: bytes = b"") -> None:
-    """Kernel copy of ``src_path`` (plus ``append``) into a temporary file next to ``dst_path``,
-    then ``os.replace``: one open of each file, ``copy_file_range`` (no user-space copy),
-    the directory created only when the temporary file cannot be."""
-    directory = os.path.dirname(dst_path) or "."
-    prefix = os.path.basename(dst_path) + TEMP_MARKER
-    for attempt in range(5):  # a concurrent delete may prune the directory between the two calls
+    """Kernel copy of ``src_path`` (plus ``append``) into ``dst_path``, atomically:
+    one open of each file, ``copy_file_range`` (no user-space copy)."""
+    with atomic_local_file(dst_path) as (fd, tmp):
+        src_fd = os.open(src_path, os.O_RDONLY)
         try:
-            fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
-            break
-        except FileNotFoundError:
-            if attempt == 4:
-                raise
-            os.makedirs(directory, exist_ok=True)
-    try:
-        try:
-            src_fd = os.open(src_path, os.O_RDONLY)
-            try:
-                copied = _copy_fd(src_fd, fd)
-            finally:
-                os.close(src_fd)
-            if not copied:  # no kernel copy between these files: the portable way
-                os.ftruncate(fd, 0)
-                os.lseek(fd, 0, os.SEEK_SET)
-                shutil.copyfile(src_path, tmp)  # sendfile where it can
-                os.lseek(fd, 0, os.SEEK_END)
-            view = memoryview(append)
-            while view:
-                view = view[os.write(fd, view) :]
+            copied = _copy_fd(src_fd, fd)
         finally:
-            os.close(fd)
-        os.replace(tmp, dst_path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+            os.close(src_fd)
+        if not copied:  # no kernel copy between these files: the portable way
+            os.ftruncate(fd, 0)
+            shutil.copyfile(src_path, tmp)  # sendfile where it can
+            os.lseek(fd, 0, os.SEEK_END)
+        write_all(fd, append)
 
 
 def _copy_fd(src_fd: int, dst_fd: int) -> bool:

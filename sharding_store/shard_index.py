@@ -297,25 +297,36 @@ def encode_shard(
     Returns ``b""`` when ``chunks`` is empty: callers delete the object instead of
     writing an all-empty shard.
     """
+    return encode_shard_and_index(chunks, chunks_per_shard, checksum=checksum, index_location=index_location)[0]
+
+
+def encode_shard_and_index(
+    chunks: Mapping[Coords, bytes | memoryview],
+    chunks_per_shard: tuple[int, ...],
+    *,
+    checksum: bool = False,
+    index_location: IndexLocation = "end",
+) -> tuple[bytes, ShardIndex]:
+    """:func:`encode_shard`, also returning the index it wrote (writers cache it, no re-parse)."""
     chunks_per_shard = tuple(chunks_per_shard)
-    if not chunks:
-        return b""
     index = ShardIndex.empty(chunks_per_shard)
-    start = index_nbytes(chunks_per_shard, checksum) if index_location == "start" else 0
-    parts: list[bytes | memoryview] = []
-    pos = start
-    for coords in sorted(chunks):
+    if not chunks:
+        return b"", index
+    order = sorted(chunks)
+    for coords in order:
         if len(coords) != len(chunks_per_shard) or any(not 0 <= c < n for c, n in zip(coords, chunks_per_shard)):
             raise UsageError(f"chunk coordinates {coords} are outside a shard of {chunks_per_shard} chunks")
-        payload = chunks[coords]
-        index.set(coords, pos, len(payload))
-        parts.append(payload)
-        pos += len(payload)
+    parts = [chunks[c] for c in order]
+    sizes = np.fromiter((len(p) for p in parts), dtype=np.uint64, count=len(parts))
+    start = index_nbytes(chunks_per_shard, checksum) if index_location == "start" else 0
+    offsets = np.cumsum(sizes) - sizes + np.uint64(start)
+    flat = np.ravel_multi_index(tuple(np.array(order, dtype=np.int64).reshape(len(order), -1).T), chunks_per_shard) if chunks_per_shard else np.zeros(1, np.int64)
+    table = index.entries.reshape(-1, 2)
+    table[flat, 0] = offsets
+    table[flat, 1] = sizes
     idx = index.to_bytes(checksum=checksum)
-    if index_location == "start":
-        return b"".join([idx, *parts])
-    parts.append(idx)
-    return b"".join(parts)
+    blob = b"".join([idx, *parts]) if index_location == "start" else b"".join([*parts, idx])
+    return blob, index
 
 
 def decode_shard(

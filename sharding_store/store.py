@@ -44,9 +44,8 @@ from .keys import (
     local_to_global,
     parse_chunk_suffix,
     prefix_coords,
-    shard_chunks,
 )
-from .shard_index import MAX_UINT64, ShardIndex, encode_shard, index_nbytes, parse_indices
+from .shard_index import MAX_UINT64, ShardIndex, encode_shard_and_index, index_nbytes, parse_indices
 
 DATA_ROOT = "data/root/"
 _N_LOCKS = 64
@@ -81,13 +80,22 @@ class ArrayLayout:
         return parse_chunk_suffix(key[len(self.prefix) :], self.separator, self.ndim)
 
     def shard_is_full(self, shard: Coords, given: Iterable[Coords]) -> bool:
-        """True when ``given`` (local coords) covers every chunk the shard can hold."""
-        assert self.chunks_per_shard is not None
-        wanted = {
-            tuple(c % n for c, n in zip(g, self.chunks_per_shard))
-            for g in shard_chunks(shard, self.chunks_per_shard, self.grid_shape)
-        }
-        return wanted <= set(given)
+        """True when ``given`` (local coords) covers every chunk the shard can hold.
+
+        Counts instead of building sets: a shard holds ``prod(min(n, grid - s*n))``
+        chunks of the grid, and ``given`` is a set of distinct local coordinates.
+        """
+        cps = self.chunks_per_shard
+        assert cps is not None
+        if self.grid_shape is None:
+            limits = cps
+        else:
+            limits = tuple(max(0, min(n, g - s * n)) for s, n, g in zip(shard, cps, self.grid_shape))
+        given = list(given)
+        expected = math.prod(limits)
+        if len(given) < expected:
+            return False
+        return sum(all(c < lim for c, lim in zip(g, limits)) for g in given) == expected
 
     @classmethod
     def from_meta(cls, meta: dm.DraftArrayMeta | dm.DraftArrayGeometry) -> ArrayLayout:
@@ -568,9 +576,9 @@ class ShardingStore(MutableMapping[str, bytes]):
                 chunks: dict[Coords, bytes | memoryview] = {c: data[(skey, o, n)] for c, o, n in survivors}
                 chunks.update(sets)
             if chunks:
-                blob = encode_shard(chunks, cps)
+                blob, index = encode_shard_and_index(chunks, cps)
                 self.inner.set(skey, blob)
-                self._cache_put(skey, ShardIndex.from_bytes(blob[-index_nbytes(cps) :], cps, key=skey))
+                self._cache_put(skey, index)
             else:
                 self.inner.delete(skey)
                 self._cache_put(skey, None)

@@ -272,3 +272,16 @@ def test_inner_get_partial_values_is_used_instead_of_full_gets():
     assert inner.full_gets == 0
     assert [len(c) for c in inner.partial_calls] == [1, 1]  # index suffix, then the chunk range
     assert inner.partial_calls[0][0][1][0] == -index_nbytes((4,))
+
+
+def test_written_objects_get_ordinary_file_permissions(tmp_path):
+    """Atomic writes go through mkstemp (0600); published objects must be readable like open()'s."""
+    import os
+    import stat
+
+    from sharding_store.inner import FILE_MODE
+
+    store = ShardingStore(str(tmp_path), chunks_per_shard=(2,), array_path="a")
+    store[key(0)] = b"x"
+    mode = stat.S_IMODE(os.stat(tmp_path / "data/root/a/c0").st_mode)
+    assert mode == FILE_MODE and mode & stat.S_IRUSR and mode != 0o600
