@@ -59,7 +59,6 @@ import itertools
 import json
 import math
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -75,6 +74,7 @@ from . import draft_metadata as dm
 from .errors import DestinationExistsError, DraftMetadataError, MigrationError, UsageError
 from .hierarchy import DraftHierarchy, inner_of
 from .inner import FsspecInner, Inner
+from .migrate_units import copy_within
 from .keys import Coords, chunk_to_shard, local_to_global, shard_chunks
 from .shard_index import encode_shard, read_index
 from .store import ArrayLayout, ShardingStore
@@ -399,24 +399,20 @@ def _is_local(inner: Inner) -> bool:
     return isinstance(inner, FsspecInner) and inner.is_local
 
 
-def _local_path(inner: FsspecInner, key: str) -> str:
-    return f"{inner.root}/{key}" if inner.root else key
-
-
 def move_object(inner: Inner, src_key: str, dst_key: str) -> None:
     """Move an object within one store: ``os.replace`` on local disk (atomic, no copy),
     ``fs.mv`` (server-side copy + delete) on other fsspec stores, else get/set/delete."""
     if _is_local(inner):
-        path = _local_path(inner, dst_key)  # type: ignore[arg-type]
+        path = inner._path(dst_key)  # type: ignore[attr-defined]
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         try:
-            os.replace(_local_path(inner, src_key), path)  # type: ignore[arg-type]
+            os.replace(inner._path(src_key), path)  # type: ignore[attr-defined]
         except FileNotFoundError:
             if not os.path.exists(path):
                 raise
         return
     if isinstance(inner, FsspecInner):
-        inner.fs.mv(_local_path(inner, src_key), _local_path(inner, dst_key))
+        inner.fs.mv(inner._path(src_key), inner._path(dst_key))
         return
     value = inner.get(src_key)
     if value is not None:
@@ -425,12 +421,14 @@ def move_object(inner: Inner, src_key: str, dst_key: str) -> None:
 
 
 def copy_object(src: Inner, dst: Inner, key: str) -> int:
-    """Copy one object verbatim (a kernel file copy between local stores); its size."""
-    if _is_local(src) and _is_local(dst):
-        path = _local_path(dst, key)  # type: ignore[arg-type]
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        shutil.copyfile(_local_path(src, key), path)  # type: ignore[arg-type]
-        return os.path.getsize(path)
+    """Copy one object verbatim; its size. Bytes stay out of this process where the stores
+    allow it (an atomic kernel copy on local disk, a server-side copy on one object store:
+    ``migrate_units.copy_within``), else one get and one set."""
+    if copy_within(src, key, dst, key):
+        size = dst.size(key) if isinstance(dst, FsspecInner) else None
+        if size is None:
+            raise MigrationError(f"{key}: copied, but not found at the destination afterwards", key=key)
+        return size
     value = src.get(key)
     if value is None:
         raise MigrationError(f"{key}: listed, but gone before it was copied (is another process writing?)", key=key)
@@ -442,7 +440,7 @@ def _prune_empty_dirs(inner: Inner, prefix: str, *, keep_top: bool = True) -> No
     """Remove empty directories below ``prefix`` on local disk (left by moves and deletes)."""
     if not _is_local(inner):
         return
-    top = _local_path(inner, prefix.rstrip("/"))  # type: ignore[arg-type]
+    top = inner._path(prefix.rstrip("/"))  # type: ignore[attr-defined]
     for dirpath, _, _ in sorted(os.walk(top, topdown=False), key=lambda w: -len(w[0])):
         if dirpath != top or not keep_top:
             try:
