@@ -522,14 +522,24 @@ class ShardingStore(MutableMapping[str, bytes]):
                 self._check_plain_write(key)
                 plain[key] = value
                 continue
-            layout, coords = located
-            shard, local = chunk_to_shard(coords, layout.chunks_per_shard)  # type: ignore[arg-type]
-            skey = layout.shard_key(shard, self._zero_d_key(key, layout))
-            changes.setdefault(skey, (layout, shard, {}))[2][local] = value
+            self._stage(changes, key, located, value)
         for key, value in plain.items():
             self.inner.set(key, value)
             self._after_plain_write(key)
         self._apply(changes)
+
+    def _stage(
+        self,
+        changes: dict[str, tuple[ArrayLayout, Coords, dict[Coords, bytes | None]]],
+        key: str,
+        located: tuple[ArrayLayout, Coords],
+        value: bytes | None,
+    ) -> None:
+        """Group one chunk change (``None`` erases) under its shard for :meth:`_apply`."""
+        layout, coords = located
+        shard, local = chunk_to_shard(coords, layout.chunks_per_shard)  # type: ignore[arg-type]
+        skey = layout.shard_key(shard, self._zero_d_key(key, layout))
+        changes.setdefault(skey, (layout, shard, {}))[2][local] = value
 
     def _check_plain_write(self, key: str) -> None:
         found = self._array_for_prefix(key)
@@ -615,10 +625,7 @@ class ShardingStore(MutableMapping[str, bytes]):
                 self.inner.delete(key)
                 self._after_plain_write(key)
                 continue
-            layout, coords = located
-            shard, local = chunk_to_shard(coords, layout.chunks_per_shard)  # type: ignore[arg-type]
-            skey = layout.shard_key(shard, self._zero_d_key(key, layout))
-            changes.setdefault(skey, (layout, shard, {}))[2][local] = None
+            self._stage(changes, key, located, None)
         self._apply(changes)
 
     def erase_prefix(self, prefix: str) -> None:
