@@ -14,7 +14,6 @@ import os
 import shutil
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -256,12 +255,12 @@ def task_reencode(spec: dict) -> dict:
 
 
 def task_migrate_fn(spec: dict) -> dict:
-    """sharding_store.migrate.migrate() alone, defaults (jobs, verify), timed in-process."""
+    """sharding_store.migrate.migrate() alone, default jobs, verify as asked, timed in-process."""
     from sharding_store.migrate import migrate
 
     _rm(spec["dst"])
     t0 = time.perf_counter()
-    migrate(spec["src"], spec["dst"], progress=False)
+    migrate(spec["src"], spec["dst"], progress=False, verify=spec.get("migrate_verify", True))
     dt = time.perf_counter() - t0
     out = {"seconds": dt}
     if spec.get("verify"):

@@ -1,36 +1,76 @@
 """sharding-store: read, write and migrate draft-era (2022-2024) sharded Zarr v3 data."""
 
-from .array import DraftArray, DraftGroup, create_draft_array, create_draft_group, open_draft
-from .errors import (
-    ChunkDecodeError,
-    ChunkKeyError,
-    DestinationExistsError,
-    DraftMetadataError,
-    MigrationError,
-    ReadOnlyError,
-    ShardCorruptError,
-    ShardingStoreError,
-    StoreNotFoundError,
-    UsageError,
-    VerificationError,
-)
-from .shard_index import ShardIndex, decode_chunk, decode_shard, encode_shard
-from .reshard import reshard, shard, unshard
-from .migrate import migrate
-from .verify import verify
-from .store import ShardingStore
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, see _EXPORTS
+    from .array import DraftArray, DraftGroup, create_draft_array, create_draft_group, open_draft
+    from .errors import (
+        ChunkDecodeError,
+        ChunkKeyError,
+        DestinationExistsError,
+        DraftMetadataError,
+        MigrationError,
+        ReadOnlyError,
+        ShardCorruptError,
+        ShardingStoreError,
+        StoreNotFoundError,
+        UsageError,
+        VerificationError,
+    )
+    from .migrate import migrate
+    from .reshard import reshard, shard, unshard
+    from .shard_index import ShardIndex, decode_chunk, decode_shard, encode_shard
+    from .store import ShardingStore
+    from .v3view import open_v3
+    from .verify import verify
 
 __version__ = "0.1.0"
 
+#: public name -> the module that defines it, imported on first use: the CLI and
+#: ``from sharding_store.migrate import ...`` then load only what they need (zarr-python
+#: 3, for ``open_v3``, is never loaded until asked for)
+_EXPORTS = {
+    **dict.fromkeys(["DraftArray", "DraftGroup", "create_draft_array", "create_draft_group", "open_draft"], "array"),
+    **dict.fromkeys(
+        ["ChunkDecodeError", "ChunkKeyError", "DestinationExistsError", "DraftMetadataError", "MigrationError",
+         "ReadOnlyError", "ShardCorruptError", "ShardingStoreError", "StoreNotFoundError", "UsageError",
+         "VerificationError"],
+        "errors",
+    ),
+    **dict.fromkeys(["ShardIndex", "decode_chunk", "decode_shard", "encode_shard"], "shard_index"),
+    **dict.fromkeys(["reshard", "shard", "unshard"], "reshard"),
+    "migrate": "migrate",
+    "verify": "verify",
+    "ShardingStore": "store",
+    "open_v3": "v3view",
+}
+#: functions named like the module that defines them: ``sharding_store.migrate`` is the
+#: function, even after the import system has loaded the submodule of that name
+_SHADOWED = frozenset({"migrate", "verify", "reshard"})
 
-def __getattr__(name: str) -> object:
-    # open_v3 needs zarr-python 3; import it on first use so `import sharding_store`
-    # (and the CLI) stays fast for everything else.
-    if name == "open_v3":
-        from .v3view import open_v3
 
-        return open_v3
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class _Package(types.ModuleType):
+    def __getattr__(self, name: str) -> object:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        types.ModuleType.__setattr__(self, name, value)
+        return value
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _SHADOWED and isinstance(value, types.ModuleType):
+            return  # the submodule stays reachable as sys.modules["sharding_store.<name>"]
+        super().__setattr__(name, value)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(_EXPORTS))
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

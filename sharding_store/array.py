@@ -188,13 +188,15 @@ class _DimGroup(NamedTuple):
 
     ``ks``: their chunk indices; ``segments``: runs of consecutive chunks that take the same
     selection (one vectorised copy per combination of runs); ``covers``: every in-bounds
-    element of the chunk is selected; ``full``: the chunk lies wholly inside the array.
+    element of the chunk is selected; ``full``: the chunk lies wholly inside the array;
+    ``every``: the shard's every chunk (of the grid) in this dimension is touched.
     """
 
     ks: np.ndarray
     segments: tuple[Segment, ...]
     covers: np.ndarray
     full: np.ndarray
+    every: bool = False
 
 
 def dim_groups(sel: DimSelection, chunk: int, extent: int, per_shard: int) -> list[_DimGroup]:
@@ -214,7 +216,9 @@ def dim_groups(sel: DimSelection, chunk: int, extent: int, per_shard: int) -> li
         ks = np.fromiter((p[0] for p in pieces), dtype=np.int64, count=len(pieces))
         covers = np.fromiter((p[3] for p in pieces), dtype=bool, count=len(pieces))
         full = (ks + 1) * chunk <= extent
-        groups.append(_DimGroup(ks, tuple(segments), covers, full))
+        first = pieces[0][0] // per_shard * per_shard
+        every = len(pieces) == min(per_shard, -(-extent // chunk) - first)  # ks are distinct and sorted
+        groups.append(_DimGroup(ks, tuple(segments), covers, full, every))
     return groups
 
 
@@ -234,8 +238,18 @@ def _outer_and(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return out.reshape(-1)
 
 
+#: an absent chunk's index entry (both fields are this)
+MAX_OFFSET = 2**64 - 1
+_NO_ROWS = object()
 _SCRATCH = threading.local()
 _SCRATCH_KEEP = 64 * 2**20
+
+
+def _scratch_rows(n: int, row_nbytes: int) -> tuple[np.ndarray, int]:
+    """:func:`_scratch` as ``n`` rows, with the buffer's address (looked up once per buffer)."""
+    rows = _scratch(n * row_nbytes).reshape(n, row_nbytes)
+    kept = rows.base is not None and rows.base is getattr(_SCRATCH, "buf", None)
+    return rows, (_SCRATCH.address if kept else rows.ctypes.data)
 
 
 def _scratch(nbytes: int) -> np.ndarray:
@@ -245,7 +259,53 @@ def _scratch(nbytes: int) -> np.ndarray:
         buf = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
         if nbytes <= _SCRATCH_KEEP:  # a huge shard's buffer is not kept for the thread's lifetime
             _SCRATCH.buf = buf
+            _SCRATCH.address = buf.ctypes.data
     return buf[:nbytes]
+
+
+def _libc_madvise() -> tuple[Any, int]:
+    """libc's ``madvise`` and the page size (Linux), or ``(None, 0)``."""
+    import ctypes  # here: the module's import block is shared with other edits
+    import mmap
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None, 0
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None, 0
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return fn, mmap.PAGESIZE
+
+
+_MADVISE, _PAGE = _libc_madvise()
+_MADV_NOHUGEPAGE = 15
+#: outputs at least this big are faulted in with small pages (see :func:`_output`)
+SMALL_PAGES_MIN = 4 * 2**20
+
+
+def _output(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A new array for a read's result, to be faulted in with ordinary pages.
+
+    numpy asks for transparent huge pages on big arrays. Reads fill their output exactly
+    once, so its cost is the first touch of fresh memory; measured on our 2-core VM, a
+    fresh huge page took 2-20x longer to fault in than the same bytes in 4 KiB pages (the
+    kernel must find 2 MiB of contiguous, never-touched memory), and it was the largest
+    single cost of a whole-array read of 256 MiB."""
+    out = np.empty(shape, dtype=dtype)
+    _advise(out, _MADV_NOHUGEPAGE)
+    return out
+
+
+def _advise(out: np.ndarray, advice: int) -> None:
+    """``madvise`` the whole pages of a big output array; advice only: failures (an old
+    kernel, another OS) change nothing."""
+    if _MADVISE is not None and out.nbytes >= SMALL_PAGES_MIN:
+        start = out.ctypes.data
+        lo, hi = -(-start // _PAGE) * _PAGE, (start + out.nbytes) // _PAGE * _PAGE
+        if hi > lo:
+            _MADVISE(lo, hi - lo, advice)
 
 
 # --------------------------------------------------------------------------- chunk I/O
@@ -348,6 +408,10 @@ class DraftArray:
         self._encode_row: Any = None  # zstd: encode straight from a scratch row (see _encode_shards)
         self._encode_row_ready = False
         self._decode_addr = takes_address(self._decode_fast)
+        from .chunk_codec import span_decoder  # here: the import block above is shared with other edits
+
+        self._decode_spans = span_decoder(meta)
+        self._rows_of: dict[tuple[int, ...], list[int] | None] = {}  # see _shard_rows
         n = meta.ndim
         if meta.order == "F":
             self._mem_chunks = tuple(reversed(meta.chunks))
@@ -471,7 +535,7 @@ class DraftArray:
     # ------------------------------------------------------------ reading
     def __getitem__(self, key: Any) -> Any:
         sels, scalar = normalize_selection(key, self.shape)
-        out = np.empty(tuple(s.count for s in sels), dtype=self.dtype)
+        out = _output(tuple(s.count for s in sels), self.dtype)
         if out.size:
             self._read_into(out, sels)
         view = tuple(0 if s.drop else slice(None, None, -1 if s.reverse else 1) for s in sels)
@@ -564,7 +628,15 @@ class DraftArray:
                 f.cancel()
 
     def _fetch_decode(self, layout: ArrayLayout, out: np.ndarray, batch: list[tuple[_DimGroup, ...]]) -> None:
+        """Read and decode a run of shards into ``out``: those whose every chunk is selected
+        whole (one read each), the others chunk by chunk (their indices, then their ranges)."""
         assert self.store is not None
+        whole = [combo for combo in batch if all(g.every for g in combo)]
+        if whole:
+            self._read_whole_shards(layout, out, whole)
+            if len(whole) == len(batch):
+                return
+            batch = [combo for combo in batch if not all(g.every for g in combo)]
         coords = [_shard_coords(combo) for combo in batch]
         views = self.store.read_chunks(layout, np.concatenate(coords) if len(coords) > 1 else coords[0])
         work, pos = [], 0
@@ -573,18 +645,89 @@ class DraftArray:
             pos += len(c)
         self._decode_shards(out, work)
 
+    def _read_whole_shards(self, layout: ArrayLayout, out: np.ndarray, run: list[tuple[_DimGroup, ...]]) -> None:
+        """Shards whose every chunk is selected: each object is read whole (one request, the
+        index from its own tail; see ``ShardingStore.read_whole_shards``), its chunks decoded
+        straight out of the read buffer into the scratch rows, then landed in ``out``."""
+        assert self.store is not None
+        cps = self.meta.chunks_per_shard
+        assert cps is not None
+        shards = [tuple(int(g.ks[0]) // k for g, k in zip(combo, cps)) for combo in run]
+        spans = self._decode_spans
+        cnb = self._cnb
+        for combo, obj in zip(run, self.store.read_whole_shards(layout, shards)):
+            if obj is None:
+                self._fill_segments(out, combo)
+                continue
+            counts = tuple(len(g.ks) for g in combo)
+            rows = self._shard_rows(counts)
+            offsets, sizes = obj.offsets, obj.sizes
+            if rows is not None:  # an edge shard: the entries of the chunks inside the grid
+                offsets, sizes = [offsets[r] for r in rows], [sizes[r] for r in rows]
+            n = len(offsets)
+            todo = [i for i, o in enumerate(offsets) if o != MAX_OFFSET]
+            if not todo:
+                self._fill_segments(out, combo)
+                continue
+            if len(todo) < n:
+                offsets, sizes = [offsets[i] for i in todo], [sizes[i] for i in todo]
+            scratch, address = _scratch_rows(n, cnb)
+            failed = todo if spans is None else spans(obj.data, obj.address, todo, offsets, sizes, address)
+            if failed:
+                where = dict(zip(todo, zip(offsets, sizes)))
+                self._decode_general(combo, obj.data, scratch, failed, where)
+            chunks = scratch.view(self.dtype)
+            if len(todo) < n:
+                missing = np.ones(n, dtype=bool)
+                missing[todo] = False
+                chunks[missing] = self._fill_flat
+            self._land(out, combo, chunks)
+
+    def _shard_rows(self, counts: tuple[int, ...]) -> list[int] | None:
+        """Index entries (flat, C order of the shard) of a shard's chunks inside the grid, in
+        the C order of ``counts`` chunks per dimension; None for a shard wholly inside."""
+        rows = self._rows_of.get(counts, _NO_ROWS)
+        if rows is _NO_ROWS:
+            cps = self.meta.chunks_per_shard
+            assert cps is not None
+            inside = counts == tuple(cps)
+            rows = None if inside else np.ravel_multi_index(np.indices(counts).reshape(len(counts), -1), cps).tolist()
+            self._rows_of[counts] = rows
+        return rows  # type: ignore[return-value]
+
+    def _decode_general(
+        self, combo: tuple[_DimGroup, ...], data: np.ndarray, scratch: np.ndarray, rows: list[int], spans: dict[int, tuple[int, int]]
+    ) -> None:
+        """The rows a fast decoder refused, through the one definition of a chunk (which
+        decodes them or raises a ``ChunkDecodeError`` naming the chunk)."""
+        fast = self._decode_fast
+        view = memoryview(data)
+        for i in rows:
+            off, nb = spans[i]
+            payload = view[off : off + nb]
+            if fast is None or not fast(payload, scratch[i]):
+                local = np.unravel_index(i, tuple(len(g.ks) for g in combo))
+                coords = tuple(int(g.ks[j]) for g, j in zip(combo, local))
+                decode_chunk_into(self.meta, payload, scratch[i], key=self._chunk_key(coords))
+
+    def _fill_segments(self, out: np.ndarray, combo: tuple[_DimGroup, ...]) -> None:
+        for seg in itertools.product(*(g.segments for g in combo)):
+            out[tuple(s[2] for s in seg)] = self._fill_flat[0]
+
+    def _land(self, out: np.ndarray, combo: tuple[_DimGroup, ...], chunks: np.ndarray) -> None:
+        """Copy a shard's decoded chunks (``(n, chunk elements)`` in memory order, C order
+        of the shard's chunks) to ``out``: one vectorised copy per run of alike chunks."""
+        blocks = chunks.reshape(*(len(g.ks) for g in combo), *self._mem_chunks).transpose(self._axes)
+        for seg in itertools.product(*(g.segments for g in combo)):
+            dst = out[tuple(s[2] for s in seg)].reshape(tuple(x for js, _, _, n in seg for x in (js.stop - js.start, n)))
+            dst[...] = blocks[tuple(x for js, inner, _, _ in seg for x in (js, inner))]
+
     def _decode_shards(self, out: np.ndarray, run: list[tuple[tuple[_DimGroup, ...], np.ndarray, list[Any]]]) -> None:
         for combo, coords, payloads in run:
-            segments = list(itertools.product(*(g.segments for g in combo)))
             if all(p is None for p in payloads):
-                for seg in segments:
-                    out[tuple(s[2] for s in seg)] = self._fill_flat[0]
+                self._fill_segments(out, combo)
                 continue
-            chunks = self._decode_rows(coords, payloads)
-            blocks = chunks.reshape(*(len(g.ks) for g in combo), *self._mem_chunks).transpose(self._axes)
-            for seg in segments:
-                dst = out[tuple(s[2] for s in seg)].reshape(tuple(x for js, _, _, n in seg for x in (js.stop - js.start, n)))
-                dst[...] = blocks[tuple(x for js, inner, _, _ in seg for x in (js, inner))]
+            self._land(out, combo, self._decode_rows(coords, payloads))
 
     def _decode_rows(self, coords: np.ndarray, payloads: Sequence[Any], todo: np.ndarray | None = None) -> np.ndarray:
         """Decode ``payloads`` (None: absent, fill value) into this thread's scratch buffer:

@@ -37,6 +37,7 @@ __all__ = [
     "fast_decoder",
     "fast_encoder",
     "fast_row_encoder",
+    "span_decoder",
     "takes_address",
     "fill_chunk",
     "pad_chunk",
@@ -214,6 +215,12 @@ class _Native:
     _lock = threading.Lock()
     _zstd: Any = None
     _blosc: Any = None
+    # the same functions called *without* releasing the GIL (``ctypes.PyDLL``): for header
+    # reads and small chunks, where releasing and re-taking the GIL costs more than the call
+    # (~2 us per call here, and with two threads decoding 8 KiB chunks the hand-offs ate
+    # all of the second core); see :func:`span_decoder`
+    _zstd_held: Any = None
+    _blosc_held: Any = None
     _loaded = False
 
     @classmethod
@@ -232,19 +239,26 @@ class _Native:
                 cls._blosc = cls._bind_blosc()
             except Exception:  # noqa: BLE001
                 cls._blosc = None
+            try:
+                cls._zstd_held = cls._bind_zstd(ctypes.PyDLL) if cls._zstd is not None else None
+                cls._blosc_held = cls._bind_blosc(ctypes.PyDLL) if cls._blosc is not None else None
+            except Exception:  # noqa: BLE001
+                cls._zstd_held = cls._blosc_held = None
 
     @staticmethod
-    def _bind_zstd() -> Any:
+    def _bind_zstd(dll: Any = ctypes.CDLL) -> Any:
         import numcodecs.zstd as nz
 
-        lib = ctypes.CDLL(nz.__file__)
-        size_t, vp, cp = ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
+        lib = dll(nz.__file__)
+        size_t, vp = ctypes.c_size_t, ctypes.c_void_p
         sigs = {
             "ZSTD_versionNumber": (ctypes.c_uint, []),
             "ZSTD_createDCtx": (vp, []),
             "ZSTD_freeDCtx": (size_t, [vp]),
-            "ZSTD_decompressDCtx": (size_t, [vp, vp, size_t, cp, size_t]),
-            "ZSTD_getFrameContentSize": (ctypes.c_ulonglong, [cp, size_t]),
+            # sources as void*: bytes, or the integer address of bytes inside a read buffer
+            "ZSTD_decompressDCtx": (size_t, [vp, vp, size_t, vp, size_t]),
+            "ZSTD_getFrameContentSize": (ctypes.c_ulonglong, [vp, size_t]),
+            "ZSTD_findFrameCompressedSize": (size_t, [vp, size_t]),
             "ZSTD_createCCtx": (vp, []),
             "ZSTD_freeCCtx": (size_t, [vp]),
             "ZSTD_CCtx_setParameter": (size_t, [vp, ctypes.c_int, ctypes.c_int]),
@@ -260,12 +274,12 @@ class _Native:
         return lib
 
     @staticmethod
-    def _bind_blosc() -> Any:
+    def _bind_blosc(dll: Any = ctypes.CDLL) -> Any:
         import numcodecs.blosc as nb
 
-        lib = ctypes.CDLL(nb.__file__)
+        lib = dll(nb.__file__)
         fn = lib.blosc_decompress_ctx
-        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         return lib
 
 
@@ -388,7 +402,8 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
         lib = _Native._blosc
         if lib is not None:
             header = _BLOSC_HEADER.unpack_from
-            blosc_ctx = lib.blosc_decompress_ctx
+            held = _Native._blosc_held is not None and nbytes <= HOLD_GIL_BELOW  # see span_decoder
+            blosc_ctx = (_Native._blosc_held if held else lib).blosc_decompress_ctx
 
             def blosc_native(payload: Any, out: Any) -> bool:
                 src = payload if type(payload) is bytes else bytes(payload)
@@ -418,7 +433,8 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
     if _is_zstd(comp):
         zlib = _Native._zstd
         if zlib is not None:
-            frame_size, decompress, dctx = zlib.ZSTD_getFrameContentSize, zlib.ZSTD_decompressDCtx, _zstd_dctx
+            frame_size = (_Native._zstd_held or zlib).ZSTD_getFrameContentSize  # a header read: keep the GIL
+            decompress, dctx = zlib.ZSTD_decompressDCtx, _zstd_dctx
 
             def zstd_native(payload: Any, out: Any) -> bool:
                 src = payload if type(payload) is bytes else bytes(payload)
@@ -439,6 +455,110 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
             except Exception:  # noqa: BLE001
                 return False
             return True
+
+        return zstd
+    return None
+
+
+#: ``decode(buffer, address, rows, offsets, sizes, dst) -> failed rows``: see :func:`span_decoder`
+SpanDecoder = Callable[[Any, int, "list[int]", "list[int]", "list[int]", int], "list[int]"]
+#: decoded chunks up to this size are decompressed without releasing the GIL (blosc): the
+#: release/re-take costs more than it buys for calls of a few microseconds
+HOLD_GIL_BELOW = 64 * 2**10
+
+
+def _runs(rows: list[int], offsets: list[int], sizes: list[int]) -> list[tuple[int, int, int, int]]:
+    """``(first row, rows, first byte, bytes)`` of the runs of consecutive rows whose payloads
+    follow each other in the buffer (a compact shard read whole is one run)."""
+    runs: list[tuple[int, int, int, int]] = []
+    r0 = prev = -2
+    o0 = end = 0
+    for i, o, n in zip(rows, offsets, sizes):
+        if i == prev + 1 and o == end:
+            prev, end = i, o + n
+            continue
+        if r0 >= 0:
+            runs.append((r0, prev - r0 + 1, o0, end - o0))
+        r0 = prev = i
+        o0, end = o, o + n
+    if r0 >= 0:
+        runs.append((r0, prev - r0 + 1, o0, end - o0))
+    return runs
+
+
+def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
+    """Decode many chunks lying in one read buffer (a whole shard object) in one Python call.
+
+    ``decode(buffer, address, rows, offsets, sizes, dst)`` decodes, for each ``i``, the
+    payload ``buffer[offsets[i] : offsets[i] + sizes[i]]`` (``address``: the buffer's
+    address; ranges already checked to lie inside it) into the row at
+    ``dst + rows[i] * chunk_nbytes``, straight from the buffer (no per-chunk ``bytes``
+    copy). Returns the rows it did not decode (a size it does not announce as this
+    chunk's, or a codec error): :func:`decode_chunk_into` decides those. None when the
+    native libraries are unavailable or the pipeline has filters.
+
+    Python threads only decode in parallel when the GIL is released for long enough, so:
+    zstd and uncompressed chunks that follow each other in the buffer are decoded with one
+    call per run (zstd decodes concatenated frames in one go); blosc has no such call, so
+    small blosc chunks are decoded with the GIL held (see :data:`HOLD_GIL_BELOW`).
+    """
+    if meta.filters:
+        return None
+    nbytes = chunk_nbytes(meta)
+    comp = meta.compressor
+    _Native.load()
+    if comp is None:
+        memmove = ctypes.memmove
+
+        def raw(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
+            failed = [i for i, n in zip(rows, sizes) if n != nbytes]
+            if failed:
+                kept = [(i, o, n) for i, o, n in zip(rows, offsets, sizes) if n == nbytes]
+                rows, offsets, sizes = [t[0] for t in kept], [t[1] for t in kept], [t[2] for t in kept]
+            for r0, _, o0, length in _runs(rows, offsets, sizes):
+                memmove(dst + r0 * nbytes, address + o0, length)
+            return failed
+
+        return raw
+    if isinstance(comp, numcodecs.Blosc) and _Native._blosc is not None:
+        lib = _Native._blosc_held if nbytes <= HOLD_GIL_BELOW and _Native._blosc_held is not None else _Native._blosc
+        header, blosc_ctx = _BLOSC_HEADER.unpack_from, lib.blosc_decompress_ctx
+
+        def blosc(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
+            failed = []
+            for i, o, n in zip(rows, offsets, sizes):
+                # the header must announce this chunk's size and exactly this payload's length
+                # (blosc 1 trusts its cbytes: a truncated payload is never handed to it)
+                if n < 16 or header(buf, o) != (nbytes, n) or blosc_ctx(address + o, dst + i * nbytes, nbytes, 1) != nbytes:
+                    failed.append(i)
+            return failed
+
+        return blosc
+    if _is_zstd(comp) and _Native._zstd is not None and _Native._zstd_held is not None:
+        lib, held = _Native._zstd, _Native._zstd_held
+        frame_size, frame_len, decompress = held.ZSTD_getFrameContentSize, held.ZSTD_findFrameCompressedSize, lib.ZSTD_decompressDCtx
+
+        def zstd(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
+            ctx = _zstd_dctx(lib)
+            failed, good = [], []
+            for i, o, n in zip(rows, offsets, sizes):
+                # exactly one frame, announcing this chunk's size (numcodecs sizes its output by
+                # the first frame's): then decoding the run's frames in one call puts every
+                # chunk's bytes in its own row, and any error falls back to one call per chunk
+                if frame_size(address + o, n) == nbytes and frame_len(address + o, n) == n:
+                    good.append((i, o, n))
+                else:
+                    failed.append(i)
+            if not good:
+                return failed
+            g_rows, g_offs, g_sizes = (list(t) for t in zip(*good))
+            for r0, k, o0, length in _runs(g_rows, g_offs, g_sizes):
+                if decompress(ctx, dst + r0 * nbytes, k * nbytes, address + o0, length) == k * nbytes:
+                    continue
+                for i, o, n in zip(g_rows, g_offs, g_sizes):
+                    if r0 <= i < r0 + k and decompress(ctx, dst + i * nbytes, nbytes, address + o, n) != nbytes:
+                        failed.append(i)
+            return failed
 
         return zstd
     return None
@@ -475,3 +595,8 @@ def fast_row_encoder(meta: DraftArrayMeta) -> Callable[[int], bytes] | None:
     if meta.filters or not _is_zstd(meta.compressor):
         return None
     return _zstd_native_encoder(meta.compressor, chunk_nbytes(meta))
+
+
+# bound at import (~0.3 ms: the libraries are numcodecs' own, loaded already) rather than by
+# the first array opened, whose first read is what users time
+_Native.load()

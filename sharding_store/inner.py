@@ -16,8 +16,8 @@ gives ``None``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -249,6 +249,30 @@ class FsspecInner:
         finally:
             os.close(fd)
 
+    def read_local_into(self, key: str, alloc: Any) -> Any | None:
+        """A whole local object read into a caller-owned buffer that is reused between
+        objects (reading many objects then touches no fresh memory). ``alloc(n)`` returns a
+        writable buffer of at least ``n`` bytes. The read first fills the buffer at hand and
+        sizes the file only if it may be bigger, so an object that fits costs open + one
+        ``preadv`` + close. Returns the bytes read (a prefix of the buffer), or None when
+        the object is missing."""
+        assert self.is_local, "read_local_into reads local files only"
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        try:
+            buf = alloc(0)
+            got = _read_full(fd, buf)
+            if got == len(buf):  # perhaps more: size the file, read it again into a buffer that fits
+                size = os.fstat(fd).st_size
+                if size > got:
+                    buf = alloc(size)
+                    got = _read_full(fd, buf)
+            return buf[:got]
+        finally:
+            os.close(fd)
+
     def set(self, key: str, value: bytes) -> None:
         path = self._path(key)
         if self.is_local:
@@ -258,20 +282,29 @@ class FsspecInner:
 
     def delete(self, key: str) -> None:
         try:
-            self.fs.rm_file(self._path(key))
+            if self.is_local:
+                os.unlink(self._path(key))
+            else:
+                self.fs.rm_file(self._path(key))
         except FileNotFoundError:
             pass
         self._prune(key)
 
     def delete_prefix(self, prefix: str) -> None:
         keys = list(self.list_prefix(prefix))
-        if keys:
+        if not keys:
+            return
+        if self.is_local:
+            for key in keys:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._path(key))
+        else:
             try:
                 self.fs.rm([self._path(k) for k in keys])
             except FileNotFoundError:
                 pass
-            for key in keys:
-                self._prune(key)
+        for key in keys:
+            self._prune(key)
 
     def _prune(self, key: str) -> None:
         """Remove the empty directories a local delete leaves, so listings show no ghost prefixes."""
@@ -286,43 +319,91 @@ class FsspecInner:
             parent = os.path.dirname(parent)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
+        return iter([k for k, _ in self.list_sized(prefix, fresh=False)])
+
+    def list_sized(self, prefix: str, *, fresh: bool = True) -> list[tuple[str, int | None]]:
+        """Sorted ``(key, size)`` of the objects under ``prefix``, from one listing
+        (sizes come free with it); temporary files of unfinished writes are left out.
+        ``fresh``: drop fsspec's cached listing first (another process may have written)."""
         base = prefix.rpartition("/")[0]
-        try:
-            paths = self.fs.find(self._path(base) if base else self.root or "")
-        except FileNotFoundError:
-            return iter(())
-        keys = (self._key(p) for p in paths)
-        return iter(sorted(k for k in keys if k.startswith(prefix) and not _is_temp(k)))
+        if self.is_local:
+            found = _walk_local(self._path(base) if base else self.root, base)
+        else:
+            path = self._path(base) if base else self.root
+            if fresh:
+                self.fs.invalidate_cache(path)
+            try:
+                listed = self.fs.find(path, detail=True)
+            except FileNotFoundError:
+                listed = {}
+            found = ((self._key(p), info.get("size")) for p, info in listed.items())
+        return sorted((k, n) for k, n in found if k.startswith(prefix) and not _is_temp(k))
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         if prefix and not prefix.endswith("/"):
             return _list_dir_from_keys(self.list_prefix(prefix), prefix)
-        try:
-            entries = self.fs.ls(self._path(prefix.rstrip("/")) if prefix else self.root or "", detail=True)
-        except (FileNotFoundError, NotADirectoryError):
-            return [], []
         keys, prefixes = [], []
-        for e in entries:
-            k = self._key(e["name"])
+        if self.is_local:
+            try:
+                with os.scandir(self._path(prefix.rstrip("/")) if prefix else self.root) as it:
+                    entries = [(prefix + e.name, e.is_dir()) for e in it]
+            except (FileNotFoundError, NotADirectoryError):
+                return [], []
+        else:
+            try:
+                listed = self.fs.ls(self._path(prefix.rstrip("/")) if prefix else self.root or "", detail=True)
+            except (FileNotFoundError, NotADirectoryError):
+                return [], []
+            entries = [(self._key(e["name"]).rstrip("/"), e["type"] == "directory") for e in listed]
+        for k, is_dir in entries:
             if _is_temp(k):
                 continue
-            if e["type"] == "directory":
-                prefixes.append(k.rstrip("/") + "/")
+            if is_dir:
+                prefixes.append(k + "/")
             else:
                 keys.append(k)
         return sorted(keys), sorted(prefixes)
 
     def exists(self, key: str) -> bool:
+        if self.is_local:
+            return os.path.isfile(self._path(key))
         return self.fs.isfile(self._path(key))
 
     def size(self, key: str) -> int | None:
         try:
+            if self.is_local:
+                return os.stat(self._path(key)).st_size
             return int(self.fs.size(self._path(key)))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
 
 
+def _walk_local(path: str, key_prefix: str) -> Iterator[tuple[str, int]]:
+    """``(key, size)`` of every file below directory ``path`` (keys start with
+    ``key_prefix``), with ``os.scandir``: no fsspec import for local listings.
+    Symbolic links are followed, as fsspec's local ``find`` does."""
+    lead = key_prefix + "/" if key_prefix else ""
+    try:
+        it = os.scandir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with it:
+        entries = list(it)
+    for e in entries:
+        key = lead + e.name
+        try:
+            if e.is_dir():
+                yield from _walk_local(e.path, key)
+            else:
+                yield key, e.stat().st_size
+        except FileNotFoundError:  # removed while we listed it
+            continue
+
+
 TEMP_MARKER = ".sharding-store-tmp-"
+#: temporary names: pid, a per-process random token and a counter (O_EXCL catches clashes)
+_TOKEN = uuid.uuid4().hex[:8]
+_COUNTER = itertools.count()
 
 
 def _read_umask() -> int:
@@ -331,7 +412,7 @@ def _read_umask() -> int:
     return mask
 
 
-#: mkstemp creates 0600 files; published objects get the mode a plain open() would give
+#: the mode of published objects: what a plain open() gives (0o666 minus the umask)
 FILE_MODE = 0o666 & ~_read_umask()
 
 
@@ -349,18 +430,23 @@ def atomic_local_file(path: str) -> Iterator[tuple[int, str]]:
     It gets the mode a plain ``open()`` would give, not mkstemp's 0600.
     """
     directory = os.path.dirname(path) or "."
-    prefix = os.path.basename(path) + TEMP_MARKER
-    for attempt in range(5):
+    for attempt in range(8):
+        tmp = f"{path}{TEMP_MARKER}{os.getpid()}-{_TOKEN}-{next(_COUNTER)}"
         try:
-            fd, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
             break
         except FileNotFoundError:
-            if attempt == 4:
+            if attempt == 7:
                 raise
-            os.makedirs(directory, exist_ok=True)
+            # a concurrent delete may prune a parent meanwhile (makedirs then raises
+            # either error): try again
+            with contextlib.suppress(FileNotFoundError, FileExistsError):
+                os.makedirs(directory, exist_ok=True)
+        except FileExistsError:  # another process's name (same pid on another host)
+            if attempt == 7:
+                raise
     try:
         try:
-            os.fchmod(fd, FILE_MODE)
             yield fd, tmp
         finally:
             os.close(fd)
@@ -371,6 +457,21 @@ def atomic_local_file(path: str) -> Iterator[tuple[int, str]]:
         except FileNotFoundError:
             pass
         raise
+
+
+#: the most one read() returns on Linux (MAX_RW_COUNT); any shorter read of a file means its end
+_MAX_READ = 0x7FFFF000
+
+
+def _read_full(fd: int, buf: Any) -> int:
+    """Read a file from its start into ``buf`` until the buffer is full or the file ends."""
+    got, view = 0, memoryview(buf).cast("B")
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], got)
+        got += n
+        if n < min(len(view) - got + n, _MAX_READ):
+            break
+    return got
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:

@@ -49,7 +49,7 @@ from .errors import (
     UsageError,
 )
 from .hierarchy import DraftHierarchy, Node
-from .inner import TEMP_MARKER, Inner
+from .inner import Inner
 from .migrate_units import (
     ArrayJob,
     IndexLocation,
@@ -57,11 +57,12 @@ from .migrate_units import (
     Unit,
     UnitResult,
     check_picklable,
-    fsspec_of,
     list_sized,
     plan_units,
+    remove_temp_files,
     run_unit,
 )
+from .progress import progress_bar
 from .reshard import fault_point
 from .retry import run_bounded, with_retries
 from .store import ArrayLayout
@@ -337,13 +338,6 @@ def _unit_name(job: ArrayJob, unit: Unit) -> str:
     return job.dst_key(unit.target) if unit.target is not None else unit.sources[0][1]
 
 
-def _progress_bar(enabled: bool | None) -> Any:
-    from tqdm import tqdm
-
-    show = sys.stderr.isatty() if enabled is None else enabled
-    return tqdm(total=0, unit="shard", desc="migrate", disable=not show, leave=False)
-
-
 def _pause_after() -> int | None:
     value = os.environ.get(PAUSE_ENV)
     return int(value) if value else None
@@ -360,7 +354,7 @@ class _Driver:
         self.remaining: dict[str, int] = {}
         self.root_doc: dict[str, Any] | None = None
         self.by_path = {p.node.path: p for p in plans}
-        self.bar = _progress_bar(progress)
+        self.bar = progress_bar(0, "migrate", "shard", progress)
 
     def items(self) -> Iterator[tuple[Any, ...]]:
         for plan in self.plans:
@@ -445,17 +439,6 @@ class _Driver:
 
 
 # --------------------------------------------------------------------------- the API
-
-
-def _remove_temp_files(dst: Inner) -> None:
-    """Temporary files of writes a killed run left behind (local disk only)."""
-    fs_inner = fsspec_of(dst)
-    if fs_inner is None or not fs_inner.is_local or not os.path.isdir(fs_inner.root):
-        return
-    for directory, _, files in os.walk(fs_inner.root):
-        for name in files:
-            if TEMP_MARKER in name:
-                os.unlink(os.path.join(directory, name))
 
 
 def _check_marker(driver: _Driver, current: Mapping[str, Any]) -> None:
@@ -590,7 +573,7 @@ def migrate(
                      progress=progress, skip_damaged=skip_damaged)
     if resume:
         _check_marker(driver, marker)
-        _remove_temp_files(dst_inner)
+        remove_temp_files(dst_inner)
     driver.set(MARKER_KEY, json_bytes(marker))
     if executor is None:
         with ThreadPoolExecutor(jobs, thread_name_prefix="migrate") as pool:

@@ -23,7 +23,9 @@ Targets:
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import json
 import os
 import shutil
@@ -33,7 +35,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from .draft_metadata import DraftArrayMeta
-from .errors import UsageError
+from .errors import MigrationError, UsageError
 from .inner import TEMP_MARKER, FsspecInner, Inner, as_inner, atomic_local_file, write_all
 from .keys import Coords
 from .shard_index import CHECKSUM_NBYTES, ShardCorruptError, ShardIndex, encode_shard, index_nbytes, payload_bounds, read_index
@@ -109,23 +111,30 @@ def fsspec_of(inner: Any) -> FsspecInner | None:
     return None
 
 
+def remove_temp_files(inner: Inner, prefix: str = "") -> None:
+    """Delete the temporary files that killed writes left below ``prefix`` (local disk
+    only; elsewhere a write is atomic and leaves nothing). Only for places no other
+    process writes to meanwhile: a migration's destination, a reshard's staging area."""
+    fs_inner = fsspec_of(inner)
+    if fs_inner is None or not fs_inner.is_local:
+        return
+    top = fs_inner._path(prefix.rstrip("/")) if prefix.rstrip("/") else fs_inner.root
+    for directory, _, files in os.walk(top):
+        for name in files:
+            if TEMP_MARKER in name:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(directory, name))
+
+
 def list_sized(inner: Inner, prefix: str) -> Iterator[tuple[str, int | None]]:
-    """Keys under ``prefix`` with their sizes, from one listing (sizes are free on fsspec)."""
+    """Keys under ``prefix`` with their sizes, from one listing (sizes are free on fsspec
+    and local disk; other stores give None)."""
     fs_inner = fsspec_of(inner)
     if fs_inner is None:
         for key in inner.list_prefix(prefix):
             yield key, None
         return
-    path = fs_inner._path(prefix.rstrip("/")) if prefix.rstrip("/") else fs_inner.root
-    fs_inner.fs.invalidate_cache(path)  # another process may have written since
-    try:
-        found = fs_inner.fs.find(path, detail=True)
-    except FileNotFoundError:
-        return
-    for p in sorted(found):
-        key = fs_inner._key(p)
-        if key.startswith(prefix) and TEMP_MARKER not in key.rpartition("/")[2]:
-            yield key, found[p].get("size")
+    yield from fs_inner.list_sized(prefix)
 
 
 def read_whole(inner: Inner, key: str, size: int | None) -> bytes | None:
@@ -179,36 +188,73 @@ def _server_copy(fs: Any, src_path: str, dst_path: str, size: int | None) -> Non
 def _local_copy(src_path: str, dst_path: str, append: bytes = b"") -> None:
     """Kernel copy of ``src_path`` (plus ``append``) into ``dst_path``, atomically:
     one open of each file, ``copy_file_range`` (no user-space copy)."""
+    src_fd = os.open(src_path, os.O_RDONLY)
+    try:
+        _local_copy_fd(src_fd, src_path, dst_path, append)
+    finally:
+        os.close(src_fd)
+
+
+def _local_copy_fd(src_fd: int, src_path: str, dst_path: str, append: bytes = b"", size: int | None = None) -> None:
+    """:func:`_local_copy` from a file already open (``size``: its size, when known)."""
     with atomic_local_file(dst_path) as (fd, tmp):
-        src_fd = os.open(src_path, os.O_RDONLY)
-        try:
-            copied = _copy_fd(src_fd, fd)
-        finally:
-            os.close(src_fd)
-        if not copied:  # no kernel copy between these files: the portable way
+        if not _copy_fd(src_fd, fd, size):  # no kernel copy between these files: the portable way
             os.ftruncate(fd, 0)
             shutil.copyfile(src_path, tmp)  # sendfile where it can
             os.lseek(fd, 0, os.SEEK_END)
         write_all(fd, append)
 
 
-def _copy_fd(src_fd: int, dst_fd: int) -> bool:
-    """``copy_file_range`` the whole of ``src_fd`` to ``dst_fd``; False when the kernel or the
-    filesystems refuse it before anything was copied (the caller copies another way)."""
+def _copy_fd(src_fd: int, dst_fd: int, size: int | None = None) -> bool:
+    """``copy_file_range`` the whole of ``src_fd`` (from offset 0) to ``dst_fd``; False when
+    the kernel or the filesystems refuse it before anything was copied (the caller copies
+    another way). With ``size`` known, no final call to find the end."""
     copy = getattr(os, "copy_file_range", None)
     if copy is None:
         return False
     done = 0
-    while True:
+    while size is None or done < size:
         try:
-            n = copy(src_fd, dst_fd, 1 << 30)
+            n = copy(src_fd, dst_fd, 1 << 30 if size is None else size - done, done)
         except OSError as e:
             if done == 0 and e.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM, errno.EBADF):
                 return False
             raise
         if n == 0:
-            return True
+            if size is not None:  # the file shrank after its size was read: never publish half
+                raise MigrationError(f"source object changed while being copied ({done} of {size} bytes)")
+            break
         done += n
+    return True
+
+
+def _copy_local_shard(job: ArrayJob, src_path: str, src_key: str, dst_path: str) -> UnitResult | None:
+    """A compact local source shard copied by the kernel after reading only its index,
+    from one open of the source (the copy is of the same file the index came from)."""
+    assert job.dst_cps is not None
+    try:
+        fd = os.open(src_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None  # deleted since listed: the general path reports it
+    try:
+        size = os.fstat(fd).st_size
+        n = index_nbytes(job.dst_cps)
+        if size < n:
+            return None  # the general path reports the damage with the whole object in hand
+        raw = os.pread(fd, n, size - n)
+        try:
+            index = ShardIndex.from_bytes(raw, job.dst_cps, key=src_key, payload_limit=size - n)
+        except ShardCorruptError:
+            return None
+        if index.is_empty():
+            return UnitResult(empty=1)
+        if not index.is_compact(size):
+            return None
+        suffix = job.copied_shard_suffix(index)
+        _local_copy_fd(fd, src_path, dst_path, suffix, size)
+    finally:
+        os.close(fd)
+    return UnitResult(copied=1, chunks=index.n_live(), bytes_copied=size, bytes_written=len(suffix))
 
 
 # --------------------------------------------------------------------------- jobs and units
@@ -300,8 +346,6 @@ class UnitResult:
 
 def _target_shards(coords: Coords, src_cps: Coords, dst_cps: Coords, grid: Coords) -> Iterator[Coords]:
     """Target shards overlapping the chunks of source object ``coords`` (clipped to the grid)."""
-    import itertools
-
     ranges = []
     for c, a, b, g in zip(coords, src_cps, dst_cps, grid):
         lo, hi = c * a, min((c + 1) * a, g) - 1
@@ -360,7 +404,24 @@ def plan_units(
             for target in _target_shards(obj[0], src_cps, job.dst_cps, grid):
                 groups.setdefault(target, []).append(obj)
     units = [Unit(tuple(srcs), t, dst_size(job.dst_key(t))) for t, srcs in groups.items()]
-    return units, stray, nbytes
+    return interleave_directories(units, job), stray, nbytes
+
+
+def interleave_directories(units: list[Unit], job: ArrayJob) -> list[Unit]:
+    """Units reordered so that consecutive ones write into different directories.
+
+    Creating a file costs far more than copying a small shard's bytes, and a filesystem
+    creates files in one directory one at a time (the directory is locked), but in
+    different directories in parallel: workers taking units in key order would queue
+    on one directory's lock. Round-robin over the target directories instead.
+    """
+    by_dir: dict[str, list[Unit]] = {}
+    for unit in units:
+        assert unit.target is not None
+        by_dir.setdefault(job.dst_key(unit.target).rpartition("/")[0], []).append(unit)
+    if len(by_dir) < 2:
+        return units
+    return [u for group in itertools.zip_longest(*by_dir.values()) for u in group if u is not None]
 
 
 # --------------------------------------------------------------------------- reading
@@ -460,6 +521,9 @@ def _try_copy_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str)
     (_, src_key, size), = unit.sources
     if size is None or not can_copy(src, dst, appending=job.checksum):
         return None  # reading the index would be wasted: the shard is read whole next
+    s, d = fsspec_of(src), fsspec_of(dst)
+    if s is not None and d is not None and s.is_local and d.is_local:
+        return _copy_local_shard(job, s._path(src_key), src_key, d._path(key))
     try:
         index = read_shard_index(src, src_key, size, job.dst_cps)  # type: ignore[arg-type]
     except ShardCorruptError:
@@ -513,8 +577,10 @@ __all__ = [
     "list_sized",
     "can_copy",
     "check_picklable",
+    "interleave_directories",
     "plan_units",
     "read_source_chunks",
     "read_shard_index",
+    "remove_temp_files",
     "run_unit",
 ]

@@ -60,7 +60,6 @@ import json
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -74,7 +73,8 @@ from . import draft_metadata as dm
 from .errors import DestinationExistsError, DraftMetadataError, MigrationError, UsageError
 from .hierarchy import DraftHierarchy, inner_of
 from .inner import FsspecInner, Inner
-from .migrate_units import copy_within
+from .migrate_units import copy_within, remove_temp_files
+from .progress import progress_bar
 from .keys import Coords, chunk_to_shard, local_to_global, shard_chunks
 from .shard_index import encode_shard, read_index
 from .store import ArrayLayout, ShardingStore
@@ -313,11 +313,7 @@ def pack_objects(chunks: Mapping[Coords, bytes | memoryview], dst: ArrayLayout) 
 
 
 def _progress(total: int, desc: str, enabled: bool | None) -> Any:
-    """A tqdm bar on stderr when asked for, or by default only on a terminal."""
-    from tqdm import tqdm
-
-    show = sys.stderr.isatty() if enabled is None else enabled
-    return tqdm(total=total, desc=desc, unit="task", disable=not show, leave=False)
+    return progress_bar(total, desc, "task", enabled)
 
 
 def run_bounded(fn: Callable[[Any], Any], items: Iterable[Any], jobs: int, on_done: Callable[[], Any] = lambda: None) -> None:
@@ -552,6 +548,7 @@ def _rollback(inner: Inner, journal: Journal) -> None:
     for key in list_objects(inner, new, STAGING).values():
         inner.delete(STAGING + key)
     inner.delete(journal.key)
+    remove_temp_files(inner, STAGING)  # writes a killed run left unfinished
     _prune_empty_dirs(inner, STAGING, keep_top=False)
 
 
@@ -590,6 +587,7 @@ def _move(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options)
         fault_point("commit")
     inner.delete(journal.key)
     _prune_empty_dirs(inner, new.prefix)
+    remove_temp_files(inner, STAGING)  # writes a killed run left unfinished
     _prune_empty_dirs(inner, STAGING, keep_top=False)
 
 

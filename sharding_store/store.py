@@ -30,13 +30,13 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import Any, ContextManager, NamedTuple
 
 import numpy as np
 
 from . import draft_metadata as dm
 from .errors import ChunkKeyError, DraftMetadataError, ShardCorruptError, UsageError
-from .inner import Inner, RangeRequest, as_inner
+from .inner import FsspecInner, Inner, RangeRequest, as_inner
 from .keys import (
     Coords,
     chunk_to_shard,
@@ -50,6 +50,34 @@ from .shard_index import MAX_UINT64, ShardIndex, encode_shard_and_index, index_n
 DATA_ROOT = "data/root/"
 _N_LOCKS = 64
 _MISSING = object()
+_READ = threading.local()
+#: a read buffer up to this size is kept per thread (bigger shards get a fresh one each time)
+_READ_KEEP = 64 * 2**20
+
+
+def _read_buffer(nbytes: int) -> np.ndarray:
+    """This thread's reusable buffer for whole shard objects, at least ``nbytes`` long
+    (``_READ.address``: its start).
+
+    Reusing it means reading many shards touches no fresh memory: in a fresh process,
+    faulting in new pages for every shard object costs about as much as the copy itself."""
+    buf = getattr(_READ, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+        _READ.address = buf.ctypes.data
+        _READ.buf = buf if nbytes <= _READ_KEEP else None
+    return buf
+
+
+class WholeShard(NamedTuple):
+    """A shard object read whole: its bytes (valid until the next shard is read, see
+    :meth:`ShardingStore.read_whole_shards`), their address, and its index as flat C-order
+    lists, validated against the object's size (``MAX_UINT64``: absent)."""
+
+    data: np.ndarray
+    address: int
+    offsets: list[int]
+    sizes: list[int]
 
 
 @dataclass(frozen=True)
@@ -412,6 +440,55 @@ class ShardingStore(MutableMapping[str, bytes]):
         for m, v in zip(live.tolist(), views):
             out[m] = v
         return out
+
+    def read_whole_shards(self, layout: ArrayLayout, shards: Sequence[Coords]) -> Iterator[WholeShard | None]:
+        """Whole shard objects (``None``: absent), in order, for reads of *every* chunk of them.
+
+        One request per shard and no separate index request: the index is the object's own
+        tail, so index and payloads are one consistent snapshot even if a writer replaces the
+        shard meanwhile. Indices are validated against the object's size and cached.
+
+        A local directory is read shard by shard, one ``pread`` each into a per-thread buffer
+        reused for the next shard: an item is valid only until the next one is taken (and
+        on the thread that took it). Other stores get all objects in one inner call.
+        """
+        cps = layout.chunks_per_shard
+        assert cps is not None, "read_whole_shards needs a sharded layout"
+        keys = [layout.shard_key(s) for s in shards]
+        inner = self.inner
+        local = isinstance(inner, FsspecInner) and inner.is_local
+        if local:
+            blobs: Iterable[Any] = (inner.read_local_into(k, _read_buffer) for k in keys)  # type: ignore[union-attr]
+        else:
+            blobs = inner.get_ranges([(k, 0, None) for k in keys]) if keys else []
+        n = index_nbytes(cps)
+        for key, blob in zip(keys, blobs):
+            if blob is None:
+                self._cache_put(key, None)
+                yield None
+                continue
+            data = blob if local else np.frombuffer(blob, dtype=np.uint8)
+            offsets, sizes = self._whole_shard_index(key, data, cps, n)
+            yield WholeShard(data, _READ.address if local else data.ctypes.data, offsets, sizes)
+
+    def _whole_shard_index(self, key: str, data: np.ndarray, cps: Coords, n: int) -> tuple[list[int], list[int]]:
+        """The index of a whole shard object as ``(offsets, sizes)`` lists, checked as
+        :meth:`ShardIndex.validate` does (in plain Python: the reader wants lists anyway, and
+        per-shard numpy calls cost more on small indices); on failure ``from_bytes`` raises
+        its exact error."""
+        limit = len(data) - n
+        if limit >= 0:
+            table = data[limit:].view("<u8")
+            flat = table.tolist()
+            offsets, sizes = flat[0::2], flat[1::2]
+            m = MAX_UINT64
+            if not any((o == m) != (s == m) or (o != m and o + s > limit) for o, s in zip(offsets, sizes)):
+                if self.index_cache_size:
+                    self._cache_put(key, ShardIndex(table.astype(np.uint64).reshape(*cps, 2)))
+                return offsets, sizes
+        raw = data[max(0, limit) :].tobytes()
+        ShardIndex.from_bytes(raw, cps, key=key, payload_limit=max(0, limit))  # raises
+        raise AssertionError(f"{key}: whole-shard index validation disagrees with ShardIndex.validate")  # pragma: no cover
 
     def _read(self, reads: Sequence[_ChunkRead]) -> list[bytes | None]:
         """The engine behind every chunk read: indices in one call, chunk ranges in one more."""

@@ -4,8 +4,9 @@ Used by both the zarr-3 view and the migrator. The translation is chosen so that
 draft chunk payloads and draft shard objects are *verbatim* valid v3 chunks/shards
 (index at the end, ``bytes`` little-endian index codec, no checksum); asking for a
 checksum or a start index means the caller rewrites the shard index.
-Data types and fill values go through zarr-python 3's own dtype machinery, so the
-JSON is exactly what zarr 3 writes and reads.
+Data types and fill values are spelled exactly as zarr-python 3 writes and reads them:
+plain numeric types directly (so migrating them never imports zarr), the rest through
+zarr 3's own dtype machinery.
 """
 
 from __future__ import annotations
@@ -49,9 +50,86 @@ def _untranslatable(meta: DraftArrayMeta, message: str) -> DraftMetadataError:
     return DraftMetadataError(f"{key}: {message}", key=key)
 
 
+#: numpy (kind, itemsize) -> v3 name of the types every reader knows; these are
+#: translated here without importing zarr-python (~0.2 s), the rest through zarr's own
+#: dtype machinery. A test checks both agree on every type and many fill values.
+_NUMERIC_NAMES = {
+    ("b", 1): "bool",
+    **{("i", n): f"int{8 * n}" for n in (1, 2, 4, 8)},
+    **{("u", n): f"uint{8 * n}" for n in (1, 2, 4, 8)},
+    **{("f", n): f"float{8 * n}" for n in (2, 4, 8)},
+    **{("c", n): f"complex{8 * n}" for n in (8, 16)},
+}
+
+
+def _float_json(x: Any) -> float | str:
+    """A float fill value in v3 JSON (what zarr 3 writes: NaN and infinities as strings)."""
+    x = float(x)
+    if x != x:
+        return "NaN"
+    if x in (float("inf"), float("-inf")):
+        return "Infinity" if x > 0 else "-Infinity"
+    return x
+
+
+class _NumericType:
+    """A numeric data type as zarr-python 3's dtype objects present it (the part we use)."""
+
+    def __init__(self, dtype: np.dtype, name: str) -> None:
+        self.dtype = dtype
+        self.name = name
+        self.has_endianness = dtype.itemsize > 1
+
+    def to_json(self) -> str:
+        return self.name
+
+    def fill_json(self, fill: Any) -> Any:
+        kind = self.dtype.kind
+        if fill is None:
+            fill = self.dtype.type(0)
+        if kind == "b":
+            return bool(fill)
+        if kind in "iu":
+            return int(fill)
+        if kind == "f":
+            return _float_json(fill)
+        return [_float_json(fill.real), _float_json(fill.imag)]
+
+
+class _ZarrType:
+    """Any other data type, through zarr-python 3's dtype object."""
+
+    def __init__(self, zdtype: Any) -> None:
+        from zarr.core.dtype.common import HasEndianness
+
+        self.zdtype = zdtype
+        self.has_endianness = isinstance(zdtype, HasEndianness)
+
+    def to_json(self) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self.zdtype.to_json(zarr_format=3)
+
+    def fill_json(self, fill: Any) -> Any:
+        """A draft ``null`` becomes the type's default (zero/empty/NaT)."""
+        fill = self.zdtype.default_scalar() if fill is None else fill
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return self.zdtype.to_json_scalar(fill, zarr_format=3)
+
+
+def _data_type(dtype: np.dtype, meta: DraftArrayMeta, *, use_zarr: bool = False) -> _NumericType | _ZarrType:
+    """The v3 data type of a numpy dtype: plain numeric types directly, the rest as
+    zarr-python 3 spells them (quietly: string/structured types warn that their v3
+    spelling is not yet standardised)."""
+    name = None if dtype.fields is not None or dtype.subdtype is not None else _NUMERIC_NAMES.get((dtype.kind, dtype.itemsize))
+    if name is not None and not use_zarr:
+        return _NumericType(dtype, name)
+    return _ZarrType(_zdtype(dtype, meta))
+
+
 def _zdtype(dtype: np.dtype, meta: DraftArrayMeta) -> Any:
-    """zarr-python 3's data type object for a numpy dtype (quietly: string/structured
-    types warn that their v3 spelling is not yet standardised)."""
+    """zarr-python 3's data type object for a numpy dtype."""
     from zarr.core.dtype import get_data_type_from_native_dtype
 
     if dtype.fields is not None:
@@ -74,12 +152,6 @@ def _zdtype(dtype: np.dtype, meta: DraftArrayMeta) -> Any:
             raise _untranslatable(meta, f"field 'data_type': zarr v3 has no data type for {dtype}: {e}") from None
 
 
-def _has_endianness(zdtype: Any) -> bool:
-    from zarr.core.dtype.common import HasEndianness
-
-    return isinstance(zdtype, HasEndianness)
-
-
 def _v3_class(name: str) -> type | None:
     from zarr.registry import get_codec_class
 
@@ -96,6 +168,8 @@ def _split_filters(meta: DraftArrayMeta) -> tuple[list[Codec], list[Codec]]:
     registers as bytes->bytes (e.g. ``shuffle``) may move behind the ``bytes`` codec,
     but only if no array->array filter follows it.
     """
+    if not meta.filters:
+        return [], []
     from zarr.abc.codec import ArrayArrayCodec, BytesBytesCodec
 
     aa: list[Codec] = []
@@ -174,7 +248,7 @@ def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list
         codecs.append({"name": "transpose", "configuration": {"order": list(range(meta.ndim))[::-1]}})
     codecs += [_numcodecs_entry(f) for f in aa]
     array_dtype = np.asarray(_run_filters(meta, aa)).dtype if aa else meta.dtype
-    if _has_endianness(_zdtype(array_dtype, meta)):
+    if _data_type(array_dtype, meta).has_endianness:
         big = array_dtype.byteorder == ">" or (array_dtype.byteorder == "=" and not np.little_endian)
         codecs.append({"name": "bytes", "configuration": {"endian": "big" if big else "little"}})
     else:
@@ -185,15 +259,6 @@ def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list
         typesize = ensure_contiguous_ndarray(_run_filters(meta, list(meta.filters))).itemsize
         codecs.append(_compressor_entry(compressor, meta, typesize))
     return codecs
-
-
-def _fill_value_json(meta: DraftArrayMeta, zdt: Any) -> Any:
-    """v3 JSON fill value; a draft ``null`` becomes the type's default (zero/empty/NaT),
-    since v3 requires a value and zarr 2 never defined what ``null`` reads as."""
-    fill = zdt.default_scalar() if meta.fill_value is None else meta.fill_value
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return zdt.to_json_scalar(fill, zarr_format=3)
 
 
 def _dimension_names(attributes: dict, ndim: int) -> tuple[list | None, dict]:
@@ -236,7 +301,7 @@ def v3_array_document(
             raise UsageError(
                 f"{array_meta_key(meta.path)}: not portable to every v3 reader: " + "; ".join(problems)
             )
-    zdt = _zdtype(meta.dtype, meta)
+    dt = _data_type(meta.dtype, meta)
     inner = inner_codecs(meta, compressor)
     if meta.chunks_per_shard is None:
         grid, codecs = list(meta.chunks), inner
@@ -257,17 +322,16 @@ def v3_array_document(
             }
         ]
     dimension_names, attributes = _dimension_names(meta.attributes, meta.ndim)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        data_type = zdt.to_json(zarr_format=3)
     doc: dict[str, Any] = {
         "zarr_format": 3,
         "node_type": "array",
         "shape": list(meta.shape),
-        "data_type": data_type,
+        "data_type": dt.to_json(),
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": meta.separator}},
-        "fill_value": _fill_value_json(meta, zdt),
+        # v3 requires a fill value; a draft ``null`` (never defined by zarr 2) is the
+        # type's default: zero, empty, NaT
+        "fill_value": dt.fill_json(meta.fill_value),
         "codecs": codecs,
         "attributes": attributes,
     }
@@ -285,14 +349,11 @@ def portability_problems(meta: DraftArrayMeta, compressor: Codec | None = _KEEP)
     """Why some v3 reader (e.g. tensorstore) could not open this array; [] if none."""
     compressor = meta.compressor if compressor is _KEEP else compressor
     try:
-        zdt = _zdtype(meta.dtype, meta)
+        dt_json = _data_type(meta.dtype, meta).to_json()
         codecs = inner_codecs(meta, compressor)
     except DraftMetadataError as e:
         return [str(e)]
     problems = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dt_json = zdt.to_json(zarr_format=3)
     dt_name = dt_json if isinstance(dt_json, str) else dt_json["name"]
     if dt_name not in PORTABLE_DATA_TYPES:
         problems.append(f"data type {meta.dtype.str} becomes {dt_name!r}, which only zarr-python reads")

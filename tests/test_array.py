@@ -366,11 +366,16 @@ def test_single_chunk_read_cold_then_warm(big):
     assert counting.ranges == 1
 
 
-def test_whole_array_read_is_two_requests_per_shard(big):
+def test_whole_array_read_is_one_request_per_shard(big):
     counting, a = big
     a[...]
-    assert counting.calls["get_ranges"] == 2  # one batched call for the indices, one for the chunks
-    assert counting.ranges <= 2 * 4
+    # Every chunk of every shard is read, so each shard object is read whole in one batched
+    # call: the index comes from the object's own tail. This was two calls (the indices, then
+    # the chunk ranges), i.e. two requests and two sequential round trips per shard; now it is
+    # one request per shard on object stores (S3), the same bytes for compact shards, and each
+    # shard's index and payloads come from one consistent snapshot.
+    assert counting.calls["get_ranges"] == 1 and counting.ranges == 4
+    assert all(start == 0 and end is None for _, reqs in counting.log for _, start, end in reqs)
 
 
 def test_whole_shard_writes_do_not_read(big):
@@ -392,6 +397,6 @@ def test_read_batches_do_not_split_shards(monkeypatch, big):
     a.invalidate()
     counting.reset()
     np.testing.assert_array_equal(a[...], np.arange(256 * 256, dtype="<u2").reshape(256, 256))
-    shards_read = [k for name, reqs in counting.log if name == "get_ranges" for k, s, _ in reqs if s < 0]
-    assert len(shards_read) == len(set(shards_read)) == 4
+    shards_read = [k for name, reqs in counting.log if name == "get_ranges" for k, _, _ in reqs]
+    assert len(shards_read) == len(set(shards_read)) == 4  # each shard read once, whole
     assert math.prod(a.meta.shard_grid_shape) == 4

@@ -285,3 +285,30 @@ def test_written_objects_get_ordinary_file_permissions(tmp_path):
     store[key(0)] = b"x"
     mode = stat.S_IMODE(os.stat(tmp_path / "data/root/a/c0").st_mode)
     assert mode == FILE_MODE and mode & stat.S_IRUSR and mode != 0o600
+
+
+def test_local_writes_survive_concurrent_deletes_pruning_their_directories(tmp_path):
+    """A delete prunes directories it leaves empty; a write into the same directories at
+    that moment (its ``makedirs`` or its temporary file) must retry, never fail."""
+    from sharding_store.inner import FsspecInner
+
+    inner = FsspecInner.local(str(tmp_path))
+    errors: list[BaseException] = []
+
+    def churn(name: str) -> None:
+        try:
+            for i in range(300):
+                key = f"a/b/c/d/{name}"
+                inner.set(key, b"x" * (i % 7))
+                assert inner.get(key) == b"x" * (i % 7)
+                inner.delete(key)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn, args=(n,)) for n in ("k1", "k2", "k3")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert list(inner.list_prefix("")) == [] and not (tmp_path / "a").exists()

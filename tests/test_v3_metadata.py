@@ -14,6 +14,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import numcodecs
@@ -292,6 +293,70 @@ def test_data_types_and_fill_values(dtype, fill, data_type, fill_json):
 
     md = ArrayV3Metadata.from_dict(doc)
     assert json.loads(json.dumps(md.to_dict()["fill_value"])) == fill_json
+
+
+NUMERIC_DTYPES = [
+    np.dtype(f"{order}{code}")
+    for code in ("b1", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f2", "f4", "f8", "c8", "c16")
+    for order in ("<", ">")
+]
+
+
+def _fill_strategy(dtype: np.dtype):
+    from hypothesis import strategies as st
+
+    if dtype.kind == "b":
+        return st.booleans().map(np.bool_)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return st.integers(int(info.min), int(info.max)).map(dtype.type)
+    part = np.dtype(f"f{dtype.itemsize // 2}") if dtype.kind == "c" else dtype
+    floats = st.floats(allow_nan=True, allow_infinity=True, width=8 * part.itemsize)
+    if dtype.kind == "f":
+        return floats.map(dtype.type)
+    return st.tuples(floats, floats).map(lambda t: dtype.type(complex(*t)))
+
+
+@pytest.mark.parametrize("dtype", NUMERIC_DTYPES, ids=str)
+def test_numeric_types_match_zarr_without_importing_it(dtype: np.dtype):
+    """Plain numeric types are translated without zarr-python 3: the result must be what
+    zarr 3's own dtype machinery gives, for the type, the bytes codec and fill values."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from sharding_store.v3_metadata import _data_type
+
+    meta = make(dtype=dtype.str, fill_value=None)
+    direct, via_zarr = _data_type(dtype, meta), _data_type(dtype, meta, use_zarr=True)
+    assert type(direct).__name__ == "_NumericType"
+    assert direct.to_json() == via_zarr.to_json()
+    assert direct.has_endianness == via_zarr.has_endianness
+    assert json.dumps(direct.fill_json(None)) == json.dumps(via_zarr.fill_json(None))
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.one_of(_fill_strategy(dtype), st.sampled_from([0, 1]).map(dtype.type)))
+    def check(fill):
+        a, b = direct.fill_json(fill), via_zarr.fill_json(fill)
+        assert json.dumps(a) == json.dumps(b), (fill, a, b)
+
+    check()
+
+
+def test_migrating_numeric_arrays_does_not_import_zarr(tmp_path: Path):
+    """The translation of numeric arrays with the usual codecs needs no zarr-python 3."""
+    code = (
+        "import sys\n"
+        "from sharding_store.draft_metadata import draft_array_document\n"
+        "from sharding_store.v3_metadata import v3_array_document, portability_problems\n"
+        "import numcodecs\n"
+        "for dt, comp in (('<u2', numcodecs.Blosc()), ('>f8', numcodecs.Zstd()), ('|b1', None), ('<c8', numcodecs.GZip())):\n"
+        "    m = draft_array_document(path='a', shape=(4, 4), chunks=(2, 2), dtype=dt, compressor=comp, fill_value=0,\n"
+        "                             order='F', separator='/', filters=None, attributes={}, chunks_per_shard=(2, 2))\n"
+        "    v3_array_document(m); portability_problems(m)\n"
+        "print('zarr' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_null_fill_value_becomes_default():

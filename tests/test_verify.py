@@ -99,3 +99,38 @@ def test_an_interrupted_destination_does_not_verify(migrated):
     (out / "scalar/zarr.json").unlink()
     report = verify(src, out, raise_on_error=False)
     assert {k for k, _ in report.check.problems} == {"zarr.json", "scalar/zarr.json"}
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["memcmp", "python"])
+@pytest.mark.parametrize("block", [7, 1 << 20])
+def test_copied_shards_compared_in_blocks_catch_any_byte(tmp_path, monkeypatch, native, block):
+    """The local fast path for copied shards (source bytes + index CRC) compares the two
+    files block by block: a flipped byte anywhere (first, block edges, last payload
+    byte, the index) is reported, whatever the block size, with or without memcmp."""
+    import sys
+
+    vmod = sys.modules["sharding_store.verify"]
+    monkeypatch.setattr(vmod, "BLOCK", block)
+    if not native:
+        monkeypatch.setattr(vmod, "_MEMCMP", None)
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_hierarchy(src)
+    report = migrate(src, out, verify=False, progress=False)
+    assert report.totals.copied > 0  # the fast path has copied shards to check
+    fast = []
+    real = vmod._check_local_copy
+    monkeypatch.setattr(vmod, "_check_local_copy", lambda *a: fast.append(real(*a)) or fast[-1])
+    assert verify(src, out, jobs=1).ok
+    unsharded_objects = sum(a.shards for a in report.arrays if a.chunks_per_shard is None)
+    copied_shards = report.totals.copied - unsharded_objects
+    assert copied_shards > 0 and sum(r is not None for r in fast) == copied_shards  # one pass each
+    path = out / "imgs/raw/c/1/0"
+    original = path.read_bytes()
+    positions = {0, block - 1, block, len(original) - 5, len(original) - 1} | {len(original) // 2}
+    for pos in sorted(p for p in positions if 0 <= p < len(original)):
+        blob = bytearray(original)
+        blob[pos] ^= 0x10
+        path.write_bytes(bytes(blob))
+        assert not verify(src, out, raise_on_error=False).ok, pos
+    path.write_bytes(original)
+    assert verify(src, out).ok
