@@ -130,6 +130,13 @@ def matrix(sizes: list[int]) -> list[Case]:
     return cases
 
 
+#: the read and migrate targets (issues 3 and 4) are stated for a 128 MiB array/store;
+#: smaller cases report their ratios without a target (interpreter start-up and fixed
+#: per-run costs weigh more there)
+TARGET_MIB = 128
+STATED_AT = f"target stated for {TARGET_MIB} MiB and more: ratio shown without it"
+
+
 #: zarr 2.18 rewrites the whole shard for every inner chunk it writes (and builds it by
 #: repeated ``bytes +=``): a write costs ~O(cps) shard rewrites per chunk. Above this
 #: many MiB *and* more than 16 chunks per shard, one 2.18 write takes ~10 min: skipped.
@@ -497,7 +504,9 @@ class Bench:
             lbl = f"{ours}(...)[...]"
             self.rows.append(make_row("2 read", case, lbl, m[ours], "tensorstore (v1.0 copy)", m["tensorstore"],
                                       target="no slower than tensorstore", min_speedup=1.0,
-                                      applies=ours == "open_draft", note=note))
+                                      applies=ours == "open_draft" and case.size_mib >= TARGET_MIB,
+                                      note=note if case.size_mib >= TARGET_MIB else
+                                      (note + "; " if note else "") + STATED_AT))
             self.rows.append(make_row("2 read", case, lbl, m[ours], "zarr-python 2.18", m["zarr-python 2.18"]))
             if ours == "open_draft":
                 self.rows.append(make_row("2 read", case, lbl, m[ours], "zarr-python 3 (v1.0 copy)",
@@ -604,14 +613,16 @@ class Bench:
         note = f"whole commands incl. interpreter start-up; source {du_bytes(src) / 2**20:.0f} MiB on disk"
         fn_note = ("the copy alone, as cp -r does it: migrate() timed inside its process (no interpreter start-up "
                    "or module imports; imports the call triggers count), verify=False: no second pass reading both trees")
+        stated = case.size_mib >= TARGET_MIB
         self.rows.append(make_row("4 migrate", case, "migrate() in-process, verify off", m["migrate() no verify"],
-                                  "cp -r", m["cp -r"], target="≤ 1.2× cp -r", min_speedup=1 / 1.2, note=fn_note))
+                                  "cp -r", m["cp -r"], target="≤ 1.2× cp -r", min_speedup=1 / 1.2, applies=stated,
+                                  note=fn_note if stated else f"{fn_note}; {STATED_AT}"))
         self.rows.append(make_row("4 migrate", case, "sharding-store migrate", m["migrate"], "cp -r", m["cp -r"],
                                   note=note))
         self.rows.append(make_row("4 migrate", case, "sharding-store migrate", m["migrate"],
                                   "decode + re-encode (zarr 3)", m["re-encode"], target="≥ 10× faster",
-                                  min_speedup=10.0, note="both whole commands; ours verifies its output, the "
-                                  "re-encoder does not"))
+                                  min_speedup=10.0, applies=stated, note="both whole commands; ours verifies its "
+                                  "output, the re-encoder does not" + ("" if stated else f"; {STATED_AT}")))
         self.rows.append(make_row("4 migrate", case, "sharding-store migrate --jobs 1", m["migrate --jobs 1"],
                                   "cp -r", m["cp -r"]))
         self.rows.append(make_row("4 migrate", case, "sharding-store migrate --no-verify", m["migrate --no-verify"],

@@ -34,11 +34,23 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from crc32c import crc32c
+
 from .draft_metadata import DraftArrayMeta
 from .errors import MigrationError, UsageError
 from .inner import TEMP_MARKER, FsspecInner, Inner, as_inner, atomic_local_file, write_all
 from .keys import Coords
-from .shard_index import CHECKSUM_NBYTES, ShardCorruptError, ShardIndex, encode_shard, index_nbytes, payload_bounds, read_index
+from .shard_index import (
+    CHECKSUM_NBYTES,
+    ShardCorruptError,
+    ShardIndex,
+    encode_shard,
+    index_nbytes,
+    live_entries,
+    payload_bounds,
+    read_index,
+    tiles,
+)
 from .store import ArrayLayout
 from .v3_metadata import v3_chunk_key
 
@@ -243,18 +255,18 @@ def _copy_local_shard(job: ArrayJob, src_path: str, src_key: str, dst_path: str)
             return None  # the general path reports the damage with the whole object in hand
         raw = os.pread(fd, n, size - n)
         try:
-            index = ShardIndex.from_bytes(raw, job.dst_cps, key=src_key, payload_limit=size - n)
+            live = live_entries(raw, job.dst_cps, key=src_key, payload_limit=size - n)
         except ShardCorruptError:
             return None
-        if index.is_empty():
+        if not live:
             return UnitResult(empty=1)
-        if not index.is_compact(size):
+        if not tiles(live, 0, size - n):
             return None
-        suffix = job.copied_shard_suffix(index)
+        suffix = crc32c(raw).to_bytes(CHECKSUM_NBYTES, "little") if job.checksum else b""
         _local_copy_fd(fd, src_path, dst_path, suffix, size)
     finally:
         os.close(fd)
-    return UnitResult(copied=1, chunks=index.n_live(), bytes_copied=size, bytes_written=len(suffix))
+    return UnitResult(copied=1, chunks=len(live), bytes_copied=size, bytes_written=len(suffix))
 
 
 # --------------------------------------------------------------------------- jobs and units

@@ -125,3 +125,51 @@ def test_fuzz_only_our_errors(data, cps, checksum):
     limit = len(data) - index_nbytes(cps, checksum)
     assert all(len(v) <= limit for v in chunks.values())
     assert len(chunks) <= math.prod(cps)
+
+
+SENTINEL = 2**64 - 1
+_entry_value = st.one_of(
+    st.integers(0, 300), st.just(SENTINEL), st.integers(2**64 - 400, 2**64 - 2), st.integers(0, 2**64 - 1)
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    cps=st.sampled_from([(1,), (4,), (2, 2), (2, 3), (1, 4, 2)]),
+    data=st.data(),
+    checksum=st.booleans(),
+    limit=st.one_of(st.none(), st.integers(0, 400)),
+    start=st.integers(0, 20),
+    damage=st.sampled_from(["none", "crc", "short"]),
+)
+def test_live_entries_agrees_with_shard_index(cps, data, checksum, limit, start, damage):
+    """The plain-Python index check used by the copy fast paths accepts exactly what
+    ShardIndex.from_bytes accepts (same error otherwise), and ``tiles`` is ``is_compact``."""
+    from sharding_store.shard_index import ShardIndex, live_entries, tiles
+
+    n = math.prod(cps)
+    pairs = []
+    for _ in range(n):
+        if data.draw(st.booleans()):
+            pairs.append((SENTINEL, SENTINEL))
+        else:
+            pairs.append((data.draw(_entry_value), data.draw(_entry_value)))
+    raw = b"".join(o.to_bytes(8, "little") + s.to_bytes(8, "little") for o, s in pairs)
+    if checksum:
+        raw += crc32c.crc32c(raw).to_bytes(4, "little")
+    if damage == "crc" and checksum:
+        raw = raw[:-1] + bytes([raw[-1] ^ 1])
+    if damage == "short":
+        raw = raw[:-1]
+    kw = dict(checksum=checksum, key="k", payload_limit=limit, payload_start=start)
+    try:
+        index = ShardIndex.from_bytes(raw, cps, **kw)
+    except ShardCorruptError as e:
+        with pytest.raises(ShardCorruptError) as got:
+            live_entries(raw, cps, **kw)
+        assert str(got.value) == str(e)
+        return
+    live = live_entries(raw, cps, **kw)
+    assert live == [(o, s) for _, o, s in index.live()]
+    if limit is not None:  # an object of limit + index bytes, index at the end
+        assert tiles(live, 0, limit) == index.is_compact(limit + len(raw), checksum=checksum)
