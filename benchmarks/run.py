@@ -749,15 +749,20 @@ def machine_info(bench: Bench) -> dict:
         info["legacy"] = run_task({"task": "versions"}, legacy=True, timeout=120)
     except TaskError as e:
         info["legacy"] = {"error": str(e)}
+    info["git"] = _tree()
+    return info
+
+
+def _tree() -> str:
+    """The commit measured, and whether the package had uncommitted changes."""
     try:
-        info["git"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip()
+        tree = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "sharding_store"], cwd=ROOT,
                                capture_output=True, text=True).stdout.strip()
-        info["git"] += " + uncommitted changes in sharding_store/" if dirty else ""
+        return tree + (" + uncommitted changes in sharding_store/" if dirty else "")
     except OSError:
-        info["git"] = "?"
-    return info
+        return "?"
 
 
 def fmt_speed(v: float | None) -> str:
@@ -968,8 +973,10 @@ def main(argv: list[str] | None = None) -> int:
         if "chunk" not in args.only:
             chunk_details = old.get("chunk_details", [])
         meta["elapsed_min"] = old.get("meta", {}).get("elapsed_min", 0) + bench.elapsed / 60
-        meta["note"] = (f"scenario(s) {', '.join(args.only)} " + (f"for {', '.join(args.case)} " if args.case else "")
-                        + f"re-run separately on {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')}")
+        earlier = old.get("meta", {}).get("note")
+        meta["note"] = (f"{earlier}; " if earlier else "") + (
+            f"scenario(s) {', '.join(args.only)} " + (f"for {', '.join(args.case)} " if args.case else "")
+            + f"re-run separately on {_dt.datetime.now().strftime('%Y-%m-%d %H:%M')} (tree {_tree()})")
         meta["loads"] = old.get("meta", {}).get("loads", []) + LOADS
         meta["startup"] = getattr(bench, "startup", None) or old.get("meta", {}).get("startup")
     raw_path.parent.mkdir(parents=True, exist_ok=True)

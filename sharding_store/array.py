@@ -3,8 +3,10 @@
 ``open_draft`` gives a :class:`DraftArray` or :class:`DraftGroup` for any store our API
 accepts. An array reads a selection by computing the chunk keys it needs, fetching
 them with **one** batched call per batch (for a sharded array one
-``ShardingStore.getitems``: each shard's index once, then coalesced ranges), and
-decoding the chunks on a thread pool straight into a preallocated output. Writes go
+``ShardingStore.getitems``: each shard's index once, then coalesced ranges; a shard
+whose every chunk is selected is read whole in one request, its index taken from its
+own tail), and decoding the chunks on a thread pool straight into a preallocated
+output. Writes go
 through ``ShardingStore.update`` so each shard is rewritten once per batch, and whole
 chunks are encoded without reading anything.
 
