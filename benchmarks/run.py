@@ -568,12 +568,7 @@ class Bench:
         cli = str(VENV_BIN / "sharding-store")
 
         def cmd(argv: list[str], dst: Path, verify: bool) -> dict:
-            shutil.rmtree(dst, ignore_errors=True)
-            r = run_command(argv)
-            if verify:
-                r["verified"] = run_task({**self.spec(case, "verify"), "src": str(dst)})["verified"]
-            shutil.rmtree(dst, ignore_errors=True)
-            return r
+            return self.timed_command(case, argv, dst, verify)
 
         def fn(dst: Path, verify: bool, migrate_verify: bool) -> dict:
             shutil.rmtree(dst, ignore_errors=True)
@@ -584,13 +579,8 @@ class Bench:
 
         def reencode(verify: bool) -> dict:
             dst = d / "m-reencode"
-            shutil.rmtree(dst, ignore_errors=True)
-            r = run_command([str(PY), str(WORKER), json.dumps(self.spec(case, "reencode", src=str(src),
-                                                                         dst=str(dst)))])
-            if verify:
-                r["verified"] = run_task({**self.spec(case, "verify"), "src": str(dst)})["verified"]
-            shutil.rmtree(dst, ignore_errors=True)
-            return r
+            spec = self.spec(case, "reencode", src=str(src), dst=str(dst))
+            return cmd([str(PY), str(WORKER), json.dumps(spec)], dst, verify)
 
         comps = [
             Competitor("migrate", lambda v: cmd([cli, "migrate", str(src), str(d / "m-ours")], d / "m-ours", v),
@@ -654,12 +644,7 @@ class Bench:
         cli = str(VENV_BIN / "sharding-store")
 
         def cmd(argv: list[str], dst: Path, verify: bool) -> dict:
-            shutil.rmtree(dst, ignore_errors=True)
-            r = run_command(argv)
-            if verify:
-                r["verified"] = run_task({**self.spec(case, "verify"), "src": str(dst)})["verified"]
-            shutil.rmtree(dst, ignore_errors=True)
-            return r
+            return self.timed_command(case, argv, dst, verify)
 
         comps = [
             Competitor("reshard", lambda v: cmd([cli, "reshard", str(src), str(d / "r-ours"), "--chunks-per-shard",
@@ -670,6 +655,16 @@ class Bench:
         m = measure(comps, self.reps(case), not self.args.quick, self.log)
         self.rows.append(make_row("5 reshard", case, f"sharding-store reshard → cps {to}", m["reshard"], "cp -r",
                                   m["cp -r"], note="whole commands incl. interpreter start-up; no target set"))
+
+    def timed_command(self, case: Case, argv: list[str], dst: Path, verify: bool) -> dict:
+        """One whole command writing ``dst`` (removed before and after), timed from outside;
+        with ``verify``, ``dst`` is read back and compared with the input first."""
+        shutil.rmtree(dst, ignore_errors=True)
+        r = run_command(argv)
+        if verify:
+            r["verified"] = run_task({**self.spec(case, "verify"), "src": str(dst)})["verified"]
+        shutil.rmtree(dst, ignore_errors=True)
+        return r
 
     def _unavailable(self, scenario: str, case: Case, why: str) -> None:
         self.rows.append(make_row(scenario, case, "—", {"error": f"not available ({why})"}, "—", None))

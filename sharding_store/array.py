@@ -19,10 +19,13 @@ they hold only the fill value.
 from __future__ import annotations
 
 import collections
+import ctypes
 import itertools
 import math
+import mmap
 import operator
 import os
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,12 +47,14 @@ from .chunk_codec import (
     fast_encoder,
     fast_row_encoder,
     fill_chunk,
+    span_decoder,
     takes_address,
 )
 from .errors import DestinationExistsError, ReadOnlyError, StoreNotFoundError, UsageError
 from .hierarchy import DraftHierarchy, inner_of
 from .inner import Inner
 from .keys import Coords, format_chunk_suffix
+from .shard_index import MAX_UINT64
 from .store import ArrayLayout, ShardingStore
 
 __all__ = [
@@ -240,8 +245,6 @@ def _outer_and(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return out.reshape(-1)
 
 
-#: an absent chunk's index entry (both fields are this)
-MAX_OFFSET = 2**64 - 1
 _NO_ROWS = object()
 _SCRATCH = threading.local()
 _SCRATCH_KEEP = 64 * 2**20
@@ -267,10 +270,6 @@ def _scratch(nbytes: int) -> np.ndarray:
 
 def _libc_madvise() -> tuple[Any, int]:
     """libc's ``madvise`` and the page size (Linux), or ``(None, 0)``."""
-    import ctypes  # here: the module's import block is shared with other edits
-    import mmap
-    import sys
-
     if not sys.platform.startswith("linux"):
         return None, 0
     try:
@@ -410,8 +409,6 @@ class DraftArray:
         self._encode_row: Any = None  # zstd: encode straight from a scratch row (see _encode_shards)
         self._encode_row_ready = False
         self._decode_addr = takes_address(self._decode_fast)
-        from .chunk_codec import span_decoder  # here: the import block above is shared with other edits
-
         self._decode_spans = span_decoder(meta)
         self._rows_of: dict[tuple[int, ...], list[int] | None] = {}  # see _shard_rows
         n = meta.ndim
@@ -667,7 +664,7 @@ class DraftArray:
             if rows is not None:  # an edge shard: the entries of the chunks inside the grid
                 offsets, sizes = [offsets[r] for r in rows], [sizes[r] for r in rows]
             n = len(offsets)
-            todo = [i for i, o in enumerate(offsets) if o != MAX_OFFSET]
+            todo = [i for i, o in enumerate(offsets) if o != MAX_UINT64]
             if not todo:
                 self._fill_segments(out, combo)
                 continue

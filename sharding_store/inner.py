@@ -319,15 +319,16 @@ class FsspecInner:
             parent = os.path.dirname(parent)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        return iter([k for k, _ in self.list_sized(prefix, fresh=False)])
+        return iter([k for k, _ in self.list_sized(prefix, fresh=False, sizes=False)])
 
-    def list_sized(self, prefix: str, *, fresh: bool = True) -> list[tuple[str, int | None]]:
+    def list_sized(self, prefix: str, *, fresh: bool = True, sizes: bool = True) -> list[tuple[str, int | None]]:
         """Sorted ``(key, size)`` of the objects under ``prefix``, from one listing
-        (sizes come free with it); temporary files of unfinished writes are left out.
+        (sizes come free with it, except on local disk: one ``stat`` per file, skipped
+        with ``sizes=False``); temporary files of unfinished writes are left out.
         ``fresh``: drop fsspec's cached listing first (another process may have written)."""
         base = prefix.rpartition("/")[0]
         if self.is_local:
-            found = _walk_local(self._path(base) if base else self.root, base)
+            found = _walk_local(self._path(base) if base else self.root, base, sizes)
         else:
             path = self._path(base) if base else self.root
             if fresh:
@@ -378,10 +379,10 @@ class FsspecInner:
             return None
 
 
-def _walk_local(path: str, key_prefix: str) -> Iterator[tuple[str, int]]:
+def _walk_local(path: str, key_prefix: str, sizes: bool = True) -> Iterator[tuple[str, int | None]]:
     """``(key, size)`` of every file below directory ``path`` (keys start with
-    ``key_prefix``), with ``os.scandir``: no fsspec import for local listings.
-    Symbolic links are followed, as fsspec's local ``find`` does."""
+    ``key_prefix``; size None unless ``sizes``), with ``os.scandir``: no fsspec import for
+    local listings. Symbolic links are followed, as fsspec's local ``find`` does."""
     lead = key_prefix + "/" if key_prefix else ""
     try:
         it = os.scandir(path)
@@ -393,9 +394,9 @@ def _walk_local(path: str, key_prefix: str) -> Iterator[tuple[str, int]]:
         key = lead + e.name
         try:
             if e.is_dir():
-                yield from _walk_local(e.path, key)
+                yield from _walk_local(e.path, key, sizes)
             else:
-                yield key, e.stat().st_size
+                yield key, e.stat().st_size if sizes else None
         except FileNotFoundError:  # removed while we listed it
             continue
 

@@ -251,22 +251,32 @@ def _copy_local_shard(job: ArrayJob, src_path: str, src_key: str, dst_path: str)
     try:
         size = os.fstat(fd).st_size
         n = index_nbytes(job.dst_cps)
-        if size < n:
-            return None  # the general path reports the damage with the whole object in hand
-        raw = os.pread(fd, n, size - n)
-        try:
-            live = live_entries(raw, job.dst_cps, key=src_key, payload_limit=size - n)
-        except ShardCorruptError:
-            return None
-        if not live:
-            return UnitResult(empty=1)
-        if not tiles(live, 0, size - n):
-            return None
-        suffix = crc32c(raw).to_bytes(CHECKSUM_NBYTES, "little") if job.checksum else b""
+        plan = _shard_copy_plan(job, os.pread(fd, n, size - n) if size >= n else b"", size, src_key)
+        if not isinstance(plan, tuple):
+            return plan
+        n_live, suffix = plan
         _local_copy_fd(fd, src_path, dst_path, suffix, size)
     finally:
         os.close(fd)
-    return UnitResult(copied=1, chunks=len(live), bytes_copied=size, bytes_written=len(suffix))
+    return UnitResult(copied=1, chunks=n_live, bytes_copied=size, bytes_written=len(suffix))
+
+
+def _shard_copy_plan(job: ArrayJob, raw: bytes, size: int, src_key: str) -> tuple[int, bytes] | UnitResult | None:
+    """Whether a source shard of ``size`` bytes whose index is ``raw`` can be copied as it
+    is: ``(live chunks, bytes to append)``; ``UnitResult(empty=1)`` when it has no live
+    chunk (nothing to write); None when it has dead bytes or a bad index (the general path
+    rebuilds it, or reports the damage with the whole object in hand)."""
+    assert job.dst_cps is not None
+    limit = size - index_nbytes(job.dst_cps)
+    try:
+        live = live_entries(raw, job.dst_cps, key=src_key, payload_limit=max(0, limit))
+    except ShardCorruptError:
+        return None
+    if not live:
+        return UnitResult(empty=1)
+    if not tiles(live, 0, limit):
+        return None
+    return len(live), (crc32c(raw).to_bytes(CHECKSUM_NBYTES, "little") if job.checksum else b"")
 
 
 # --------------------------------------------------------------------------- jobs and units
@@ -300,10 +310,6 @@ class ArrayJob:
         """A compact source shard (chunks in any order) is a valid target shard byte for byte,
         followed by the CRC32C of its index when the target index has one."""
         return self.same_grid and self.index_location == "end" and not self.recompress
-
-    def copied_shard_suffix(self, index: ShardIndex) -> bytes:
-        """What follows a copied source shard: its index's CRC32C, or nothing."""
-        return index.to_bytes(checksum=True)[-CHECKSUM_NBYTES:] if self.checksum else b""
 
     def dst_key(self, coords: Coords) -> str:
         return self.dst_prefix + v3_chunk_key(coords, self.src_layout.separator)
@@ -536,16 +542,15 @@ def _try_copy_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str)
     s, d = fsspec_of(src), fsspec_of(dst)
     if s is not None and d is not None and s.is_local and d.is_local:
         return _copy_local_shard(job, s._path(src_key), src_key, d._path(key))
-    try:
-        index = read_shard_index(src, src_key, size, job.dst_cps)  # type: ignore[arg-type]
-    except ShardCorruptError:
-        return None  # let the full read report it with the whole object in hand
-    if index.is_empty():
-        return UnitResult(empty=1)
-    suffix = job.copied_shard_suffix(index)
-    if not index.is_compact(size) or not copy_within(src, src_key, dst, key, size, append=suffix):
+    n = index_nbytes(job.dst_cps)  # type: ignore[arg-type]
+    raw = (src.get_ranges([(src_key, size - n, size)])[0] or b"") if size >= n else b""
+    plan = _shard_copy_plan(job, raw, size, src_key)
+    if not isinstance(plan, tuple):
+        return plan
+    n_live, suffix = plan
+    if not copy_within(src, src_key, dst, key, size, append=suffix):
         return None
-    return UnitResult(copied=1, chunks=index.n_live(), bytes_copied=size, bytes_written=len(suffix))
+    return UnitResult(copied=1, chunks=n_live, bytes_copied=size, bytes_written=len(suffix))
 
 
 def _copy_chunks(job: ArrayJob, unit: Unit, src: Inner, dst: Inner) -> UnitResult:

@@ -210,41 +210,48 @@ class ShardIndex:
         return pos + (0 if index_location == "start" else n) == object_size
 
 
-def live_entries(
-    data: bytes | memoryview,
+def entry_lists(
+    data: bytes | memoryview | np.ndarray,
     chunks_per_shard: tuple[int, ...],
     *,
     checksum: bool = False,
     key: str = "<shard>",
     payload_limit: int | None = None,
     payload_start: int = 0,
-) -> list[tuple[int, int]]:
-    """The live ``(offset, nbytes)`` entries of an encoded index, in C order, validated
-    exactly as :meth:`ShardIndex.from_bytes` validates (which raises the error when the
-    index is bad).
+) -> tuple[list[int], list[int]]:
+    """``(offsets, sizes)`` of every entry of an encoded index, flat in C order
+    (``MAX_UINT64``: absent), validated exactly as :meth:`ShardIndex.from_bytes` validates
+    (which raises the error when the index is bad).
 
-    Plain Python: copying a shard verbatim needs only these pairs, and for the small
-    indices of small shards numpy's per-call overhead is most of the cost of a check."""
+    Plain Python: readers and copiers of whole shards want these lists anyway, and for the
+    small indices of small shards numpy's per-call overhead is most of the cost of a check."""
     n = n_entries(chunks_per_shard)
     if len(data) == index_nbytes(chunks_per_shard, checksum):
-        body = memoryview(data)[: ENTRY_NBYTES * n]
-        if not checksum or int.from_bytes(data[-CHECKSUM_NBYTES:], "little") == _crc32c.crc32c(body):
+        body = memoryview(data).cast("B")[: ENTRY_NBYTES * n]
+        if not checksum or int.from_bytes(bytes(data[-CHECKSUM_NBYTES:]), "little") == _crc32c.crc32c(body):
             values = struct.unpack(f"<{2 * n}Q", body)
-            live = []
-            for o, s in zip(values[0::2], values[1::2]):
+            offsets, sizes = list(values[0::2]), list(values[1::2])
+            for o, s in zip(offsets, sizes):
                 if o == MAX_UINT64 and s == MAX_UINT64:
                     continue
                 if o == MAX_UINT64 or s == MAX_UINT64 or o > MAX_UINT64 - s or o < payload_start or (
                     payload_limit is not None and o + s > payload_limit
                 ):
                     break
-                live.append((o, s))
             else:
-                return live
+                return offsets, sizes
     ShardIndex.from_bytes(
-        data, chunks_per_shard, checksum=checksum, key=key, payload_limit=payload_limit, payload_start=payload_start
+        bytes(data), chunks_per_shard, checksum=checksum, key=key, payload_limit=payload_limit,
+        payload_start=payload_start,
     )
-    raise AssertionError(f"{key}: live_entries and ShardIndex.validate disagree")  # pragma: no cover
+    raise AssertionError(f"{key}: entry_lists and ShardIndex.validate disagree")  # pragma: no cover
+
+
+def live_entries(data: bytes | memoryview, chunks_per_shard: tuple[int, ...], **kw: object) -> list[tuple[int, int]]:
+    """The live ``(offset, nbytes)`` entries of an encoded index, in C order, validated as
+    :func:`entry_lists` does (same keyword arguments)."""
+    offsets, sizes = entry_lists(data, chunks_per_shard, **kw)  # type: ignore[arg-type]
+    return [(o, s) for o, s in zip(offsets, sizes) if o != MAX_UINT64]
 
 
 def tiles(live: Sequence[tuple[int, int]], start: int, end: int) -> bool:

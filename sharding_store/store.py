@@ -45,7 +45,7 @@ from .keys import (
     parse_chunk_suffix,
     prefix_coords,
 )
-from .shard_index import MAX_UINT64, ShardIndex, encode_shard_and_index, index_nbytes, parse_indices
+from .shard_index import MAX_UINT64, ShardIndex, encode_shard_and_index, entry_lists, index_nbytes, parse_indices
 
 DATA_ROOT = "data/root/"
 _N_LOCKS = 64
@@ -472,23 +472,14 @@ class ShardingStore(MutableMapping[str, bytes]):
             yield WholeShard(data, _READ.address if local else data.ctypes.data, offsets, sizes)
 
     def _whole_shard_index(self, key: str, data: np.ndarray, cps: Coords, n: int) -> tuple[list[int], list[int]]:
-        """The index of a whole shard object as ``(offsets, sizes)`` lists, checked as
-        :meth:`ShardIndex.validate` does (in plain Python: the reader wants lists anyway, and
-        per-shard numpy calls cost more on small indices); on failure ``from_bytes`` raises
-        its exact error."""
+        """The index of a whole shard object as ``(offsets, sizes)`` lists, validated against
+        the object's size (:func:`~sharding_store.shard_index.entry_lists`), and cached."""
         limit = len(data) - n
-        if limit >= 0:
-            table = data[limit:].view("<u8")
-            flat = table.tolist()
-            offsets, sizes = flat[0::2], flat[1::2]
-            m = MAX_UINT64
-            if not any((o == m) != (s == m) or (o != m and o + s > limit) for o, s in zip(offsets, sizes)):
-                if self.index_cache_size:
-                    self._cache_put(key, ShardIndex(table.astype(np.uint64).reshape(*cps, 2)))
-                return offsets, sizes
-        raw = data[max(0, limit) :].tobytes()
-        ShardIndex.from_bytes(raw, cps, key=key, payload_limit=max(0, limit))  # raises
-        raise AssertionError(f"{key}: whole-shard index validation disagrees with ShardIndex.validate")  # pragma: no cover
+        offsets, sizes = entry_lists(data[max(0, limit) :], cps, key=key, payload_limit=max(0, limit))
+        if self.index_cache_size:
+            table = np.array([offsets, sizes], dtype=np.uint64).T
+            self._cache_put(key, ShardIndex(table.reshape(*cps, 2)))
+        return offsets, sizes
 
     def _read(self, reads: Sequence[_ChunkRead]) -> list[bytes | None]:
         """The engine behind every chunk read: indices in one call, chunk ranges in one more."""

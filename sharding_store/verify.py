@@ -233,10 +233,10 @@ def _same_contents(fd_a: int, fd_b: int, nbytes: int) -> bool:
     """Whether the first ``nbytes`` of two open files are equal: read into two reused
     per-thread buffers and ``memcmp`` (fresh ``bytes`` per read cost page faults that
     double the time of a verify)."""
-    import ctypes
-
     bufs = getattr(_buffers, "pair", None)
     if bufs is None or len(bufs[0]) != BLOCK:
+        import ctypes
+
         a, b = bytearray(BLOCK), bytearray(BLOCK)
         bufs = _buffers.pair = (a, b, ctypes.addressof((ctypes.c_char * BLOCK).from_buffer(a)),
                                 ctypes.addressof((ctypes.c_char * BLOCK).from_buffer(b)))
