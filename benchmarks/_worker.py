@@ -305,7 +305,10 @@ def task_probe(spec: dict) -> dict:
 
         jobs_default = getattr(mm, "DEFAULT_JOBS", None)
         if jobs_default is None and hasattr(mm, "default_jobs"):
-            jobs_default = mm.default_jobs()
+            try:
+                jobs_default = mm.default_jobs(local=True)  # the benchmark migrates between local paths
+            except TypeError:
+                jobs_default = mm.default_jobs()
     except Exception:  # noqa: BLE001
         jobs_default = None
     return {"available": found, "migrate_jobs_default": jobs, "migrate_DEFAULT_JOBS": jobs_default,

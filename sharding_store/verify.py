@@ -36,6 +36,7 @@ from .migrate import (
     Options,
     array_units,
     damage_error,
+    all_local,
     default_jobs,
     is_v3_chunk_key,
     lost_transformer,
@@ -424,8 +425,8 @@ def verify(
     dst_ref = StoreRef.of(dst, dst_storage_options if dst_storage_options is not None else storage_options)
     if executor is not None:
         check_picklable(src_ref, dst_ref)
-    jobs = jobs or default_jobs()
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
+    jobs = jobs or default_jobs(local=executor is None and all_local(src_inner, dst_inner))
     h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
     h.assume_sharded(assume_chunks_per_shard)
     report = VerifyReport(src_ref.describe(), dst_ref.describe())

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 
-import numcodecs
 import numpy as np
 import pytest
 import zarr
@@ -213,6 +211,37 @@ def test_jobs_1_and_default_give_identical_output(hierarchy, tmp_path):
     migrate(src, tmp_path / "a", jobs=1, progress=False)
     migrate(src, tmp_path / "b", progress=False)
     assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
+
+
+def test_default_jobs_one_thread_per_core_between_local_paths_two_elsewhere(hierarchy, tmp_path, monkeypatch):
+    """Local-to-local work is CPU-bound (more threads than cores only contend); remote
+    stores wait on the network. The rule reaches both the copy and the verification."""
+    import importlib
+
+    mm, vv = (importlib.import_module(f"sharding_store.{m}") for m in ("migrate", "verify"))
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert mm.default_jobs(local=True) == mm.default_jobs() == 8
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert (mm.default_jobs(local=True), mm.default_jobs()) == (3, 6)
+    pools: list[tuple[str, int]] = []
+
+    def counting(module):
+        real = module.ThreadPoolExecutor
+        return lambda n, **kw: pools.append((kw.get("thread_name_prefix", ""), n)) or real(n, **kw)
+
+    monkeypatch.setattr(mm, "ThreadPoolExecutor", counting(mm))
+    monkeypatch.setattr(vv, "ThreadPoolExecutor", counting(vv))
+    src, _ = hierarchy
+    migrate(src, tmp_path / "out", progress=False)
+    assert pools == [("migrate", 3), ("verify", 3)]
+    pools.clear()
+    try:
+        migrate(src, "memory://jobs-default-test", progress=False)
+    finally:
+        import fsspec
+
+        fsspec.filesystem("memory").rm("/jobs-default-test", recursive=True)
+    assert pools == [("migrate", 6), ("verify", 6)]
 
 
 # --------------------------------------------------------------------------- safety

@@ -1,4 +1,4 @@
-"""The package namespace: lazy public names."""
+"""The package namespace (lazy public names) and the ``sharding-store`` process."""
 
 from __future__ import annotations
 
@@ -20,3 +20,57 @@ def test_package_exports_load_on_first_use_and_functions_win_over_submodules():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")[0]
     assert out == "[] True [] True"  # open_v3 (in __all__) imports zarr only when asked for
+
+
+def test_cli_starts_numpy_with_one_blas_thread_unless_the_user_chose():
+    """A BLAS pool is a core-wide spin on small machines and no command uses it: a fresh
+    CLI process runs numpy's OpenBLAS with one thread; a user's own setting stays."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    sample = str(Path(__file__).resolve().parents[1] / "samples" / "zarr-2.18-sharded.zr3")
+    code = (
+        "import os, sys\n"
+        "from sharding_store.cli import main\n"
+        f"rc = main(['info', {sample!r}])\n"
+        "tasks = len(os.listdir('/proc/self/task')) if os.path.isdir('/proc/self/task') else -1\n"
+        "print(rc, os.environ.get('OPENBLAS_NUM_THREADS'), tasks, 'numpy' in sys.modules)\n"
+    )
+
+    def run(**env: str) -> list[str]:
+        base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**base, **env}).stdout
+        return out.strip().splitlines()[-1].split()
+
+    ours, users = run(), run(OPENBLAS_NUM_THREADS="2")
+    assert ours[:2] == ["0", "1"] and users[:2] == ["0", "2"] and ours[3] == users[3] == "True"
+    if ours[2] != "-1":  # Linux: the user's 2 BLAS threads exist, ours do not
+        assert int(ours[2]) < int(users[2])
+
+
+def test_executable_flushes_everything_and_keeps_exit_codes_without_interpreter_teardown():
+    """``cli.run`` leaves with ``os._exit``: all output must still arrive, error codes
+    stay, and a reader that leaves early gets the broken-pipe code, not a traceback."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sharding_store.cli import EXIT_BROKEN_PIPE
+    from sharding_store.errors import StoreNotFoundError
+
+    cli = [sys.executable, "-m", "sharding_store.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # output waits in buffers
+    sample = str(Path(__file__).resolve().parents[1] / "samples" / "zarr-2.18-sharded.zr3")
+    ok = subprocess.run([*cli, "info", "--json", sample], capture_output=True, text=True, env=env)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["arrays"], ok.stderr
+    bad = subprocess.run([*cli, "info", sample + "-missing"], capture_output=True, text=True, env=env)
+    assert bad.returncode == StoreNotFoundError.exit_code and len(bad.stderr.splitlines()) == 1
+    proc = subprocess.Popen([*cli, "ls", sample], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # gone long before the child has started up and printed
+    err = proc.stderr.read().decode()
+    assert proc.wait() == EXIT_BROKEN_PIPE and "Traceback" not in err and "Exception ignored" not in err, err

@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import draft_metadata as dm
 from ..errors import ShardingStoreError
-from ..hierarchy import DraftHierarchy, Node, open_hierarchy
-from ..inspect import ArrayStats, codec_chain_text, hierarchy_stats
 from . import add_assume_option, assumed, storage_options
+
+if TYPE_CHECKING:  # the machinery loads when a command runs (numpy and numcodecs with it)
+    from ..hierarchy import DraftHierarchy, Node
+    from ..inspect import ArrayStats
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -81,6 +82,8 @@ def _nodes(h: DraftHierarchy, root: str) -> list[Node]:
 
 def format_array(s: ArrayStats) -> str:
     """A short human-readable block for one array."""
+    from ..inspect import codec_chain_text
+
     m = s.meta
     objects = ("shard" if m.is_sharded else "chunk object") + ("" if s.n_objects == 1 else "s")
     lines = [
@@ -131,9 +134,13 @@ def info_document(location: str, h: DraftHierarchy, nodes: list[Node], stats: li
 
 
 def run_info(args: argparse.Namespace) -> int:
+    from ..draft_metadata import normalize_path
+    from ..hierarchy import open_hierarchy
+    from ..inspect import hierarchy_stats
+
     opts = storage_options(args.storage_options)
     h = open_hierarchy(args.store, storage_options=opts, strict=False, assume_chunks_per_shard=assumed(args))
-    root = dm.normalize_path(args.path)
+    root = normalize_path(args.path)
     nodes: list[Node] = []
     stats: list[ArrayStats] = []
     if root not in h.damaged:  # else only its damage is shown
@@ -165,6 +172,8 @@ def ls_line(n: Node) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
+    from ..hierarchy import open_hierarchy
+
     h = open_hierarchy(args.store, storage_options=storage_options(args.storage_options), strict=False)
     for n in _nodes(h, args.path):
         print(ls_line(n))
