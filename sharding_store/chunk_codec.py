@@ -245,6 +245,14 @@ class _Native:
             except Exception:  # noqa: BLE001
                 cls._zstd_held = cls._blosc_held = None
 
+    @classmethod
+    def blosc_for(cls, nbytes: int) -> Any:
+        """libblosc as called for chunks of ``nbytes``: keeping the GIL up to
+        :data:`HOLD_GIL_BELOW`, releasing it above; None when it could not be bound."""
+        if cls._blosc_held is not None and nbytes <= HOLD_GIL_BELOW:
+            return cls._blosc_held
+        return cls._blosc
+
     @staticmethod
     def _bind_zstd(dll: Any = ctypes.CDLL) -> Any:
         import numcodecs.zstd as nz
@@ -372,8 +380,7 @@ def _blosc_native_encoder(comp: Any, dtype: np.dtype, nbytes: int) -> Callable[[
     typesize = dtype.itemsize
     if shuffle == -1:  # AUTOSHUFFLE, resolved as numcodecs' compress() does
         shuffle = 2 if typesize == 1 else 1
-    held = _Native._blosc_held is not None and nbytes <= HOLD_GIL_BELOW
-    compress_ctx = (_Native._blosc_held if held else _Native._blosc).blosc_compress_ctx
+    compress_ctx = _Native.blosc_for(nbytes).blosc_compress_ctx
     bound = nbytes + _BLOSC_MAX_OVERHEAD
 
     def encode(address: int) -> bytes:
@@ -445,8 +452,7 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
         lib = _Native._blosc
         if lib is not None:
             header = _BLOSC_HEADER.unpack_from
-            held = _Native._blosc_held is not None and nbytes <= HOLD_GIL_BELOW  # see span_decoder
-            blosc_ctx = (_Native._blosc_held if held else lib).blosc_decompress_ctx
+            blosc_ctx = _Native.blosc_for(nbytes).blosc_decompress_ctx
 
             def blosc_native(payload: Any, out: Any) -> bool:
                 src = payload if type(payload) is bytes else bytes(payload)
@@ -564,8 +570,7 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
 
         return raw
     if isinstance(comp, numcodecs.Blosc) and _Native._blosc is not None:
-        lib = _Native._blosc_held if nbytes <= HOLD_GIL_BELOW and _Native._blosc_held is not None else _Native._blosc
-        header, blosc_ctx = _BLOSC_HEADER.unpack_from, lib.blosc_decompress_ctx
+        header, blosc_ctx = _BLOSC_HEADER.unpack_from, _Native.blosc_for(nbytes).blosc_decompress_ctx
 
         def blosc(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
             failed = []

@@ -57,8 +57,8 @@ from .migrate_units import (
     Unit,
     UnitResult,
     check_picklable,
-    fsspec_of,
     list_sized,
+    local_pair,
     plan_units,
     remove_temp_files,
     run_unit,
@@ -92,11 +92,6 @@ def default_jobs(local: bool = False) -> int:
     threads, ~105 ms with 2). Remote stores wait on the network: twice the cores. At most 8."""
     cores = os.cpu_count() or 1
     return min(8, cores if local else 2 * cores)
-
-
-def all_local(*inners: Inner) -> bool:
-    """Whether every store is a local directory (see :func:`default_jobs`)."""
-    return all((f := fsspec_of(i)) is not None and f.is_local for i in inners)
 
 
 def node_key(path: str) -> str:
@@ -566,7 +561,7 @@ def migrate(
     if executor is not None:
         check_picklable(src_ref, dst_ref)
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
-    jobs = jobs or default_jobs(local=executor is None and all_local(src_inner, dst_inner))
+    jobs = jobs or default_jobs(local=executor is None and local_pair(src_inner, dst_inner) is not None)
     h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
     h.assume_sharded(assume_chunks_per_shard)
     report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)

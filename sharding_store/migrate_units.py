@@ -123,6 +123,13 @@ def fsspec_of(inner: Any) -> FsspecInner | None:
     return None
 
 
+def local_pair(src: Inner, dst: Inner) -> tuple[FsspecInner, FsspecInner] | None:
+    """Both stores' adapters when both are local directories (kernel copies, files read
+    directly, one thread per core by default), else None."""
+    s, d = fsspec_of(src), fsspec_of(dst)
+    return (s, d) if s is not None and d is not None and s.is_local and d.is_local else None
+
+
 def remove_temp_files(inner: Inner, prefix: str = "") -> None:
     """Delete the temporary files that killed writes left below ``prefix`` (local disk
     only; elsewhere a write is atomic and leaves nothing). Only for places no other
@@ -539,9 +546,9 @@ def _try_copy_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str)
     (_, src_key, size), = unit.sources
     if size is None or not can_copy(src, dst, appending=job.checksum):
         return None  # reading the index would be wasted: the shard is read whole next
-    s, d = fsspec_of(src), fsspec_of(dst)
-    if s is not None and d is not None and s.is_local and d.is_local:
-        return _copy_local_shard(job, s._path(src_key), src_key, d._path(key))
+    local = local_pair(src, dst)
+    if local is not None:
+        return _copy_local_shard(job, local[0]._path(src_key), src_key, local[1]._path(key))
     n = index_nbytes(job.dst_cps)  # type: ignore[arg-type]
     raw = (src.get_ranges([(src_key, size - n, size)])[0] or b"") if size >= n else b""
     plan = _shard_copy_plan(job, raw, size, src_key)
@@ -595,6 +602,7 @@ __all__ = [
     "can_copy",
     "check_picklable",
     "interleave_directories",
+    "local_pair",
     "plan_units",
     "read_source_chunks",
     "read_shard_index",

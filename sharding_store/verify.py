@@ -36,7 +36,6 @@ from .migrate import (
     Options,
     array_units,
     damage_error,
-    all_local,
     default_jobs,
     is_v3_chunk_key,
     lost_transformer,
@@ -49,8 +48,8 @@ from .migrate_units import (
     StoreRef,
     Unit,
     check_picklable,
-    fsspec_of,
     list_sized,
+    local_pair,
     read_source_chunks,
     read_whole,
 )
@@ -260,9 +259,10 @@ def _check_local_copy(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: st
     """A shard the migrator copied (the source shard, then its index CRC) checked in one
     pass on local disk: the destination's index parses and checksums, and its bytes up
     to the CRC are the source's. None: not such a shard; the general check decides."""
-    s, d = fsspec_of(src), fsspec_of(dst)
-    if s is None or d is None or not (s.is_local and d.is_local) or unit.dst_size is None:
+    local = local_pair(src, dst)
+    if local is None or unit.dst_size is None:
         return None
+    s, d = local
     assert job.dst_cps is not None
     (_, src_key, _), = unit.sources
     try:
@@ -426,7 +426,7 @@ def verify(
     if executor is not None:
         check_picklable(src_ref, dst_ref)
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
-    jobs = jobs or default_jobs(local=executor is None and all_local(src_inner, dst_inner))
+    jobs = jobs or default_jobs(local=executor is None and local_pair(src_inner, dst_inner) is not None)
     h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
     h.assume_sharded(assume_chunks_per_shard)
     report = VerifyReport(src_ref.describe(), dst_ref.describe())
