@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from pathlib import Path
 
 import hypothesis.strategies as st
 import numcodecs

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import zlib
-from pathlib import Path
 
 import numcodecs
 import numpy as np

@@ -153,7 +153,7 @@ def test_unsupported_dtype_still_gives_raw_chunk_access():
 @pytest.mark.parametrize("kind", ["dict", "fsmap", "path", "file-url", "memory-url", "zarr-local", "zarr-memory"])
 def test_inner_store_kinds(kind, tmp_path):
     if kind == "dict":
-        inner, raw = {}, None
+        inner = {}
     elif kind == "fsmap":
         inner = fsspec.get_mapper(f"memory://fsmap-{id(tmp_path)}")
     elif kind == "path":

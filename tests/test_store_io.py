@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import traceback
 
 import numpy as np
 import pytest
@@ -293,7 +294,7 @@ def test_local_writes_survive_concurrent_deletes_pruning_their_directories(tmp_p
     from sharding_store.inner import FsspecInner
 
     inner = FsspecInner.local(str(tmp_path))
-    errors: list[BaseException] = []
+    errors: list[str] = []
 
     def churn(name: str) -> None:
         try:
@@ -302,8 +303,8 @@ def test_local_writes_survive_concurrent_deletes_pruning_their_directories(tmp_p
                 inner.set(key, b"x" * (i % 7))
                 assert inner.get(key) == b"x" * (i % 7)
                 inner.delete(key)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        except BaseException:  # noqa: BLE001 - reported below, with where it was raised
+            errors.append(traceback.format_exc())
 
     threads = [threading.Thread(target=churn, args=(n,)) for n in ("k1", "k2", "k3")]
     for t in threads:
@@ -312,3 +313,58 @@ def test_local_writes_survive_concurrent_deletes_pruning_their_directories(tmp_p
         t.join()
     assert not errors, errors[0]
     assert list(inner.list_prefix("")) == [] and not (tmp_path / "a").exists()
+
+
+def test_a_prune_in_this_process_waits_for_a_writer_that_made_the_directory(tmp_path, monkeypatch):
+    """Deterministic form of the race above: a delete's prune runs right after the
+    writer's ``makedirs``, before its ``open``. In one process it must wait (the writer
+    then succeeds on its first retry), not empty the directory away on every try."""
+    import os
+
+    from sharding_store.inner import FsspecInner
+
+    inner = FsspecInner.local(str(tmp_path))
+    real_makedirs = os.makedirs
+    pruners: list[threading.Thread] = []
+
+    def makedirs_then_prune(path, *args, **kwargs):
+        real_makedirs(path, *args, **kwargs)
+        if path != str(tmp_path / "a" / "b"):  # os.makedirs calls itself for the parents
+            return
+        pruner = threading.Thread(target=inner.delete, args=("a/b/gone",))  # prunes a/b, then a
+        pruner.start()
+        pruner.join(timeout=0.2)  # with the directory lock it is still waiting here
+        pruners.append(pruner)
+
+    monkeypatch.setattr(os, "makedirs", makedirs_then_prune)
+    inner.set("a/b/k", b"value")
+    for pruner in pruners:
+        pruner.join()
+    assert len(pruners) == 1  # made once, never taken away from under the writer
+    assert inner.get("a/b/k") == b"value" and list(inner.list_prefix("")) == ["a/b/k"]
+
+
+def _churn_process(root: str, name: str, rounds: int) -> None:
+    from sharding_store.inner import FsspecInner
+
+    inner = FsspecInner.local(root)
+    for i in range(rounds):
+        key = f"a/b/c/d/{name}"
+        inner.set(key, b"x" * (i % 7))
+        assert inner.get(key) == b"x" * (i % 7)
+        inner.delete(key)
+
+
+def test_local_writes_survive_other_processes_pruning_their_directories(tmp_path):
+    """Across processes the lock cannot help: the writer backs off and re-makes the
+    directory. Three processes churning one directory, 1000 rounds each, never fail."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_churn_process, args=(str(tmp_path), n, 1000)) for n in ("k1", "k2", "k3")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert not (tmp_path / "a").exists()

@@ -14,7 +14,7 @@ import tempfile
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from sharding_store import ShardingStore
 from sharding_store.keys import format_chunk_suffix
