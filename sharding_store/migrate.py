@@ -94,6 +94,13 @@ def default_jobs(local: bool = False) -> int:
     return min(8, cores if local else 2 * cores)
 
 
+def jobs_for(jobs: int | None, src: Inner, dst: Inner, executor: Executor | None) -> int:
+    """``jobs`` when the caller gave it, else the default for these two stores. With an
+    executor (a dask cluster) the remote default stays: its window follows the cluster,
+    not this machine's cores."""
+    return jobs or default_jobs(local=executor is None and local_pair(src, dst) is not None)
+
+
 def node_key(path: str) -> str:
     """The v3 metadata key of the node at ``path`` (``zarr.json`` for the root)."""
     return f"{path}/zarr.json" if path else "zarr.json"
@@ -561,7 +568,7 @@ def migrate(
     if executor is not None:
         check_picklable(src_ref, dst_ref)
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
-    jobs = jobs or default_jobs(local=executor is None and local_pair(src_inner, dst_inner) is not None)
+    jobs = jobs_for(jobs, src_inner, dst_inner, executor)
     h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
     h.assume_sharded(assume_chunks_per_shard)
     report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)

@@ -15,6 +15,7 @@ named.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import threading
@@ -36,8 +37,8 @@ from .migrate import (
     Options,
     array_units,
     damage_error,
-    default_jobs,
     is_v3_chunk_key,
+    jobs_for,
     lost_transformer,
     node_key,
     other_prefixes,
@@ -216,8 +217,6 @@ def _memeq() -> Any:
     global _MEMCMP
     if _MEMCMP is False:
         try:
-            import ctypes
-
             fn = ctypes.CDLL(None).memcmp  # the C library the interpreter runs on (POSIX)
             fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
             _MEMCMP = fn
@@ -235,8 +234,6 @@ def _same_contents(fd_a: int, fd_b: int, nbytes: int) -> bool:
     double the time of a verify)."""
     bufs = getattr(_buffers, "pair", None)
     if bufs is None or len(bufs[0]) != BLOCK:
-        import ctypes
-
         a, b = bytearray(BLOCK), bytearray(BLOCK)
         bufs = _buffers.pair = (a, b, ctypes.addressof((ctypes.c_char * BLOCK).from_buffer(a)),
                                 ctypes.addressof((ctypes.c_char * BLOCK).from_buffer(b)))
@@ -426,7 +423,7 @@ def verify(
     if executor is not None:
         check_picklable(src_ref, dst_ref)
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
-    jobs = jobs or default_jobs(local=executor is None and local_pair(src_inner, dst_inner) is not None)
+    jobs = jobs_for(jobs, src_inner, dst_inner, executor)
     h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
     h.assume_sharded(assume_chunks_per_shard)
     report = VerifyReport(src_ref.describe(), dst_ref.describe())

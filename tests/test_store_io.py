@@ -288,6 +288,15 @@ def test_written_objects_get_ordinary_file_permissions(tmp_path):
     assert mode == FILE_MODE and mode & stat.S_IRUSR and mode != 0o600
 
 
+def _churn(inner, name: str, rounds: int) -> None:
+    """Write, read back and delete one key, whose directories every delete prunes."""
+    key = f"a/b/c/d/{name}"
+    for i in range(rounds):
+        inner.set(key, b"x" * (i % 7))
+        assert inner.get(key) == b"x" * (i % 7)
+        inner.delete(key)
+
+
 def test_local_writes_survive_concurrent_deletes_pruning_their_directories(tmp_path):
     """A delete prunes directories it leaves empty; a write into the same directories at
     that moment (its ``makedirs`` or its temporary file) must retry, never fail."""
@@ -298,11 +307,7 @@ def test_local_writes_survive_concurrent_deletes_pruning_their_directories(tmp_p
 
     def churn(name: str) -> None:
         try:
-            for i in range(300):
-                key = f"a/b/c/d/{name}"
-                inner.set(key, b"x" * (i % 7))
-                assert inner.get(key) == b"x" * (i % 7)
-                inner.delete(key)
+            _churn(inner, name, 300)
         except BaseException:  # noqa: BLE001 - reported below, with where it was raised
             errors.append(traceback.format_exc())
 
@@ -347,12 +352,7 @@ def test_a_prune_in_this_process_waits_for_a_writer_that_made_the_directory(tmp_
 def _churn_process(root: str, name: str, rounds: int) -> None:
     from sharding_store.inner import FsspecInner
 
-    inner = FsspecInner.local(root)
-    for i in range(rounds):
-        key = f"a/b/c/d/{name}"
-        inner.set(key, b"x" * (i % 7))
-        assert inner.get(key) == b"x" * (i % 7)
-        inner.delete(key)
+    _churn(FsspecInner.local(root), name, rounds)
 
 
 def test_local_writes_survive_other_processes_pruning_their_directories(tmp_path):
