@@ -223,8 +223,8 @@ def chunk_targets(spec: dict) -> list[tuple[tuple[int, int], tuple[int, int]]]:
 
 def task_chunk_ours(spec: dict) -> dict:
     from sharding_store.array import open_draft
-    from sharding_store.counting import CountingInner
-    from sharding_store.inner import as_inner
+    from sharding_store.stores import as_inner
+    from sharding_store.testing import CountingInner
 
     x = np.load(spec["input"], mmap_mode="r")
     ch = spec["chunks"]

@@ -20,7 +20,7 @@ from compat import oracle
 from compat.oracle import arrays_equal
 from sharding_store import DraftMetadataError, create_draft_array, open_draft
 from sharding_store.chunk_codec import decode_chunk_payload, encode_chunk_payload
-from tests.fixtures import ZARR_JS
+from tests.fixtures import ZARR_JS, require
 
 pytestmark = pytest.mark.legacy
 
@@ -39,8 +39,7 @@ def corpus(legacy_corpus):
 
 @pytest.fixture(scope="module")
 def fixtures(legacy_env, tmp_path_factory):
-    if not FIXTURES.is_dir():
-        pytest.skip(f"{FIXTURES} not found")
+    require(FIXTURES)
     dst = tmp_path_factory.mktemp("zarr-js")  # the shared fixtures stay untouched
     copies = [Path(shutil.copytree(p, dst / p.name)) for p in sorted(FIXTURES.glob("*.zarr"))]
     dumps = oracle.legacy_dump_many(copies)

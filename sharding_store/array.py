@@ -3,12 +3,11 @@
 ``open_draft`` gives a :class:`DraftArray` or :class:`DraftGroup` for any store our API
 accepts. An array reads a selection by computing the chunk keys it needs, fetching
 them with **one** batched call per batch (for a sharded array one
-``ShardingStore.getitems``: each shard's index once, then coalesced ranges; a shard
+``ShardEngine.read_chunks``: each shard's index once, then coalesced ranges; a shard
 whose every chunk is selected is read whole in one request, its index taken from its
 own tail), and decoding the chunks on a thread pool straight into a preallocated
-output. Writes go
-through ``ShardingStore.update`` so each shard is rewritten once per batch, and whole
-chunks are encoded without reading anything.
+output. Writes go through the engine's ``rewrite_shard`` so each shard is rewritten
+once per batch, and whole chunks are encoded without reading anything.
 
 Semantics follow zarr-python 2.18's v3 ``Array``: missing chunks read as the fill
 value (zeros when it is ``None``), edge chunks are stored full-size padded with the
@@ -19,13 +18,10 @@ they hold only the fill value.
 from __future__ import annotations
 
 import collections
-import ctypes
 import itertools
 import math
-import mmap
 import operator
 import os
-import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -37,25 +33,15 @@ import numcodecs
 import numpy as np
 from numcodecs.abc import Codec
 
+from . import _native
 from . import draft_metadata as dm
-from .chunk_codec import (
-    chunk_nbytes,
-    decode_chunk_into,
-    decode_chunk_payload,
-    encode_chunk_payload,
-    fast_decoder,
-    fast_encoder,
-    fast_row_encoder,
-    fill_chunk,
-    span_decoder,
-    takes_address,
-)
-from .errors import DestinationExistsError, ReadOnlyError, StoreNotFoundError, UsageError
-from .hierarchy import DraftHierarchy, inner_of
-from .inner import Inner
-from .keys import Coords, format_chunk_suffix
+from .chunk_codec import ChunkCodec, decode_chunk_payload, encode_chunk_payload, fill_chunk
+from .errors import ChunkDecodeError, DestinationExistsError, ReadOnlyError, StoreNotFoundError, UsageError
+from .hierarchy import DraftHierarchy, draft_entry_point, inner_of
+from .keys import Coords, chunk_to_shard, format_chunk_suffix
 from .shard_index import MAX_UINT64
-from .store import ArrayLayout, ShardingStore
+from .engine import ArrayLayout, ChunkRange, ShardEngine
+from .stores import Inner
 
 __all__ = [
     "DraftArray",
@@ -147,8 +133,13 @@ def normalize_selection(key: Any, shape: tuple[int, ...]) -> tuple[tuple[DimSele
     return sels, scalar
 
 
-# (chunk index, selection inside the chunk, selection in the forward output, covers the chunk)
-DimPiece = tuple[int, slice, slice, bool]
+class DimPiece(NamedTuple):
+    """One chunk's share of one dimension of a selection."""
+
+    chunk: int  # the chunk's index along the dimension
+    inner: slice  # the selection inside the chunk
+    outer: slice  # where it lands in the forward output
+    covers: bool  # every in-bounds element of the chunk is selected
 
 
 def dim_pieces(sel: DimSelection, chunk: int, extent: int) -> list[DimPiece]:
@@ -171,7 +162,7 @@ def dim_pieces(sel: DimSelection, chunk: int, extent: int) -> list[DimPiece]:
         n = (end - 1 - first) // sel.step + 1
         o = (first - sel.start) // sel.step
         inner = slice(first - lo, first - lo + (n - 1) * sel.step + 1, sel.step)
-        out.append((k, inner, slice(o, o + n), n == hi - lo))
+        out.append(DimPiece(k, inner, slice(o, o + n), n == hi - lo))
     return out
 
 
@@ -186,8 +177,13 @@ class _Piece(NamedTuple):
 
 
 
-# (positions in the shard's chunk list, selection inside each of those chunks, output range, elements per chunk)
-Segment = tuple[slice, slice, slice, int]
+class Segment(NamedTuple):
+    """A run of consecutive chunks of one dimension of a shard that take the same selection."""
+
+    positions: slice  # their positions in the shard's list of touched chunks
+    inner: slice  # the selection inside each of them
+    outer: slice  # the output range the run covers
+    count: int  # elements per chunk
 
 
 class _DimGroup(NamedTuple):
@@ -217,9 +213,9 @@ def dim_groups(sel: DimSelection, chunk: int, extent: int, per_shard: int) -> li
             if segments:
                 js, prev_inner, prev_out, prev_n = segments[-1]
                 if prev_inner == inner and prev_n == n and prev_out.stop == outer.start:
-                    segments[-1] = (slice(js.start, j + 1), inner, slice(prev_out.start, outer.stop), n)
+                    segments[-1] = Segment(slice(js.start, j + 1), inner, slice(prev_out.start, outer.stop), n)
                     continue
-            segments.append((slice(j, j + 1), inner, outer, n))
+            segments.append(Segment(slice(j, j + 1), inner, outer, n))
         ks = np.fromiter((p[0] for p in pieces), dtype=np.int64, count=len(pieces))
         covers = np.fromiter((p[3] for p in pieces), dtype=bool, count=len(pieces))
         full = (ks + 1) * chunk <= extent
@@ -268,19 +264,6 @@ def _scratch(nbytes: int) -> np.ndarray:
     return buf[:nbytes]
 
 
-def _libc_madvise() -> tuple[Any, int]:
-    """libc's ``madvise`` and the page size (Linux), or ``(None, 0)``."""
-    if not sys.platform.startswith("linux"):
-        return None, 0
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None, 0
-    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return fn, mmap.PAGESIZE
-
-
-_MADVISE, _PAGE = _libc_madvise()
 _MADV_NOHUGEPAGE = 15
 #: outputs at least this big are faulted in with small pages (see :func:`_output`)
 SMALL_PAGES_MIN = 4 * 2**20
@@ -300,13 +283,10 @@ def _output(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def _advise(out: np.ndarray, advice: int) -> None:
-    """``madvise`` the whole pages of a big output array; advice only: failures (an old
-    kernel, another OS) change nothing."""
-    if _MADVISE is not None and out.nbytes >= SMALL_PAGES_MIN:
-        start = out.ctypes.data
-        lo, hi = -(-start // _PAGE) * _PAGE, (start + out.nbytes) // _PAGE * _PAGE
-        if hi > lo:
-            _MADVISE(lo, hi - lo, advice)
+    """``madvise`` the whole pages of a big output array (see ``_native.madvise``); advice
+    only: failures (an old kernel, another OS) change nothing."""
+    if out.nbytes >= SMALL_PAGES_MIN:
+        _native.madvise(out.ctypes.data, out.nbytes, advice)
 
 
 # --------------------------------------------------------------------------- chunk I/O
@@ -315,16 +295,15 @@ def _advise(out: np.ndarray, advice: int) -> None:
 class _PlainChunks:
     """Chunk objects of an unsharded array: batched range reads, one object per chunk."""
 
-    def __init__(self, inner: Inner, pool: ThreadPoolExecutor) -> None:
+    def __init__(self, inner: Inner) -> None:
         self.inner = inner
-        self.pool = pool
 
     def getitems(self, keys: Sequence[str]) -> dict[str, bytes]:
         values = self.inner.get_ranges([(k, 0, None) for k in keys]) if keys else []
         return {k: v for k, v in zip(keys, values) if v is not None}
 
     def update(self, items: Mapping[str, bytes]) -> None:
-        list(self.pool.map(lambda kv: self.inner.set(*kv), items.items()))
+        list(_pool().map(lambda kv: self.inner.set(*kv), items.items()))
 
     def erase_values(self, keys: Sequence[str]) -> None:
         for k in keys:
@@ -337,12 +316,56 @@ _POOL_LOCK = threading.Lock()
 
 
 def _pool() -> ThreadPoolExecutor:
-    """One process-wide pool: numcodecs releases the GIL, so decoding scales with cores."""
+    """One process-wide pool: numcodecs releases the GIL, so decoding scales with cores.
+
+    A forked child does not inherit it (see :func:`_forget_pool`): the parent's worker
+    threads do not exist there, and work handed to their queue would wait forever."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = ThreadPoolExecutor(_WORKERS, thread_name_prefix="sharding-store")
         return _POOL
+
+
+def _forget_pool() -> None:
+    """In a forked child: drop the parent's pool (its threads are gone) and its lock (another
+    thread may have held it at the fork); the child makes its own pool on first use."""
+    global _POOL, _POOL_LOCK
+    _POOL = None
+    _POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+class _ShardedChunks:
+    """Chunk keys of a sharded array through its engine (the 0-d case: one key, one shard)."""
+
+    def __init__(self, engine: ShardEngine) -> None:
+        self.engine = engine
+        self.layout = engine.layout
+
+    def _locate(self, key: str) -> tuple[str, Coords, Coords]:
+        coords = self.layout.parse(key)
+        assert coords is not None, key
+        shard, local = chunk_to_shard(coords, self.engine.cps)
+        zero_d = key[len(self.layout.prefix) :] if self.layout.ndim == 0 else None
+        return self.layout.shard_key(shard, zero_d), shard, local
+
+    def getitems(self, keys: Sequence[str]) -> dict[str, bytes]:
+        reads = [ChunkRange(skey, local) for skey, _, local in map(self._locate, keys)]
+        return {k: v for k, v in zip(keys, self.engine.read_ranges(reads)) if v is not None}
+
+    def update(self, items: Mapping[str, bytes | None]) -> None:
+        jobs: dict[str, tuple[Coords, dict[Coords, bytes | None]]] = {}
+        for key, value in items.items():
+            skey, shard, local = self._locate(key)
+            jobs.setdefault(skey, (shard, {}))[1][local] = value
+        self.engine.rewrite_shards(jobs)
+
+    def erase_values(self, keys: Sequence[str]) -> None:
+        self.update(dict.fromkeys(keys))
 
 
 def _split(items: list[Any], parts: int) -> list[list[Any]]:
@@ -392,24 +415,20 @@ class DraftArray:
         self.read_only = read_only
         self.write_empty_chunks = write_empty_chunks
         self._prefix = dm.data_prefix(meta.path)
-        self._pool = _pool()
-        self.store: ShardingStore | None = None
+        #: the shard engine of a sharded array (None: one object per chunk)
+        self.engine: ShardEngine | None = None
         if meta.is_sharded:
-            self.store = ShardingStore(
+            self.engine = ShardEngine(
                 inner,
-                layout=ArrayLayout.from_meta(meta),
+                ArrayLayout.from_meta(meta),
                 index_cache_size=index_cache_size,
                 coalesce_gap=coalesce_gap,
             )
+        #: the array's codecs, each operation on its fastest path that gives the reference's result
+        self.codec = ChunkCodec(meta)
         # whole-shard paths: chunk bytes, memory layout of a chunk, and the axes that
         # interleave (chunk position, position in chunk) for each dimension
-        self._cnb = chunk_nbytes(meta)
-        self._decode_fast = fast_decoder(meta)
-        self._encode_fast = fast_encoder(meta)
-        self._encode_row: Any = None  # zstd: encode straight from a scratch row (see _encode_shards)
-        self._encode_row_ready = False
-        self._decode_addr = takes_address(self._decode_fast)
-        self._decode_spans = span_decoder(meta)
+        self._cnb = self.codec.nbytes
         self._rows_of: dict[tuple[int, ...], list[int] | None] = {}  # see _shard_rows
         n = meta.ndim
         if meta.order == "F":
@@ -419,10 +438,14 @@ class DraftArray:
             self._mem_chunks = tuple(meta.chunks)
             self._axes = tuple(a for d in range(n) for a in (d, n + d))
         self._fill_flat = fill_chunk(meta, (1,))
-        # not ``self.store or ...``: a mapping's truth value would list the whole store
-        self._chunks: ShardingStore | _PlainChunks = (
-            self.store if self.store is not None else _PlainChunks(inner, self._pool)
+        self._chunks: _ShardedChunks | _PlainChunks = (
+            _ShardedChunks(self.engine) if self.engine is not None else _PlainChunks(inner)
         )
+
+    @property
+    def _pool(self) -> ThreadPoolExecutor:
+        # looked up on each use, not kept: an array made before a fork is used after it
+        return _pool()
 
     # ------------------------------------------------------------ properties
     path = property(lambda self: self.meta.path, doc="Node path ('' for the root array).")
@@ -472,8 +495,8 @@ class DraftArray:
 
     def invalidate(self) -> None:
         """Forget cached shard indices (after another writer changed this array's shards)."""
-        if self.store is not None:
-            self.store.invalidate()
+        if self.engine is not None:
+            self.engine.invalidate()
 
     # ------------------------------------------------------------ planning
     def _chunk_key(self, coords: Coords) -> str:
@@ -513,7 +536,7 @@ class DraftArray:
 
     def _fetch(self, pieces: list[_Piece]) -> Mapping[str, bytes | memoryview]:
         """Payloads of the pieces' chunks that exist, in one batched read."""
-        if self.store is not None and self.ndim:
+        if self.engine is not None and self.ndim:
             return self._fetch_sharded(pieces)
         keys = [p.key for p in pieces]
         found = self._chunks.getitems(keys)
@@ -523,12 +546,9 @@ class DraftArray:
         return found
 
     def _fetch_sharded(self, pieces: list[_Piece]) -> dict[str, memoryview]:
-        """Payloads by grid coordinates: two inner calls per batch (see ``ShardingStore.read_chunks``)."""
-        store = self.store
-        assert store is not None
-        layout = store.layout(self.path)
-        assert layout is not None
-        views = store.read_chunks(layout, [p.coords for p in pieces])
+        """Payloads by grid coordinates: two inner calls per batch (see ``ShardEngine.read_chunks``)."""
+        assert self.engine is not None
+        views = self.engine.read_chunks([p.coords for p in pieces])
         return {p.key: v for p, v in zip(pieces, views) if v is not None}
 
     # ------------------------------------------------------------ reading
@@ -544,7 +564,7 @@ class DraftArray:
 
     def _read_into(self, out: np.ndarray, sels: tuple[DimSelection, ...]) -> None:
         """Fetch batch by batch; a batch decodes on the pool while the next one is fetched."""
-        if self.store is not None and self.ndim:
+        if self.engine is not None and self.ndim:
             return self._read_sharded(out, sels)
         parts = 4 * _WORKERS
         fill = fill_chunk(self.meta, (1,) * self.ndim)
@@ -594,12 +614,6 @@ class DraftArray:
         if batch:
             yield batch
 
-    def _layout(self) -> ArrayLayout:
-        assert self.store is not None
-        layout = self.store.layout(self.path)
-        assert layout is not None
-        return layout
-
     def _read_sharded(self, out: np.ndarray, sels: tuple[DimSelection, ...]) -> None:
         """Whole shards at a time: each pool task takes a run of shards, reads their indices
         in one inner call and their chunk ranges in one more, decodes every chunk into a
@@ -607,17 +621,16 @@ class DraftArray:
         per run of alike chunks (no per-chunk numpy indexing). Reads, decoding and copies
         all run on the pool, so they scale with the cores; a small selection (a few chunks)
         is done on the calling thread."""
-        layout = self._layout()
         parts = 2 * _WORKERS
         pending: collections.deque[Future[None]] = collections.deque()
         try:
             for batch in self._shard_batches(sels):
                 n = sum(math.prod(len(g.ks) for g in combo) for combo in batch)
                 if n <= INLINE_CHUNKS or len(batch) == 1:
-                    self._fetch_decode(layout, out, batch)
+                    self._fetch_decode(out, batch)
                     continue
                 for run in _split(batch, parts):
-                    pending.append(self._pool.submit(self._fetch_decode, layout, out, run))
+                    pending.append(self._pool.submit(self._fetch_decode, out, run))
                 while len(pending) > 2 * parts:  # bounded: at most ~2 batches of payloads in flight
                     pending.popleft().result()
             while pending:
@@ -626,35 +639,34 @@ class DraftArray:
             for f in pending:
                 f.cancel()
 
-    def _fetch_decode(self, layout: ArrayLayout, out: np.ndarray, batch: list[tuple[_DimGroup, ...]]) -> None:
+    def _fetch_decode(self, out: np.ndarray, batch: list[tuple[_DimGroup, ...]]) -> None:
         """Read and decode a run of shards into ``out``: those whose every chunk is selected
         whole (one read each), the others chunk by chunk (their indices, then their ranges)."""
-        assert self.store is not None
+        assert self.engine is not None
         whole = [combo for combo in batch if all(g.every for g in combo)]
         if whole:
-            self._read_whole_shards(layout, out, whole)
+            self._read_whole_shards(out, whole)
             if len(whole) == len(batch):
                 return
             batch = [combo for combo in batch if not all(g.every for g in combo)]
         coords = [_shard_coords(combo) for combo in batch]
-        views = self.store.read_chunks(layout, np.concatenate(coords) if len(coords) > 1 else coords[0])
+        views = self.engine.read_chunks(np.concatenate(coords) if len(coords) > 1 else coords[0])
         work, pos = [], 0
         for combo, c in zip(batch, coords):
             work.append((combo, c, views[pos : pos + len(c)]))
             pos += len(c)
         self._decode_shards(out, work)
 
-    def _read_whole_shards(self, layout: ArrayLayout, out: np.ndarray, run: list[tuple[_DimGroup, ...]]) -> None:
+    def _read_whole_shards(self, out: np.ndarray, run: list[tuple[_DimGroup, ...]]) -> None:
         """Shards whose every chunk is selected: each object is read whole (one request, the
-        index from its own tail; see ``ShardingStore.read_whole_shards``), its chunks decoded
+        index from its own tail; see ``ShardEngine.read_whole_shards``), its chunks decoded
         straight out of the read buffer into the scratch rows, then landed in ``out``."""
-        assert self.store is not None
+        assert self.engine is not None
         cps = self.meta.chunks_per_shard
         assert cps is not None
         shards = [tuple(int(g.ks[0]) // k for g, k in zip(combo, cps)) for combo in run]
-        spans = self._decode_spans
         cnb = self._cnb
-        for combo, obj in zip(run, self.store.read_whole_shards(layout, shards)):
+        for combo, obj in zip(run, self.engine.read_whole_shards(shards)):
             if obj is None:
                 self._fill_segments(out, combo)
                 continue
@@ -671,10 +683,9 @@ class DraftArray:
             if len(todo) < n:
                 offsets, sizes = [offsets[i] for i in todo], [sizes[i] for i in todo]
             scratch, address = _scratch_rows(n, cnb)
-            failed = todo if spans is None else spans(obj.data, obj.address, todo, offsets, sizes, address)
-            if failed:
-                where = dict(zip(todo, zip(offsets, sizes)))
-                self._decode_general(combo, obj.data, scratch, failed, where)
+            self.codec.decode_many(
+                obj.data, obj.address, todo, offsets, sizes, address, key_of=lambda i, c=combo: self._key_in(c, i)
+            )
             chunks = scratch.view(self.dtype)
             if len(todo) < n:
                 missing = np.ones(n, dtype=bool)
@@ -694,20 +705,10 @@ class DraftArray:
             self._rows_of[counts] = rows
         return rows  # type: ignore[return-value]
 
-    def _decode_general(
-        self, combo: tuple[_DimGroup, ...], data: np.ndarray, scratch: np.ndarray, rows: list[int], spans: dict[int, tuple[int, int]]
-    ) -> None:
-        """The rows a fast decoder refused, through the one definition of a chunk (which
-        decodes them or raises a ``ChunkDecodeError`` naming the chunk)."""
-        fast = self._decode_fast
-        view = memoryview(data)
-        for i in rows:
-            off, nb = spans[i]
-            payload = view[off : off + nb]
-            if fast is None or not fast(payload, scratch[i]):
-                local = np.unravel_index(i, tuple(len(g.ks) for g in combo))
-                coords = tuple(int(g.ks[j]) for g, j in zip(combo, local))
-                decode_chunk_into(self.meta, payload, scratch[i], key=self._chunk_key(coords))
+    def _key_in(self, combo: tuple[_DimGroup, ...], i: int) -> str:
+        """The chunk key of the ``i``-th touched chunk of a shard (C order of ``combo``)."""
+        local = np.unravel_index(i, tuple(len(g.ks) for g in combo))
+        return self._chunk_key(tuple(int(g.ks[j]) for g, j in zip(combo, local)))
 
     def _fill_segments(self, out: np.ndarray, combo: tuple[_DimGroup, ...]) -> None:
         for seg in itertools.product(*(g.segments for g in combo)):
@@ -735,15 +736,18 @@ class DraftArray:
         cnb = self._cnb
         rows = _scratch(n * cnb).reshape(n, cnb)
         chunks = rows.view(self.dtype)
-        fast = self._decode_fast
-        base = rows.ctypes.data if self._decode_addr else None
+        decode_into = self.codec.decode_into
+        base = rows.ctypes.data
         missing = []
         for i in range(n) if todo is None else todo.tolist():
             p = payloads[i]
             if p is None:
                 missing.append(i)
-            elif fast is None or not fast(p, rows[i] if base is None else base + i * cnb):
-                decode_chunk_into(self.meta, p, rows[i], key=self._chunk_key(tuple(coords[i].tolist())))
+                continue
+            try:
+                decode_into(p, base + i * cnb)
+            except ChunkDecodeError:  # again, naming the chunk (its key is made only when needed)
+                decode_into(p, rows[i], key=self._chunk_key(tuple(coords[i].tolist())))
         if missing:
             chunks[missing] = self._fill_flat
         return chunks
@@ -752,8 +756,7 @@ class DraftArray:
         """Per batch: the old payloads of partly written chunks in one batched read; then each
         shard is assembled on the pool (one vectorised copy per run of alike chunks into a
         chunk-major scratch), its chunks encoded there, and the shard written once."""
-        assert self.store is not None
-        layout = self._layout()
+        assert self.engine is not None
         for batch in self._shard_batches(sels):
             plans = []
             partial = []
@@ -766,16 +769,16 @@ class DraftArray:
             old: dict[Coords, Any] = {}
             if partial:
                 pc = np.concatenate(partial)
-                old = dict(zip(map(tuple, pc.tolist()), self.store.read_chunks(layout, pc)))
+                old = dict(zip(map(tuple, pc.tolist()), self.engine.read_chunks(pc)))
             runs = _split(plans, 4 * _WORKERS)
             if len(runs) == 1:
-                self._encode_shards(layout, block, runs[0], old)
+                self._encode_shards(block, runs[0], old)
                 continue
-            for f in [self._pool.submit(self._encode_shards, layout, block, run, old) for run in runs]:
+            for f in [self._pool.submit(self._encode_shards, block, run, old) for run in runs]:
                 f.result()
 
-    def _encode_shards(self, layout: ArrayLayout, block: np.ndarray, run: list[Any], old: Mapping[Coords, Any]) -> None:
-        assert self.store is not None
+    def _encode_shards(self, block: np.ndarray, run: list[Any], old: Mapping[Coords, Any]) -> None:
+        assert self.engine is not None
         cps = np.asarray(self.meta.chunks_per_shard, dtype=np.int64)
         for combo, coords, covers in run:
             n = len(coords)
@@ -794,27 +797,12 @@ class DraftArray:
                 blocks[tuple(x for js, inner, _, _ in seg for x in (js, inner))] = src
             keep = np.ones(n, dtype=bool) if self.write_empty_chunks else ~_fill_rows(self.meta, chunks)
             changes: dict[Coords, bytes | None] = {}
-            encode_row = self._row_encoder()
-            if encode_row is not None:  # straight from the scratch rows (chunk bytes in memory order)
-                base, cnb = chunks.ctypes.data, self._cnb
-                for i, local in enumerate((coords % cps).tolist()):
-                    changes[tuple(local)] = encode_row(base + i * cnb) if keep[i] else None
-            else:
-                encode = self._encode_fast
-                shaped = chunks.reshape(n, *self._mem_chunks)
-                if self.meta.order == "F":
-                    shaped = shaped.transpose(0, *range(self.ndim, 0, -1))
-                for i, local in enumerate((coords % cps).tolist()):
-                    changes[tuple(local)] = encode(shaped[i]) if keep[i] else None
+            encode_row = self.codec.encode_row  # straight from the scratch rows (chunk bytes in memory order)
+            base, cnb = chunks.ctypes.data, self._cnb
+            for i, local in enumerate((coords % cps).tolist()):
+                changes[tuple(local)] = encode_row(base + i * cnb) if keep[i] else None
             shard = tuple((coords[0] // cps).tolist())
-            self.store._rewrite_shard(layout.shard_key(shard), layout, shard, changes)
-
-    def _row_encoder(self) -> Any:
-        """:func:`fast_row_encoder` of this array, looked up on first write (it self-checks)."""
-        if not self._encode_row_ready:
-            self._encode_row = fast_row_encoder(self.meta)
-            self._encode_row_ready = True
-        return self._encode_row
+            self.engine.rewrite_shard(shard, changes)
 
     # ------------------------------------------------------------ writing
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -824,7 +812,7 @@ class DraftArray:
         block = self._value_block(value, sels)
         if block.size == 0:
             return
-        if self.store is not None and self.ndim:
+        if self.engine is not None and self.ndim:
             self._write_sharded(block, sels)
             return
         for batch in self._batches(sels):
@@ -940,13 +928,7 @@ class DraftGroup:
 
     def tree(self) -> str:
         """The subtree below this group, one node per line (the hierarchy's own format)."""
-        h = self.hierarchy
-        base = self.path.count("/") + 1 if self.path else 0
-        lines = []
-        for (path, _), line in zip(h.nodes.items(), h.tree().split("\n")):
-            if path == self.path or not self.path or path.startswith(self.path + "/"):
-                lines.append(line[2 * base :])
-        return "\n".join(lines)
+        return self.hierarchy.tree(self.path)
 
 
 # --------------------------------------------------------------------------- opening
@@ -975,11 +957,7 @@ def _open_node(
     path = dm.normalize_path(path)
     keys = [dm.ENTRY_POINT_KEY, dm.array_meta_key(path), dm.group_meta_key(path)]
     docs = _get_many(inner, keys)
-    if docs[dm.ENTRY_POINT_KEY] is None:
-        raise StoreNotFoundError(
-            f"{location}: no draft-era hierarchy here (no 'zarr.json' entry point)", key=dm.ENTRY_POINT_KEY
-        )
-    suffix = dm.parse_entry_point(docs[dm.ENTRY_POINT_KEY]).metadata_key_suffix  # type: ignore[arg-type]
+    suffix = draft_entry_point(inner, docs[dm.ENTRY_POINT_KEY], location).metadata_key_suffix
     if suffix != ".json":
         keys = [dm.array_meta_key(path, suffix), dm.group_meta_key(path, suffix)]
         docs.update(_get_many(inner, keys))
@@ -987,7 +965,7 @@ def _open_node(
     if docs.get(akey) is not None:
         meta = dm.parse_array_metadata(docs[akey], akey, path)  # type: ignore[arg-type]
         if assume_chunks_per_shard is not None:
-            meta = _assume_sharded(meta, assume_chunks_per_shard)
+            meta = _assume_sharded(meta, assume_chunks_per_shard, inner)
         else:
             _refuse_lost_transformer(inner, meta)
         return DraftArray(inner, meta, read_only=read_only)
@@ -1002,25 +980,27 @@ def _open_node(
 def _refuse_lost_transformer(inner: Inner, meta: dm.DraftArrayMeta) -> None:
     """Never read shards as chunks: an unsharded array whose first object is really a draft
     shard (zarr-python 2.x ``resize()`` dropped the transformer) would decode to wrong
-    values, since zlib and friends ignore the index after the payload. One tail read."""
-    if meta.is_sharded or meta.ndim == 0:
-        return
-    from .inspect import detect_lost_transformer
+    values, since zlib and friends ignore the index after the payload. One tail read; the
+    array is listed only when refusing (to offer the candidates ``info`` offers)."""
+    from .inspect import refuse_lost_transformer
 
-    first = dm.data_prefix(meta.path) + format_chunk_suffix((0,) * meta.ndim, meta.separator)
-    found = detect_lost_transformer(inner, meta, [first])
-    if found is not None:
-        raise found.error()
+    refuse_lost_transformer(inner, meta)
 
 
-def _assume_sharded(meta: dm.DraftArrayMeta, cps: Sequence[int]) -> dm.DraftArrayMeta:
+def _assume_sharded(meta: dm.DraftArrayMeta, cps: Sequence[int], inner: Inner) -> dm.DraftArrayMeta:
+    """``meta`` read with the ``chunks_per_shard`` its lost transformer had; a guess the
+    array's objects contradict is refused (one listing, a few index tails and payloads)."""
     if meta.is_sharded:
         raise UsageError(
             f"'/{meta.path}' is sharded already ({meta.chunks_per_shard}); assume_chunks_per_shard is for arrays "
             "whose metadata lost its transformer",
             key=meta.path,
         )
-    return meta.with_chunks_per_shard(tuple(int(c) for c in cps))
+    from .inspect import check_assumed_layout
+
+    assumed = meta.with_chunks_per_shard(tuple(int(c) for c in cps))
+    check_assumed_layout(inner, assumed)
+    return assumed
 
 
 def _has_children(inner: Inner, path: str) -> bool:

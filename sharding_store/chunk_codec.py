@@ -1,47 +1,92 @@
 """Inner chunk payload <-> ndarray: the one place that applies a draft array's codecs.
 
-Arrays, ``verify`` and the migrator's ``--portable`` recompression all go through
-these two functions, so "what a chunk means" is defined once. The pipeline is
-zarr-python 2.18's ``Array._encode_chunk``/``_decode_chunk`` exactly:
+Arrays, the shard engine, ``verify``, ``inspect`` and the migrator's ``--portable``
+recompression all go through this module, so "what a chunk means" is defined once. The
+interface:
 
-* encode: full-size chunk (edge chunks padded with the fill value, zeros when it is
-  ``None``) laid out in ``order`` -> each filter in order -> compressor -> bytes;
-* decode: compressor -> filters in reverse -> view as dtype -> reshape in ``order``.
+* :func:`decode` (also spelled :func:`decode_chunk_payload`): one payload -> a full-size
+  chunk array. This is the **reference**: numcodecs' codecs, in zarr-python 2.18's
+  ``Array._decode_chunk`` order (compressor -> filters in reverse -> view as dtype ->
+  reshape in ``order``), every stage bounded (below).
+* :func:`decode_into`: one payload -> the chunk's bytes (memory order) in a uint8 row or at
+  an address; :func:`decode_many`: many payloads lying in one read buffer (a whole shard)
+  -> their rows, in one Python call. Both take a native fast path where there is one and
+  fall back to the reference for anything it does not accept, so they raise exactly
+  what :func:`decode` raises.
+* :func:`encode` (also :func:`encode_chunk_payload`): a chunk -> the payload zarr-python
+  2.18 writes (edge chunks padded with the fill value, then filters, then compressor).
+  Deterministic codecs give byte-identical payloads (gzip embeds a timestamp).
+* :class:`ChunkCodec`: the same operations for one array, each path chosen once (what
+  arrays and the shard engine hold on to).
 
-Encoding is deterministic for the deterministic codecs, so a chunk we write is
-byte-identical to the one 2.18 writes (gzip embeds a timestamp, so it is not).
+**Bounded decompression.** A payload is untrusted input: a few KiB can claim, or inflate
+to, gigabytes. Every stage is bounded by the chunk's size before anything is allocated:
+zstd frame headers (content size, or an upper bound from the block headers when a frame
+has none), blosc's header (uncompressed size, and its compressed size against the
+payload's length), numcodecs' LZ4 size prefix; zlib, gzip, bz2 and lzma run through
+incremental decompressors with a ``max_length`` and are refused when more output
+remains; any other codec is refused when its output overshoots. With filters the
+compressor's output is bounded by :data:`FILTER_GROWTH` times the chunk. A refused
+payload raises :class:`ChunkDecodeError` naming the key, like any payload that does not
+decode to exactly one chunk.
+
+**Fast paths.** Compiled code is reached only through :mod:`._native` (numcodecs' own
+libzstd and libblosc, so the bytes are numcodecs' bytes). A fast decoder checks the sizes
+a payload announces before decoding (the same bounds) and declines anything unusual; a
+fast encoder is used only after it gave numcodecs' exact bytes for a probe chunk of its
+configuration. :func:`set_native` switches them off, which is how the property tests
+compare each fast path with the reference.
 """
 
 from __future__ import annotations
 
-import ctypes
+import bz2
+import gzip
+import io
+import lzma
 import math
-import os
 import struct
-import threading
-from collections.abc import Callable
-from typing import Any
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import numcodecs
 import numpy as np
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_bytes, ensure_ndarray_like
 
+from . import _native
+from ._native import HOLD_GIL_BELOW
 from .draft_metadata import DraftArrayMeta
 from .errors import ChunkDecodeError, UsageError
 
 __all__ = [
-    "decode_chunk_payload",
+    "BloscHeader",
+    "ChunkCodec",
+    "FILTER_GROWTH",
+    "HOLD_GIL_BELOW",
+    "KEEP",
+    "chunk_nbytes",
+    "codec_for",
+    "decode",
     "decode_chunk_into",
+    "decode_chunk_payload",
+    "decode_into",
+    "decode_many",
+    "encode",
     "encode_chunk_payload",
     "fast_decoder",
     "fast_encoder",
     "fast_row_encoder",
-    "span_decoder",
-    "takes_address",
     "fill_chunk",
     "pad_chunk",
-    "chunk_nbytes",
+    "set_native",
+    "span_decoder",
+    "takes_address",
+    "using_native",
+    "zstd_frames",
+    "ZstdFrame",
 ]
 
 
@@ -53,6 +98,29 @@ class _Keep:
 
 
 KEEP = _Keep()
+
+#: with filters, what the compressor decodes to (the filters' encoding of a chunk) may be
+#: larger than the chunk: up to this many times (a filter can widen 1-byte items to 16-byte
+#: ones), plus :data:`FILTER_SLACK`. Beyond that a payload is refused.
+FILTER_GROWTH = 16
+FILTER_SLACK = 64 * 2**10
+
+
+def set_native(enabled: bool) -> bool:
+    """Use compiled fast paths (True, the default) or only the numcodecs reference path;
+    returns the previous setting. Applies to decoders and encoders built afterwards (an
+    array opened before keeps its paths). For tests and for ruling the fast paths out."""
+    return _native.set_enabled(enabled)
+
+
+@contextmanager
+def using_native(enabled: bool) -> Iterator[None]:
+    """``with using_native(False): ...``: :func:`set_native` for the block, then restored."""
+    with _native.using(enabled):
+        yield
+
+
+# --------------------------------------------------------------------------- chunks
 
 
 def chunk_nbytes(meta: DraftArrayMeta) -> int:
@@ -88,7 +156,10 @@ def pad_chunk(meta: DraftArrayMeta, chunk: Any) -> np.ndarray:
     return full
 
 
-def encode_chunk_payload(meta: DraftArrayMeta, chunk: Any, compressor: Codec | None | _Keep = KEEP) -> bytes:
+# --------------------------------------------------------------------------- encode (reference)
+
+
+def encode(meta: DraftArrayMeta, chunk: Any, compressor: Codec | None | _Keep = KEEP) -> bytes:
     """The inner chunk payload zarr-python 2.18 writes for ``chunk`` (filters, then compressor).
 
     ``compressor`` overrides the array's (``None``: store uncompressed), which is how the
@@ -103,33 +174,51 @@ def encode_chunk_payload(meta: DraftArrayMeta, chunk: Any, compressor: Codec | N
     return ensure_bytes(data)
 
 
-def decode_chunk_payload(
-    meta: DraftArrayMeta, payload: Any, *, key: str | None = None, out: np.ndarray | None = None
-) -> np.ndarray:
+encode_chunk_payload = encode
+
+
+# --------------------------------------------------------------------------- decode (reference)
+
+
+def decode(meta: DraftArrayMeta, payload: Any, *, key: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Decode one inner chunk payload into a full-size chunk array (``meta.chunks``, ``meta.order``).
 
     ``out``: a scratch chunk of that shape, dtype and order to decode into when the
-    codecs allow it (blosc, no filters), sparing an allocation and a copy per chunk; the
-    result is then ``out`` itself. Any codec failure, or a result of the wrong size,
-    raises :class:`ChunkDecodeError` naming the key (when given) and the failing stage.
+    codecs allow it (no filters: blosc, zstd, none), sparing an allocation and a copy per
+    chunk; the result is then ``out`` itself. Every stage is bounded by the chunk's size
+    (see the module docstring). Any codec failure, a payload announcing or producing more
+    than the chunk can hold, or a result of the wrong size, raises
+    :class:`ChunkDecodeError` naming the key (when given) and the failing stage.
     """
     where = key or f"chunk of '{meta.path or '/'}'"
-    if out is not None and not meta.filters and isinstance(meta.compressor, numcodecs.Blosc):
-        return _blosc_into(meta, payload, out, where, key)
+    if out is not None and not meta.filters:
+        fast = codec_for(meta)._fast
+        if fast is not None and out.flags.c_contiguous | out.flags.f_contiguous:
+            if fast(payload, out.ctypes.data if takes_address(fast) else out.reshape(-1, order="A").view(np.uint8)):
+                return out
+        if isinstance(meta.compressor, numcodecs.Blosc):
+            return _blosc_into(meta, payload, out, where, key)
+    nbytes = chunk_nbytes(meta)
+    limit = nbytes if not meta.filters else nbytes * FILTER_GROWTH + FILTER_SLACK
     data: Any = payload
     stage = "payload"
     try:
         if meta.compressor is not None:
             stage = f"compressor {meta.compressor.codec_id!r}"
-            data = meta.compressor.decode(data)
+            data = _bounded_decode(meta.compressor, data, limit, stage, where, key)
         for f in reversed(meta.filters):
             stage = f"filter {f.codec_id!r}"
-            data = f.decode(data)
+            data = _bounded_decode(f, data, limit, stage, where, key)
         stage = "result"
         arr = ensure_ndarray_like(data)
+    except ChunkDecodeError:
+        raise
     except Exception as e:  # numcodecs raises RuntimeError, ValueError, zlib.error, ...
         raise ChunkDecodeError(f"{where}: {stage} failed to decode ({type(e).__name__}: {e})", key=key) from None
     return _as_chunk(meta, arr, where, key)
+
+
+decode_chunk_payload = decode
 
 
 def _size_error(meta: DraftArrayMeta, nbytes: int, where: str, key: str | None) -> ChunkDecodeError:
@@ -140,19 +229,26 @@ def _size_error(meta: DraftArrayMeta, nbytes: int, where: str, key: str | None) 
     )
 
 
+def _too_big(stage: str, announced: int | None, limit: int, where: str, key: str | None) -> ChunkDecodeError:
+    what = f"announces {announced} bytes" if announced is not None else "decodes to more bytes"
+    return ChunkDecodeError(
+        f"{where}: {stage} {what}, more than the {limit} this chunk can hold: refused before decoding it all",
+        key=key,
+    )
+
+
 def _blosc_into(meta: DraftArrayMeta, payload: Any, out: np.ndarray, where: str, key: str | None) -> np.ndarray:
-    """Blosc straight into ``out``, after checking the size its header announces
-    (blosc 1 header: uncompressed size, uint32 little-endian, at bytes 4-7)."""
-    if len(payload) < 16:
-        raise ChunkDecodeError(f"{where}: {len(payload)} bytes cannot be a blosc buffer (16-byte header)", key=key)
-    nbytes = int.from_bytes(bytes(payload[4:8]), "little")
+    """Blosc straight into ``out``, after checking the sizes its header announces."""
+    header = _blosc_header(payload, where, key)
     try:
-        if nbytes == chunk_nbytes(meta):
+        if header.nbytes == chunk_nbytes(meta):
             meta.compressor.decode(payload, out=out)  # type: ignore[union-attr]
     except Exception as e:
         raise ChunkDecodeError(f"{where}: compressor 'blosc' failed to decode ({type(e).__name__}: {e})", key=key) from None
-    if nbytes != chunk_nbytes(meta):
-        raise _size_error(meta, nbytes, where, key)
+    if header.nbytes != chunk_nbytes(meta):
+        if header.nbytes > chunk_nbytes(meta):
+            raise _too_big("compressor 'blosc'", header.nbytes, chunk_nbytes(meta), where, key)
+        raise _size_error(meta, header.nbytes, where, key)
     return out
 
 
@@ -170,33 +266,54 @@ def _as_chunk(meta: DraftArrayMeta, arr: np.ndarray, where: str, key: str | None
     return flat.reshape(meta.chunks, order=meta.order)  # type: ignore[call-overload]
 
 
-# --------------------------------------------------------------------------- batch paths
-#
-# Arrays decode and encode whole shards at a time, chunk after chunk into (or out of) one
-# chunk-major scratch buffer, on a thread pool. These helpers are the per-chunk step of
-# that loop: one C call on a buffer, no per-chunk allocation, no per-chunk Python beyond
-# that call.
-#
-# For blosc and zstd the C functions are those of numcodecs' own extension modules
-# (their libblosc/libzstd symbols are exported), called through ctypes, which releases
-# the GIL: numcodecs' Python-level wrappers cost more than the work on 8-16 KiB chunks
-# (blosc: a thread/fork check and two buffer objects per call; zstd: a fresh
-# (de)compression context per call, ~20 us). Per-thread zstd contexts are reused. Being
-# the same library, the bytes are numcodecs' bytes: zstd encoding is additionally
-# checked against ``numcodecs.zstd.compress`` once per (level, checksum) before use.
-# Whenever a symbol is missing or a check fails, the numcodecs path is used.
+# --------------------------------------------------------------------------- bounded stages
 
-_U32 = struct.Struct("<I")
-_BLOSC_HEADER = struct.Struct("<4xIxxxxI")  # nbytes at 4, cbytes at 12
-#: a fast decoder: ``decode(payload, out) -> True`` when ``out`` (a C-contiguous uint8 row
-#: of ``chunk_nbytes`` bytes, or the integer address of such a row) now holds the chunk's
-#: bytes in memory order; False when the caller must take the general path
-#: (:func:`decode_chunk_into`), which names the failure
-FastDecoder = Callable[[Any, "np.ndarray | int"], bool]
+
+class BloscHeader(NamedTuple):
+    """The 16-byte header of a blosc 1 buffer (all sizes little-endian uint32)."""
+
+    version: int
+    flags: int
+    typesize: int
+    nbytes: int  # uncompressed size
+    blocksize: int
+    cbytes: int  # compressed size, header included: blosc 1 reads this many bytes, trusting it
+
+
+_BLOSC_HEADER = struct.Struct("<BxBBIII")
+_BLOSC_MEMCPYED = 0x2
+
+
+def _blosc_header(payload: Any, where: str, key: str | None) -> BloscHeader:
+    """The header of a blosc payload, checked against the payload's length: blosc 1 trusts
+    its ``cbytes`` (a payload shorter than it says would be read past its end)."""
+    n = len(payload)
+    if n < 16:
+        raise ChunkDecodeError(f"{where}: {n} bytes cannot be a blosc buffer (16-byte header)", key=key)
+    h = BloscHeader(*_BLOSC_HEADER.unpack_from(payload, 0))
+    if h.cbytes > n or h.cbytes < 16 or (h.flags & _BLOSC_MEMCPYED and h.cbytes < h.nbytes + 16):
+        raise ChunkDecodeError(
+            f"{where}: blosc header announces {h.cbytes} compressed bytes for {h.nbytes} "
+            f"({'stored' if h.flags & _BLOSC_MEMCPYED else 'compressed'}), the payload has {n}: truncated or forged",
+            key=key,
+        )
+    return h
+
+
+class ZstdFrame(NamedTuple):
+    """One frame of a zstd payload, as its headers describe it (nothing decoded)."""
+
+    content_size: int | None  # as the frame header announces it (None: not announced)
+    compressed_size: int  # bytes of the frame, header and checksum included
+    max_output: int  # bytes it can decode to: the content size, else the block headers' bound
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+_ZSTD_BLOCK_MAX = 128 * 2**10
 
 
 def _zstd_content_size(payload: Any) -> int | None:
-    """The frame content size a zstd frame header announces (None: absent or not zstd)."""
+    """The content size the first zstd frame header announces (None: absent or not zstd)."""
     if len(payload) < 6 or bytes(payload[:4]) != b"\x28\xb5\x2f\xfd":
         return None
     fhd = payload[4]
@@ -209,209 +326,246 @@ def _zstd_content_size(payload: Any) -> int | None:
     return value + 256 if size == 2 else value
 
 
-class _Native:
-    """ctypes bindings to the libzstd / libblosc inside numcodecs' extension modules."""
-
-    _lock = threading.Lock()
-    _zstd: Any = None
-    _blosc: Any = None
-    # the same functions called *without* releasing the GIL (``ctypes.PyDLL``): for header
-    # reads and small chunks, where releasing and re-taking the GIL costs more than the call
-    # (~2 us per call here, and with two threads decoding 8 KiB chunks the hand-offs ate
-    # all of the second core); see :func:`span_decoder`
-    _zstd_held: Any = None
-    _blosc_held: Any = None
-    _loaded = False
-
-    @classmethod
-    def load(cls) -> None:
-        with cls._lock:
-            if cls._loaded:
-                return
-            cls._loaded = True
-            if os.environ.get("SHARDING_STORE_NO_NATIVE"):
-                return
-            try:
-                cls._zstd = cls._bind_zstd()
-            except Exception:  # noqa: BLE001 - no symbols, other build: numcodecs' path
-                cls._zstd = None
-            try:
-                cls._blosc = cls._bind_blosc()
-            except Exception:  # noqa: BLE001
-                cls._blosc = None
-            try:
-                cls._zstd_held = cls._bind_zstd(ctypes.PyDLL) if cls._zstd is not None else None
-                cls._blosc_held = cls._bind_blosc(ctypes.PyDLL) if cls._blosc is not None else None
-            except Exception:  # noqa: BLE001
-                cls._zstd_held = cls._blosc_held = None
-
-    @classmethod
-    def blosc_for(cls, nbytes: int) -> Any:
-        """libblosc as called for chunks of ``nbytes``: keeping the GIL up to
-        :data:`HOLD_GIL_BELOW`, releasing it above; None when it could not be bound."""
-        if cls._blosc_held is not None and nbytes <= HOLD_GIL_BELOW:
-            return cls._blosc_held
-        return cls._blosc
-
-    @staticmethod
-    def _bind_zstd(dll: Any = ctypes.CDLL) -> Any:
-        import numcodecs.zstd as nz
-
-        lib = dll(nz.__file__)
-        size_t, vp = ctypes.c_size_t, ctypes.c_void_p
-        sigs = {
-            "ZSTD_versionNumber": (ctypes.c_uint, []),
-            "ZSTD_createDCtx": (vp, []),
-            "ZSTD_freeDCtx": (size_t, [vp]),
-            # sources as void*: bytes, or the integer address of bytes inside a read buffer
-            "ZSTD_decompressDCtx": (size_t, [vp, vp, size_t, vp, size_t]),
-            "ZSTD_getFrameContentSize": (ctypes.c_ulonglong, [vp, size_t]),
-            "ZSTD_findFrameCompressedSize": (size_t, [vp, size_t]),
-            "ZSTD_createCCtx": (vp, []),
-            "ZSTD_freeCCtx": (size_t, [vp]),
-            "ZSTD_CCtx_setParameter": (size_t, [vp, ctypes.c_int, ctypes.c_int]),
-            "ZSTD_compress2": (size_t, [vp, vp, size_t, vp, size_t]),
-            "ZSTD_compressBound": (size_t, [size_t]),
-            "ZSTD_isError": (ctypes.c_uint, [size_t]),
-        }
-        for name, (res, args) in sigs.items():
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-        if lib.ZSTD_versionNumber() != nz.VERSION_NUMBER:
-            return None
-        return lib
-
-    @staticmethod
-    def _bind_blosc(dll: Any = ctypes.CDLL) -> Any:
-        import numcodecs.blosc as nb
-
-        lib = dll(nb.__file__)
-        fn = lib.blosc_decompress_ctx
-        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        size_t, vp = ctypes.c_size_t, ctypes.c_void_p
-        fn = lib.blosc_compress_ctx  # (clevel, doshuffle, typesize, nbytes, src, dest, destsize, compressor, blocksize, nthreads)
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_int, ctypes.c_int, size_t, size_t, vp, vp, size_t, ctypes.c_char_p, size_t, ctypes.c_int]
-        return lib
+def zstd_frames(payload: Any, limit: int | None = None) -> list[ZstdFrame]:
+    """The frames of a zstd payload, from their headers alone (RFC 8878): each frame's
+    announced content size and, from its block headers, an upper bound of its output (raw
+    and RLE blocks give their size, a compressed block at most the block maximum). Stops
+    early once the outputs add up to more than ``limit``. Raises ValueError for bytes
+    that are not zstd frames."""
+    data = bytes(payload)
+    n, pos, total = len(data), 0, 0
+    frames: list[ZstdFrame] = []
+    while pos < n:
+        if n - pos < 8:
+            raise ValueError(f"truncated zstd frame at byte {pos}")
+        magic = int.from_bytes(data[pos : pos + 4], "little")
+        if magic & 0xFFFFFFF0 == 0x184D2A50:  # a skippable frame: a size, then that many bytes
+            size = 8 + int.from_bytes(data[pos + 4 : pos + 8], "little")
+            if pos + size > n:
+                raise ValueError(f"truncated skippable frame at byte {pos}")
+            frames.append(ZstdFrame(0, size, 0))
+            pos += size
+            continue
+        if magic != _ZSTD_MAGIC:
+            raise ValueError(f"no zstd frame at byte {pos}")
+        fhd = data[pos + 4]
+        fcs_flag, single, reserved, checksum, dict_flag = fhd >> 6, (fhd >> 5) & 1, (fhd >> 3) & 1, (fhd >> 2) & 1, fhd & 3
+        if reserved:
+            raise ValueError(f"zstd frame at byte {pos}: reserved header bit set")
+        p = pos + 5
+        window = 0
+        if not single:
+            wd = data[p]
+            base = 1 << (10 + (wd >> 3))
+            window = base + (base >> 3) * (wd & 7)
+            p += 1
+        p += (0, 1, 2, 4)[dict_flag]
+        fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
+        content: int | None = None
+        if fcs_len:
+            if p + fcs_len > n:
+                raise ValueError(f"truncated zstd frame header at byte {pos}")
+            content = int.from_bytes(data[p : p + fcs_len], "little") + (256 if fcs_len == 2 else 0)
+            p += fcs_len
+        if single:
+            window = content or 0
+        block_max = min(window, _ZSTD_BLOCK_MAX)
+        bound = 0
+        while True:
+            if p + 3 > n:
+                raise ValueError(f"truncated zstd block header at byte {p}")
+            bh = int.from_bytes(data[p : p + 3], "little")
+            p += 3
+            kind, size = (bh >> 1) & 3, bh >> 3
+            if kind == 0:  # raw
+                bound, p = bound + size, p + size
+            elif kind == 1:  # RLE: one byte, repeated size times
+                bound, p = bound + size, p + 1
+            elif kind == 2:  # compressed: at most one block's worth
+                bound, p = bound + block_max, p + size
+            else:
+                raise ValueError(f"zstd block at byte {p - 3}: reserved block type")
+            if p > n:
+                raise ValueError(f"truncated zstd block at byte {p}")
+            if limit is not None and total + min(bound, content if content is not None else bound) > limit:
+                break  # already more than allowed: the caller refuses, no need to read on
+            if bh & 1:
+                break
+        p += 4 * checksum
+        frames.append(ZstdFrame(content, p - pos, bound if content is None else content))
+        total += frames[-1].max_output
+        pos = p
+        if limit is not None and total > limit:
+            break
+    return frames
 
 
-class _Ctx:
-    """A zstd context owned by one thread, freed with it."""
+def _capped_read(reader: Any, limit: int) -> bytes:
+    """At most ``limit`` bytes from a decompressing file object, and none left over."""
+    data = reader.read(limit + 1)
+    if len(data) > limit:
+        raise _Overshoot(None)
+    return data
 
-    __slots__ = ("ptr", "_free")
 
-    def __init__(self, ptr: int, free: Callable[[int], Any]) -> None:
-        if not ptr:
-            raise MemoryError("zstd: cannot allocate a context")
-        self.ptr, self._free = ptr, free
+class _Overshoot(Exception):
+    """A stage's output would exceed its bound (``announced``: what its header claims)."""
 
-    def __del__(self) -> None:
+    def __init__(self, announced: int | None) -> None:
+        super().__init__(announced)
+        self.announced = announced
+
+
+def _zlib(codec: Any, data: Any, limit: int) -> bytes:
+    d = zlib.decompressobj()
+    out = d.decompress(data, limit)
+    if d.unconsumed_tail and d.decompress(d.unconsumed_tail, 1):
+        raise _Overshoot(None)
+    if not d.eof:  # zlib.decompress's message for the same payload
+        raise zlib.error("Error -5 while decompressing data: incomplete or truncated stream")
+    return out
+
+
+def _gzip(codec: Any, data: Any, limit: int) -> bytes:
+    with gzip.GzipFile(fileobj=io.BytesIO(ensure_bytes(data)), mode="rb") as f:
+        return _capped_read(f, limit)
+
+
+def _bz2(codec: Any, data: Any, limit: int) -> bytes:
+    with bz2.BZ2File(io.BytesIO(ensure_bytes(data))) as f:
+        return _capped_read(f, limit)
+
+
+def _lzma(codec: Any, data: Any, limit: int) -> bytes:
+    with lzma.LZMAFile(io.BytesIO(ensure_bytes(data)), format=codec.format, filters=codec.filters) as f:
+        return _capped_read(f, limit)
+
+
+#: without libzstd, a zstd payload whose frames do not all announce their size is decoded
+#: by numcodecs only when its block headers bound the output to the chunk plus this much (a
+#: compressed block's output is known only to be at most 128 KiB)
+ZSTD_SLACK = 2 * _ZSTD_BLOCK_MAX
+_ZSTD_DST_TOO_SMALL = 70  # ZSTD_error_dstSize_tooSmall
+
+
+def _zstd(codec: Any, data: Any, limit: int) -> Any:
+    """Zstd bounded. The usual payload (numcodecs writes it) is one frame announcing its
+    size: its header says it all, and numcodecs decodes it (libzstd refuses a frame whose
+    output differs from what it announces). Other writers' payloads (frames without a
+    size, several frames) are decoded by numcodecs' libzstd into a buffer of the bound,
+    which fails rather than overflow; without the binding, the frames' headers must bound
+    the output first (see :func:`zstd_frames`)."""
+    first = _zstd_content_size(data)
+    if first is not None and first > limit:
+        raise _Overshoot(first)
+    lib = _native.zstd()
+    if lib is None:
         try:
-            self._free(self.ptr)
-        except Exception:  # noqa: BLE001 - interpreter shutdown: the process frees it anyway
-            pass
+            bound = sum(f.max_output for f in zstd_frames(data, limit + ZSTD_SLACK))
+        except ValueError:
+            bound = 0  # not zstd frames: numcodecs names the error
+        if bound > limit + ZSTD_SLACK:
+            raise _Overshoot(None)
+        return codec.decode(data)
+    src = _native.address_of(data)
+    n = len(data)
+    if first is not None and lib.held.ZSTD_findFrameCompressedSize(src.arg, n) == n:
+        return codec.decode(data)
+    out = np.empty(max(limit, 1), dtype=np.uint8)
+    got = lib.released.ZSTD_decompressDCtx(_native.zstd_dctx(lib), out.ctypes.data, out.nbytes, src.arg, n)
+    if lib.released.ZSTD_isError(got):
+        if lib.released.ZSTD_getErrorCode(got) == _ZSTD_DST_TOO_SMALL:
+            raise _Overshoot(None)
+        raise RuntimeError(f"Zstd decompression error: {lib.released.ZSTD_getErrorName(got).decode()}")
+    return out[:got]
 
 
-_TLS = threading.local()
-_ZSTD_C_LEVEL, _ZSTD_C_CHECKSUM = 100, 201  # ZSTD_c_compressionLevel, ZSTD_c_checksumFlag
+def _blosc(codec: Any, data: Any, limit: int) -> Any:
+    n = len(data)
+    if n >= 16:
+        h = BloscHeader(*_BLOSC_HEADER.unpack_from(data, 0))
+        if h.nbytes > limit:
+            raise _Overshoot(h.nbytes)
+        if h.cbytes > n or h.cbytes < 16 or (h.flags & _BLOSC_MEMCPYED and h.cbytes < h.nbytes + 16):
+            raise ValueError(f"blosc header announces {h.cbytes} compressed bytes for {h.nbytes}, the payload has {n}")
+    return codec.decode(data)
+
+
+def _lz4(codec: Any, data: Any, limit: int) -> Any:
+    if len(data) >= 4:  # numcodecs' LZ4 payloads start with the decoded size (uint32 LE)
+        size = int.from_bytes(bytes(data[:4]), "little")
+        if size > limit:
+            raise _Overshoot(size)
+    return codec.decode(data)
+
+
+#: bounded decoders of the codecs whose output can be bounded before (or while) decoding
+_BOUNDED: dict[type, Callable[[Any, Any, int], Any]] = {
+    numcodecs.Zlib: _zlib,
+    numcodecs.GZip: _gzip,
+    numcodecs.BZ2: _bz2,
+    numcodecs.LZMA: _lzma,
+    numcodecs.Zstd: _zstd,
+    numcodecs.Blosc: _blosc,
+}
+if getattr(numcodecs, "LZ4", None) is not None:
+    _BOUNDED[numcodecs.LZ4] = _lz4
+
+
+def _bounded_decode(codec: Codec, data: Any, limit: int, stage: str, where: str, key: str | None) -> Any:
+    """``codec.decode(data)``, refusing an output of more than ``limit`` bytes: before
+    allocating it where the codec's headers tell, by stopping there for stream
+    decompressors, after decoding for any other codec."""
+    bounded = _BOUNDED.get(type(codec))
+    if bounded is None and _is_zstd(codec):
+        bounded = _zstd
+    try:
+        if bounded is not None:
+            return bounded(codec, data, limit)
+        out = codec.decode(data)
+    except _Overshoot as e:
+        raise _too_big(stage, e.announced, limit, where, key) from None
+    nbytes = getattr(out, "nbytes", None)
+    if nbytes is None:
+        nbytes = len(out) if isinstance(out, (bytes, bytearray)) else memoryview(out).nbytes
+    if nbytes > limit:
+        raise _too_big(stage, None, limit, where, key)
+    return out
+
+
+# --------------------------------------------------------------------------- fast paths
+#
+# Arrays decode and encode whole shards at a time, chunk after chunk into (or out of) one
+# chunk-major scratch buffer, on a thread pool. The helpers below are the per-chunk step
+# of that loop: one C call on a buffer, no per-chunk allocation, no per-chunk Python
+# beyond that call, because numcodecs' Python wrappers cost more than the work on chunks
+# of a few KiB (blosc: a thread/fork check and two buffer objects per call; zstd: a fresh
+# context per call). The measurements are in benchmarks/profile_notes.md.
+
+_U32 = struct.Struct("<I")
+_BLOSC_SIZES = struct.Struct("<4xIxxxxI")  # (nbytes, cbytes): what a fast decoder checks
+#: a fast decoder: ``decode(payload, out) -> True`` when ``out`` (a C-contiguous uint8 row
+#: of ``chunk_nbytes`` bytes, or the integer address of such a row when the decoder
+#: :func:`takes_address`) now holds the chunk's bytes in memory order; False when the
+#: caller must take the general path (:func:`decode_chunk_into`), which names the failure
+FastDecoder = Callable[[Any, "np.ndarray | int"], bool]
+#: ``decode(buffer, address, rows, offsets, sizes, dst) -> failed rows``: see :func:`span_decoder`
+SpanDecoder = Callable[[Any, int, "list[int]", "list[int]", "list[int]", int], "list[int]"]
+#: ``encode(chunk) -> payload`` for a full-size chunk already in ``meta.order`` layout
+FastEncoder = Callable[[np.ndarray], bytes]
+#: ``encode(address) -> payload`` for a full-size chunk whose bytes (memory order) sit at ``address``
+RowEncoder = Callable[[int], bytes]
+
 #: native encoders checked against numcodecs' own bytes, by configuration (see _self_checked)
 _SELF_CHECKED: dict[tuple[Any, ...], bool] = {}
 _BLOSC_MAX_OVERHEAD = 16
 
 
-def _zstd_dctx(lib: Any) -> int:
-    ctx = getattr(_TLS, "dctx", None)
-    if ctx is None:
-        ctx = _TLS.dctx = _Ctx(lib.ZSTD_createDCtx(), lib.ZSTD_freeDCtx)
-    return ctx.ptr
+def _is_zstd(comp: Any) -> bool:
+    return type(comp).__name__ == "Zstd" and getattr(comp, "codec_id", None) == "zstd"
 
 
-def _zstd_cctx(lib: Any, level: int, checksum: bool) -> int:
-    """This thread's compression context for ``(level, checksum)``, parameters set once
-    (``ZSTD_compress2`` resets the session and keeps them)."""
-    cctxs = getattr(_TLS, "cctx", None)
-    if cctxs is None:
-        cctxs = _TLS.cctx = {}
-    ctx = cctxs.get((level, checksum))
-    if ctx is None:
-        ctx = _Ctx(lib.ZSTD_createCCtx(), lib.ZSTD_freeCCtx)
-        for param, value in ((_ZSTD_C_LEVEL, level), (_ZSTD_C_CHECKSUM, int(checksum))):
-            if lib.ZSTD_isError(lib.ZSTD_CCtx_setParameter(ctx.ptr, param, value)):
-                raise ValueError(f"zstd: parameter {param}={value} refused")
-        cctxs[(level, checksum)] = ctx
-    return ctx.ptr
-
-
-def _zstd_native_encoder(comp: Any, nbytes: int) -> Callable[[int], bytes] | None:
-    """``encode(address) -> payload`` for ``nbytes`` at ``address``, with this thread's
-    reused context; None unless it gives exactly ``numcodecs.zstd.compress``'s bytes."""
-    _Native.load()
-    lib = _Native._zstd
-    level = getattr(comp, "level", None)
-    checksum = bool(getattr(comp, "checksum", False))
-    if lib is None or not isinstance(level, int) or not 1 <= level <= 22 or nbytes < 1:
-        return None
-    bound = lib.ZSTD_compressBound(nbytes)
-    compress2, is_error = lib.ZSTD_compress2, lib.ZSTD_isError
-
-    def encode(address: int) -> bytes:
-        dst = getattr(_TLS, "zdst", None)
-        if dst is None or len(dst) < bound:
-            dst = _TLS.zdst = ctypes.create_string_buffer(bound)
-        n = compress2(_zstd_cctx(lib, level, checksum), dst, bound, address, nbytes)
-        if is_error(n):
-            raise RuntimeError(f"zstd: compression failed (code {n})")
-        return ctypes.string_at(dst, n)
-
-    return encode if _self_checked(("zstd", type(comp), level, checksum, nbytes), encode, comp, np.dtype(np.uint8), nbytes) else None
-
-
-def _blosc_native_encoder(comp: Any, dtype: np.dtype, nbytes: int) -> Callable[[int], bytes] | None:
-    """``encode(address) -> payload`` for a chunk of ``nbytes`` of ``dtype`` at ``address``:
-    ``blosc_compress_ctx`` as numcodecs calls it off the main thread, with the GIL held for
-    small chunks (see :data:`HOLD_GIL_BELOW`); None unless it gives exactly ``comp.encode``'s
-    bytes. Two threads encoding 8 KiB chunks through numcodecs spent more on handing the
-    GIL back and forth than one thread alone."""
-    _Native.load()
-    if _Native._blosc is None or dtype.fields is not None or dtype.kind not in "biufcmM" or nbytes < 1:
-        return None
-    config = comp.get_config()
-    cname, clevel, shuffle, blocksize = config["cname"].encode(), config["clevel"], config["shuffle"], config["blocksize"]
-    typesize = dtype.itemsize
-    if shuffle == -1:  # AUTOSHUFFLE, resolved as numcodecs' compress() does
-        shuffle = 2 if typesize == 1 else 1
-    compress_ctx = _Native.blosc_for(nbytes).blosc_compress_ctx
-    bound = nbytes + _BLOSC_MAX_OVERHEAD
-
-    def encode(address: int) -> bytes:
-        dst = getattr(_TLS, "bdst", None)
-        if dst is None or len(dst) < bound:
-            dst = _TLS.bdst = ctypes.create_string_buffer(bound)
-        n = compress_ctx(clevel, shuffle, typesize, nbytes, address, dst, bound, cname, blocksize, 1)
-        if n <= 0:
-            raise RuntimeError(f"blosc: compression failed (code {n})")
-        return ctypes.string_at(dst, n)
-
-    key = ("blosc", cname, clevel, shuffle, blocksize, typesize, nbytes)
-    return encode if _self_checked(key, encode, comp, dtype, nbytes) else None
-
-
-def _self_checked(key: tuple[Any, ...], encode: Callable[[int], bytes], comp: Any, dtype: np.dtype, nbytes: int) -> bool:
-    """Whether ``encode`` gives exactly ``comp.encode``'s bytes for a probe chunk of
-    ``dtype`` (mixed runs and noise, so that shuffling and matching both matter); checked
-    once per configuration."""
-    if key not in _SELF_CHECKED:
-        probe = (np.arange(max(nbytes, 4096), dtype=np.uint32) * 2654435761 >> 7).astype(np.uint8)
-        probe[::7] = 0
-        probe = probe[:nbytes]
-        try:
-            _SELF_CHECKED[key] = encode(probe.ctypes.data) == ensure_bytes(comp.encode(probe.view(dtype)))
-        except Exception:  # noqa: BLE001
-            _SELF_CHECKED[key] = False
-    return _SELF_CHECKED[key]
-
-
-def _native(decoder: Any) -> FastDecoder:
+def _native_decoder(decoder: Any) -> FastDecoder:
     """Mark a decoder that also takes the integer address of its output row."""
     decoder.takes_address = True
     return decoder
@@ -422,55 +576,47 @@ def takes_address(decoder: FastDecoder | None) -> bool:
     return bool(getattr(decoder, "takes_address", False))
 
 
-def _is_zstd(comp: Any) -> bool:
-    return type(comp).__name__ == "Zstd" and getattr(comp, "codec_id", None) == "zstd"
-
-
 def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
     """A per-chunk decoder into a byte row for the common pipelines (no filters; blosc, zstd
-    or no compressor), or None. It checks the size the payload announces before decoding
-    and returns False on any mismatch or codec error, so that :func:`decode_chunk_into`
-    (the one definition of what a chunk means) reports it."""
+    or no compressor), or None. It checks the sizes the payload announces before decoding
+    and returns False on any mismatch or codec error, so that the reference path (the one
+    definition of what a chunk means) decides and reports it."""
     if meta.filters:
         return None
     nbytes = chunk_nbytes(meta)
     comp = meta.compressor
-    _Native.load()
     if comp is None:
+        memmove = _native.memmove
 
         def raw(payload: Any, out: Any) -> bool:
             if len(payload) != nbytes:
                 return False
             if type(out) is int:
-                ctypes.memmove(out, payload if type(payload) is bytes else bytes(payload), nbytes)
+                memmove(out, payload if type(payload) is bytes else bytes(payload), nbytes)
             else:
                 out[:] = np.frombuffer(payload, dtype=np.uint8)
             return True
 
-        return _native(raw)
+        return _native_decoder(raw)
     if isinstance(comp, numcodecs.Blosc):
-        lib = _Native._blosc
-        if lib is not None:
-            header = _BLOSC_HEADER.unpack_from
-            blosc_ctx = _Native.blosc_for(nbytes).blosc_decompress_ctx
+        sizes = _BLOSC_SIZES.unpack_from
+        funcs = _native.blosc_for(nbytes)
+        if funcs is not None:
+            blosc_ctx = funcs.blosc_decompress_ctx
 
             def blosc_native(payload: Any, out: Any) -> bool:
                 src = payload if type(payload) is bytes else bytes(payload)
                 # the announced sizes must be this chunk's and this payload's (blosc 1 trusts
                 # its header's cbytes: a truncated payload is never handed to it)
-                if len(src) < 16 or header(src, 0) != (nbytes, len(src)):
+                if len(src) < 16 or sizes(src, 0) != (nbytes, len(src)):
                     return False
                 return blosc_ctx(src, out if type(out) is int else out.ctypes.data, nbytes, 1) == nbytes
 
-            return _native(blosc_native)
+            return _native_decoder(blosc_native)
         from numcodecs.blosc import decompress as blosc_decompress
 
-        unpack = _U32.unpack_from
-
         def blosc(payload: Any, out: Any) -> bool:
-            if len(payload) < 16 or unpack(payload, 4)[0] != nbytes:
-                return False
-            if type(out) is int:
+            if type(out) is int or len(payload) < 16 or sizes(payload, 0) != (nbytes, len(payload)):
                 return False
             try:
                 blosc_decompress(payload, out)
@@ -480,20 +626,21 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
 
         return blosc
     if _is_zstd(comp):
-        zlib = _Native._zstd
-        if zlib is not None:
-            frame_size = (_Native._zstd_held or zlib).ZSTD_getFrameContentSize  # a header read: keep the GIL
-            decompress, dctx = zlib.ZSTD_decompressDCtx, _zstd_dctx
+        lib = _native.zstd()
+        if lib is not None:
+            frame_size = lib.held.ZSTD_getFrameContentSize  # a header read: keep the GIL
+            decompress, dctx = lib.released.ZSTD_decompressDCtx, _native.zstd_dctx
 
             def zstd_native(payload: Any, out: Any) -> bool:
                 src = payload if type(payload) is bytes else bytes(payload)
-                # numcodecs sizes its output by the first frame's content size: so do we
+                # the first frame must announce this chunk's size, and the output buffer is
+                # exactly one chunk: a payload with more in it fails (general path decides)
                 if frame_size(src, len(src)) != nbytes:
                     return False
                 addr = out if type(out) is int else out.ctypes.data
-                return decompress(dctx(zlib), addr, nbytes, src, len(src)) == nbytes
+                return decompress(dctx(lib), addr, nbytes, src, len(src)) == nbytes
 
-            return _native(zstd_native)
+            return _native_decoder(zstd_native)
         from numcodecs.zstd import decompress as zstd_decompress
 
         def zstd(payload: Any, out: Any) -> bool:
@@ -509,17 +656,18 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
     return None
 
 
-#: ``decode(buffer, address, rows, offsets, sizes, dst) -> failed rows``: see :func:`span_decoder`
-SpanDecoder = Callable[[Any, int, "list[int]", "list[int]", "list[int]", int], "list[int]"]
-#: decoded chunks up to this size are decompressed without releasing the GIL (blosc): the
-#: release/re-take costs more than it buys for calls of a few microseconds
-HOLD_GIL_BELOW = 64 * 2**10
+class Run(NamedTuple):
+    """Consecutive rows whose payloads follow each other in a read buffer."""
+
+    row: int  # first row
+    count: int  # rows
+    start: int  # first byte in the buffer
+    nbytes: int  # bytes of the payloads together
 
 
-def _runs(rows: list[int], offsets: list[int], sizes: list[int]) -> list[tuple[int, int, int, int]]:
-    """``(first row, rows, first byte, bytes)`` of the runs of consecutive rows whose payloads
-    follow each other in the buffer (a compact shard read whole is one run)."""
-    runs: list[tuple[int, int, int, int]] = []
+def _runs(rows: list[int], offsets: list[int], sizes: list[int]) -> list[Run]:
+    """The :class:`Run` s of ``rows`` (a compact shard read whole is one run)."""
+    runs: list[Run] = []
     r0 = prev = -2
     o0 = end = 0
     for i, o, n in zip(rows, offsets, sizes):
@@ -527,11 +675,11 @@ def _runs(rows: list[int], offsets: list[int], sizes: list[int]) -> list[tuple[i
             prev, end = i, o + n
             continue
         if r0 >= 0:
-            runs.append((r0, prev - r0 + 1, o0, end - o0))
+            runs.append(Run(r0, prev - r0 + 1, o0, end - o0))
         r0 = prev = i
         o0, end = o, o + n
     if r0 >= 0:
-        runs.append((r0, prev - r0 + 1, o0, end - o0))
+        runs.append(Run(r0, prev - r0 + 1, o0, end - o0))
     return runs
 
 
@@ -543,8 +691,8 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
     address; ranges already checked to lie inside it) into the row at
     ``dst + rows[i] * chunk_nbytes``, straight from the buffer (no per-chunk ``bytes``
     copy). Returns the rows it did not decode (a size it does not announce as this
-    chunk's, or a codec error): :func:`decode_chunk_into` decides those. None when the
-    native libraries are unavailable or the pipeline has filters.
+    chunk's, or a codec error): the reference path decides those. None when the native
+    libraries are unavailable or the pipeline has filters.
 
     Python threads only decode in parallel when the GIL is released for long enough, so:
     zstd and uncompressed chunks that follow each other in the buffer are decoded with one
@@ -555,9 +703,8 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
         return None
     nbytes = chunk_nbytes(meta)
     comp = meta.compressor
-    _Native.load()
     if comp is None:
-        memmove = ctypes.memmove
+        memmove = _native.memmove
 
         def raw(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
             failed = [i for i, n in zip(rows, sizes) if n != nbytes]
@@ -569,30 +716,32 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
             return failed
 
         return raw
-    if isinstance(comp, numcodecs.Blosc) and _Native._blosc is not None:
-        header, blosc_ctx = _BLOSC_HEADER.unpack_from, _Native.blosc_for(nbytes).blosc_decompress_ctx
+    funcs = _native.blosc_for(nbytes) if isinstance(comp, numcodecs.Blosc) else None
+    if funcs is not None:
+        sizes_of, blosc_ctx = _BLOSC_SIZES.unpack_from, funcs.blosc_decompress_ctx
 
         def blosc(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
             failed = []
             for i, o, n in zip(rows, offsets, sizes):
                 # the header must announce this chunk's size and exactly this payload's length
                 # (blosc 1 trusts its cbytes: a truncated payload is never handed to it)
-                if n < 16 or header(buf, o) != (nbytes, n) or blosc_ctx(address + o, dst + i * nbytes, nbytes, 1) != nbytes:
+                if n < 16 or sizes_of(buf, o) != (nbytes, n) or blosc_ctx(address + o, dst + i * nbytes, nbytes, 1) != nbytes:
                     failed.append(i)
             return failed
 
         return blosc
-    if _is_zstd(comp) and _Native._zstd is not None and _Native._zstd_held is not None:
-        lib, held = _Native._zstd, _Native._zstd_held
-        frame_size, frame_len, decompress = held.ZSTD_getFrameContentSize, held.ZSTD_findFrameCompressedSize, lib.ZSTD_decompressDCtx
+    lib = _native.zstd() if _is_zstd(comp) else None
+    if lib is not None:
+        held = lib.held
+        frame_size, frame_len, decompress = held.ZSTD_getFrameContentSize, held.ZSTD_findFrameCompressedSize, lib.released.ZSTD_decompressDCtx
 
         def zstd(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
-            ctx = _zstd_dctx(lib)
+            ctx = _native.zstd_dctx(lib)
             failed, good = [], []
             for i, o, n in zip(rows, offsets, sizes):
-                # exactly one frame, announcing this chunk's size (numcodecs sizes its output by
-                # the first frame's): then decoding the run's frames in one call puts every
-                # chunk's bytes in its own row, and any error falls back to one call per chunk
+                # exactly one frame, announcing this chunk's size: then decoding the run's
+                # frames in one call puts every chunk's bytes in its own row, and any error
+                # falls back to one call per chunk
                 if frame_size(address + o, n) == nbytes and frame_len(address + o, n) == n:
                     good.append((i, o, n))
                 else:
@@ -613,30 +762,92 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
 
 
 def decode_chunk_into(meta: DraftArrayMeta, payload: Any, out: np.ndarray, *, key: str | None = None) -> None:
-    """The general path of a batch decode: :func:`decode_chunk_payload`, then its bytes in
-    memory order into the uint8 row ``out`` (raises :class:`ChunkDecodeError`)."""
-    chunk = decode_chunk_payload(meta, payload, key=key)
+    """The general path of a batch decode: :func:`decode`, then its bytes in memory order
+    into the uint8 row ``out`` (raises :class:`ChunkDecodeError`)."""
+    chunk = decode(meta, payload, key=key)
     out[:] = np.ravel(chunk, order=meta.order).view(np.uint8)
-
-
-#: ``encode(chunk) -> payload`` for a full-size chunk already in ``meta.order`` layout
-FastEncoder = Callable[[np.ndarray], bytes]
 
 
 def fast_encoder(meta: DraftArrayMeta) -> FastEncoder:
     """Encode full-size chunks that are contiguous in ``meta.order`` (no padding step):
-    the same bytes as :func:`encode_chunk_payload`, with the checks and copies that a
-    batch has already done left out."""
+    the same bytes as :func:`encode`, with the checks and copies that a batch has already
+    done left out."""
     comp = meta.compressor
     if meta.filters:
-        return lambda chunk: encode_chunk_payload(meta, chunk)
+        return lambda chunk: encode(meta, chunk)
     if comp is None:
         return lambda chunk: chunk.tobytes(order="A")
-    encode = comp.encode  # blosc: its *_ctx function (GIL released) off the main thread
-    return lambda chunk: ensure_bytes(encode(chunk))
+    encode_ = comp.encode  # blosc: its *_ctx function (GIL released) off the main thread
+    return lambda chunk: ensure_bytes(encode_(chunk))
 
 
-def fast_row_encoder(meta: DraftArrayMeta) -> Callable[[int], bytes] | None:
+def _zstd_native_encoder(comp: Any, nbytes: int) -> RowEncoder | None:
+    """``encode(address) -> payload`` for ``nbytes`` at ``address``, with this thread's
+    reused context; None unless it gives exactly ``numcodecs.zstd.compress``'s bytes."""
+    lib = _native.zstd()
+    level = getattr(comp, "level", None)
+    checksum = bool(getattr(comp, "checksum", False))
+    if lib is None or not isinstance(level, int) or not 1 <= level <= 22 or nbytes < 1:
+        return None
+    bound = lib.released.ZSTD_compressBound(nbytes)
+    compress2, is_error = lib.released.ZSTD_compress2, lib.released.ZSTD_isError
+    buffer, cctx, string_at = _native.thread_buffer, _native.zstd_cctx, _native.string_at
+
+    def encode_row(address: int) -> bytes:
+        dst = buffer("zdst", bound)
+        n = compress2(cctx(lib, level, checksum), dst, bound, address, nbytes)
+        if is_error(n):
+            raise RuntimeError(f"zstd: compression failed (code {n})")
+        return string_at(dst, n)
+
+    key = ("zstd", type(comp), level, checksum, nbytes)
+    return encode_row if _self_checked(key, encode_row, comp, np.dtype(np.uint8), nbytes) else None
+
+
+def _blosc_native_encoder(comp: Any, dtype: np.dtype, nbytes: int) -> RowEncoder | None:
+    """``encode(address) -> payload`` for a chunk of ``nbytes`` of ``dtype`` at ``address``:
+    ``blosc_compress_ctx`` as numcodecs calls it off the main thread, with the GIL held for
+    small chunks (see :data:`HOLD_GIL_BELOW`); None unless it gives exactly ``comp.encode``'s
+    bytes."""
+    funcs = _native.blosc_for(nbytes)
+    if funcs is None or dtype.fields is not None or dtype.kind not in "biufcmM" or nbytes < 1:
+        return None
+    config = comp.get_config()
+    cname, clevel, shuffle, blocksize = config["cname"].encode(), config["clevel"], config["shuffle"], config["blocksize"]
+    typesize = dtype.itemsize
+    if shuffle == -1:  # AUTOSHUFFLE, resolved as numcodecs' compress() does
+        shuffle = 2 if typesize == 1 else 1
+    compress_ctx = funcs.blosc_compress_ctx
+    bound = nbytes + _BLOSC_MAX_OVERHEAD
+    buffer, string_at = _native.thread_buffer, _native.string_at
+
+    def encode_row(address: int) -> bytes:
+        dst = buffer("bdst", bound)
+        n = compress_ctx(clevel, shuffle, typesize, nbytes, address, dst, bound, cname, blocksize, 1)
+        if n <= 0:
+            raise RuntimeError(f"blosc: compression failed (code {n})")
+        return string_at(dst, n)
+
+    key = ("blosc", cname, clevel, shuffle, blocksize, typesize, nbytes)
+    return encode_row if _self_checked(key, encode_row, comp, dtype, nbytes) else None
+
+
+def _self_checked(key: tuple[Any, ...], encode_row: RowEncoder, comp: Any, dtype: np.dtype, nbytes: int) -> bool:
+    """Whether ``encode_row`` gives exactly ``comp.encode``'s bytes for a probe chunk of
+    ``dtype`` (mixed runs and noise, so that shuffling and matching both matter); checked
+    once per configuration."""
+    if key not in _SELF_CHECKED:
+        probe = (np.arange(max(nbytes, 4096), dtype=np.uint32) * 2654435761 >> 7).astype(np.uint8)
+        probe[::7] = 0
+        probe = probe[:nbytes]
+        try:
+            _SELF_CHECKED[key] = encode_row(probe.ctypes.data) == ensure_bytes(comp.encode(probe.view(dtype)))
+        except Exception:  # noqa: BLE001
+            _SELF_CHECKED[key] = False
+    return _SELF_CHECKED[key]
+
+
+def fast_row_encoder(meta: DraftArrayMeta) -> RowEncoder | None:
     """``encode(address) -> payload`` for a full-size chunk whose bytes (memory order) sit at
     ``address``: zstd through a reused per-thread context, blosc through its context
     function (numcodecs' bytes exactly, both self-checked), or None (use :func:`fast_encoder`)."""
@@ -649,6 +860,128 @@ def fast_row_encoder(meta: DraftArrayMeta) -> Callable[[int], bytes] | None:
     return None
 
 
-# bound at import (~0.3 ms: the libraries are numcodecs' own, loaded already) rather than by
-# the first array opened, whose first read is what users time
-_Native.load()
+# --------------------------------------------------------------------------- the interface
+
+
+class ChunkCodec:
+    """The codecs of one array, with the fastest path that gives the reference's result
+    chosen once per operation (what an array or the shard engine holds on to).
+
+    Rows are a chunk's bytes in memory order (``meta.order``): a C-contiguous uint8 array
+    of :attr:`nbytes` bytes, or the integer address of such memory.
+    """
+
+    __slots__ = ("meta", "nbytes", "_fast", "_by_address", "_spans", "_encode", "_encode_row", "_row_ready")
+
+    def __init__(self, meta: DraftArrayMeta) -> None:
+        self.meta = meta
+        self.nbytes = chunk_nbytes(meta)
+        self._fast = fast_decoder(meta)
+        self._by_address = takes_address(self._fast)
+        self._spans = span_decoder(meta)
+        self._encode = fast_encoder(meta)
+        self._encode_row: RowEncoder | None = None
+        self._row_ready = False  # the row encoder self-checks: built on first use
+
+    def decode(self, payload: Any, *, key: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """:func:`decode` (the reference, bounded): a full-size chunk array."""
+        return decode(self.meta, payload, key=key, out=out)
+
+    def decode_into(self, payload: Any, row: np.ndarray | int, *, key: str | None = None) -> None:
+        """Decode one payload into ``row``; raises :class:`ChunkDecodeError` naming ``key``."""
+        fast = self._fast
+        if fast is not None:
+            if type(row) is int and not self._by_address:
+                row = _native.row_at(row, self.nbytes)
+            if fast(payload, row):
+                return
+        if type(row) is int:
+            row = _native.row_at(row, self.nbytes)
+        decode_chunk_into(self.meta, payload, row, key=key)
+
+    def decode_many(
+        self,
+        buffer: Any,
+        address: int,
+        rows: Sequence[int],
+        offsets: Sequence[int],
+        sizes: Sequence[int],
+        dst: int,
+        *,
+        key_of: Callable[[int], str | None] = lambda row: None,
+    ) -> None:
+        """Decode ``buffer[offsets[i] : offsets[i] + sizes[i]]`` into row ``rows[i]`` of the
+        rows at ``dst``, for every ``i`` (``address``: the buffer's; the ranges lie inside
+        it). Fast where it can (:func:`span_decoder`), the rest one by one; the first
+        payload that does not decode raises :class:`ChunkDecodeError` naming
+        ``key_of(row)``."""
+        if type(rows) is not list or type(offsets) is not list or type(sizes) is not list:
+            rows, offsets, sizes = list(rows), list(offsets), list(sizes)
+        failed = rows if self._spans is None else self._spans(buffer, address, rows, offsets, sizes, dst)
+        if not failed:
+            return
+        view = memoryview(buffer).cast("B") if not isinstance(buffer, (bytes, bytearray)) else memoryview(buffer)
+        where = dict(zip(rows, zip(offsets, sizes)))
+        for i in failed:
+            o, n = where[i]
+            self.decode_into(view[o : o + n], dst + i * self.nbytes, key=key_of(i))
+
+    def encode(self, chunk: np.ndarray) -> bytes:
+        """A full-size chunk, contiguous in ``meta.order`` -> its payload (the reference's bytes)."""
+        return self._encode(chunk)
+
+    def encode_row(self, address: int) -> bytes:
+        """The chunk whose bytes (memory order) sit at ``address`` -> its payload."""
+        if not self._row_ready:
+            self._encode_row = fast_row_encoder(self.meta)
+            self._row_ready = True
+        if self._encode_row is not None:
+            return self._encode_row(address)
+        chunk = _native.row_at(address, self.nbytes).view(self.meta.dtype)
+        shaped = chunk.reshape(self.meta.chunks, order=self.meta.order)  # type: ignore[call-overload]
+        return self._encode(shaped)
+
+
+class _Cached(NamedTuple):
+    meta: DraftArrayMeta  # held, so that its id cannot be reused while cached
+    codec: ChunkCodec
+    native: bool  # the :func:`set_native` setting it was built with
+
+
+_CODECS: dict[int, _Cached] = {}
+_CODECS_MAX = 256
+
+
+def codec_for(meta: DraftArrayMeta) -> ChunkCodec:
+    """The :class:`ChunkCodec` of ``meta`` (kept for the last few hundred metadata objects
+    seen, by identity: metadata objects are not hashable; rebuilt when :func:`set_native`
+    changed since)."""
+    hit = _CODECS.get(id(meta))
+    native = _native.enabled()
+    if hit is not None and hit.meta is meta and hit.native == native:
+        return hit.codec
+    codec = ChunkCodec(meta)
+    if len(_CODECS) >= _CODECS_MAX:
+        _CODECS.clear()
+    _CODECS[id(meta)] = _Cached(meta, codec, native)
+    return codec
+
+
+def decode_into(meta: DraftArrayMeta, payload: Any, row: np.ndarray | int, *, key: str | None = None) -> None:
+    """:meth:`ChunkCodec.decode_into` for ``meta``."""
+    codec_for(meta).decode_into(payload, row, key=key)
+
+
+def decode_many(
+    meta: DraftArrayMeta,
+    buffer: Any,
+    address: int,
+    rows: Sequence[int],
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    dst: int,
+    *,
+    key_of: Callable[[int], str | None] = lambda row: None,
+) -> None:
+    """:meth:`ChunkCodec.decode_many` for ``meta``."""
+    codec_for(meta).decode_many(buffer, address, rows, offsets, sizes, dst, key_of=key_of)

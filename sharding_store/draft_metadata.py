@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import copy
 import json
 import math
 import re
@@ -72,6 +71,13 @@ MAX_CHUNKS_PER_SHARD = 2**32
 MAX_SHARD_INDEX_BYTES = 2**30
 MAX_CHUNK_ELEMENTS = 2**32
 MAX_EXTENT = 2**63 - 1
+#: Deepest nesting of JSON containers a metadata document may have (the document itself is
+#: level 1). Python's json parser, encoder and ``==`` recurse once per level against the
+#: interpreter's recursion limit (1000 frames in all, whatever the caller already uses), so a
+#: document accepted here must leave room for every later step (our encoders, zarr-python 3
+#: re-reading the migrated ``zarr.json`` from a deep asyncio stack). Deeper documents are
+#: damaged (``DraftMetadataError``), not a crash.
+MAX_JSON_DEPTH = 640
 
 _LEGAL_PATH = re.compile(r"[A-Za-z0-9._\-]+")
 
@@ -101,10 +107,57 @@ def _json_dumps(obj: Any) -> bytes:
     ).encode("ascii")
 
 
+def _json_copy(value: Any, key: str) -> Any:
+    """A copy of a JSON value (dicts and lists copied, leaves shared), without recursion,
+    refusing nesting deeper than :data:`MAX_JSON_DEPTH`. Used instead of ``copy.deepcopy``,
+    which recurses twice per level (a 500-deep attribute would raise ``RecursionError``)."""
+
+    def shell(v: Any) -> Any:
+        if isinstance(v, Mapping):
+            return {}
+        if isinstance(v, (list, tuple)):
+            return []
+        return v
+
+    root = shell(value)
+    stack: list[tuple[Any, Any, int]] = [(value, root, 1)] if root is not value else []
+    while stack:
+        src, dst, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _error(key, None, f"nested deeper than {MAX_JSON_DEPTH} levels")
+        items = src.items() if isinstance(src, Mapping) else enumerate(src)
+        for k, v in items:
+            child = shell(v)
+            if isinstance(dst, dict):
+                dst[k] = child
+            else:
+                dst.append(child)
+            if child is not v:
+                stack.append((v, child, depth + 1))
+    return root
+
+
+def json_depth(value: Any, limit: int | None = None) -> int:
+    """How deeply lists and dicts nest in ``value`` (a scalar: 0), level by level, without
+    recursion; stops counting past ``limit``. About half of ``json.loads``'s time."""
+    depth = 0
+    level = [value] if isinstance(value, (dict, list, tuple)) else []
+    while level and (limit is None or depth <= limit):
+        depth += 1
+        deeper = []
+        for v in level:
+            for child in v.values() if isinstance(v, dict) else v:
+                if isinstance(child, (dict, list, tuple)):
+                    deeper.append(child)
+        level = deeper
+    return depth
+
+
 def _load_document(raw: bytes | str | Mapping, key: str) -> dict:
-    """Parse a JSON object document (or accept an already-parsed mapping)."""
+    """Parse a JSON object document (or copy an already-parsed mapping); nesting deeper than
+    :data:`MAX_JSON_DEPTH` is refused, so no later step can hit the recursion limit."""
     if isinstance(raw, Mapping):
-        return copy.deepcopy(dict(raw))
+        return _json_copy(dict(raw), key)
     if isinstance(raw, (bytes, bytearray, memoryview)):
         try:
             raw = bytes(raw).decode("utf-8")
@@ -114,11 +167,26 @@ def _load_document(raw: bytes | str | Mapping, key: str) -> dict:
         raise _error(key, None, f"expected JSON bytes/str or a mapping, got {type(raw).__name__}")
     try:
         doc = json.loads(raw)
-    except (ValueError, RecursionError) as e:
+    except RecursionError:
+        raise _error(key, None, f"invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as e:
         raise _error(key, None, f"invalid JSON: {e}") from None
     if not isinstance(doc, dict):
         raise _error(key, None, f"document is not a JSON object (got {type(doc).__name__})")
+    # every level opens a bracket: most documents are too short to need the walk
+    if raw.count("{") + raw.count("[") > MAX_JSON_DEPTH and json_depth(doc, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise _error(key, None, f"nested deeper than {MAX_JSON_DEPTH} levels")
     return doc
+
+
+def _text(value: Any, limit: int = 80) -> str:
+    """A value for an error message, as JSON, cut to ``limit`` characters; never raises
+    (an integer beyond Python's 4300-digit str limit, or a non-JSON object)."""
+    try:
+        text = json.dumps(value, default=repr)
+    except (ValueError, TypeError, RecursionError):
+        text = f"<{type(value).__name__}>"
+    return text[:limit]
 
 
 def _is_int(v: Any) -> bool:
@@ -127,15 +195,15 @@ def _is_int(v: Any) -> bool:
 
 def _int_list(value: Any, key: str, fld: str, *, minimum: int) -> tuple[int, ...]:
     if not isinstance(value, list):
-        raise _error(key, fld, f"expected a list of integers, got {json.dumps(value)[:80]}")
+        raise _error(key, fld, f"expected a list of integers, got {_text(value)}")
     for v in value:
         if not _is_int(v):
-            raise _error(key, fld, f"not an integer: {json.dumps(v)[:80]}")
+            raise _error(key, fld, f"not an integer: {_text(v)}")
         if v < minimum:
             what = "negative extent" if minimum == 0 else "non-positive extent"
             raise _error(key, fld, f"{what} {v}")
         if v > MAX_EXTENT:
-            raise _error(key, fld, f"extent {v} exceeds 2**63-1")
+            raise _error(key, fld, f"extent {_short(v)} exceeds 2**63-1")
     return tuple(value)
 
 
@@ -316,7 +384,7 @@ def _parse_dtype(value: Any, key: str) -> np.dtype:
     except DraftMetadataError:
         raise
     except Exception as e:  # numpy raises TypeError/ValueError/SyntaxError
-        raise _error(key, "data_type", f"cannot parse {json.dumps(value)[:120]}: {e}") from None
+        raise _error(key, "data_type", f"cannot parse {_text(value, 120)}: {e}") from None
     return dtype
 
 
@@ -352,11 +420,21 @@ def _decode_float(v: Any, dtype: np.dtype) -> Any:
         return dtype.type(_FLOAT_WORDS[v])
     if not isinstance(v, (int, float)) or isinstance(v, bool):
         raise ValueError(f"expected a number or 'NaN'/'Infinity'/'-Infinity', got {v!r}")
-    with np.errstate(over="ignore"):
-        out = dtype.type(v)
-    if math.isfinite(v) and not np.isfinite(out):
-        raise ValueError(f"{v!r} overflows {dtype.str}")
+    try:  # an int beyond float64 (10**400) raises OverflowError in float() and numpy alike
+        finite = math.isfinite(float(v))
+        with np.errstate(over="ignore"):
+            out = dtype.type(v)
+    except OverflowError:
+        finite, out = True, dtype.type(math.inf)
+    if finite and not np.isfinite(out):
+        raise ValueError(f"{_short(v)} overflows {dtype.str}")
     return out
+
+
+def _short(v: Any) -> str:
+    """A number for a message: at most 40 characters (10**400 has 401 digits)."""
+    text = repr(v) if not _is_int(v) or v.bit_length() < 4000 else f"an integer of {v.bit_length()} bits"
+    return text if len(text) <= 40 else f"{text[:12]}...({len(text)} digits)"
 
 
 def _decode_fill_value(v: Any, dtype: np.dtype) -> Any:
@@ -383,12 +461,12 @@ def _decode_fill_value(v: Any, dtype: np.dtype) -> Any:
             raise ValueError(f"expected an integer, got {v!r}")
         info = np.iinfo(dtype)
         if not info.min <= v <= info.max:
-            raise ValueError(f"{v} out of range for {dtype.str} [{info.min}, {info.max}]")
+            raise ValueError(f"{_short(v)} out of range for {dtype.str} [{info.min}, {info.max}]")
         return dtype.type(v)
     if kind in "mM":
         if _is_int(v):
             if not -(2**63) <= v < 2**63:
-                raise ValueError(f"{v} out of int64 range")
+                raise ValueError(f"{_short(v)} out of int64 range")
             return np.array(v, dtype=np.int64).astype(dtype)[()]
         if isinstance(v, str):
             return np.array(v, dtype=dtype)[()]
@@ -460,7 +538,7 @@ def _parse_compressor(value: Any, key: str) -> Codec | None:
         return None
     fld = "compressor"
     if not isinstance(value, dict) or not isinstance(value.get("codec"), str):
-        raise _error(key, fld, f"expected {{'codec': URI, 'configuration': {{...}}}}, got {json.dumps(value)[:120]}")
+        raise _error(key, fld, f"expected {{'codec': URI, 'configuration': {{...}}}}, got {_text(value, 120)}")
     uri = value["codec"]
     m = re.fullmatch(re.escape(CODEC_URI_PREFIX) + r"([a-z0-9]+)/[0-9.]+", uri)
     if not m or m.group(1) not in DRAFT_COMPRESSORS:
@@ -482,7 +560,7 @@ def _make_codec(config: dict, key: str, fld: str) -> Codec:
     try:
         return numcodecs.get_codec(dict(config))
     except Exception as e:  # unknown id, bad keyword arguments, bad values
-        raise _error(key, fld, f"invalid codec configuration {json.dumps(config)[:120]}: {e}") from None
+        raise _error(key, fld, f"invalid codec configuration {_text(config, 120)}: {e}") from None
 
 
 def _codec_config(codec: Codec) -> dict:
@@ -529,7 +607,7 @@ def parse_chunks_per_shard(value: Any, ndim: int, key: str) -> tuple[int, ...]:
     if _is_int(value):
         value = [value]
     if not isinstance(value, (list, tuple)):
-        raise _error(key, fld, f"expected an integer or a list of integers, got {json.dumps(value, default=str)[:80]}")
+        raise _error(key, fld, f"expected an integer or a list of integers, got {_text(value)}")
     for v in value:
         if not _is_int(v):
             raise _error(key, fld, f"not an integer: {v!r}")
@@ -582,7 +660,7 @@ def find_sharding_transformer(transformers: list, key: str, ndim: int) -> tuple[
     found: tuple[int, ...] | None = None
     for entry in transformers:
         if not isinstance(entry, dict):
-            raise _error(key, fld, f"expected objects, got {json.dumps(entry)[:80]}")
+            raise _error(key, fld, f"expected objects, got {_text(entry)}")
         config = _sharding_config(entry, key)
         if config is None:
             ident = entry.get("extension") or entry.get("name") or entry.get("storage_transformer")
@@ -657,8 +735,8 @@ class DraftArrayMeta:
         key = array_meta_key(self.path)
         if cps is not None:
             cps = parse_chunks_per_shard(list(cps), self.ndim, key)
-        raw = copy.deepcopy(self.raw)
-        raw.pop("storage_transformers", None)
+        # only the top level changes: the rest is shared with self.raw, never mutated
+        raw = {k: v for k, v in self.raw.items() if k != "storage_transformers"}
         if cps is not None:
             raw["storage_transformers"] = [_transformer_entry(cps)]
         return replace(self, chunks_per_shard=cps, raw=raw)
@@ -753,7 +831,7 @@ def parse_array_metadata(raw: bytes | str | dict, key: str, path: str | None = N
     try:
         fill_value = _decode_fill_value(doc["fill_value"], dtype)
     except ValueError as e:
-        raise _error(key, "fill_value", f"{json.dumps(doc['fill_value'])[:80]} does not fit {dtype}: {e}") from None
+        raise _error(key, "fill_value", f"{_text(doc['fill_value'])} does not fit {dtype}: {e}") from None
 
     compressor = _parse_compressor(doc.get("compressor"), key)
     attributes = doc.get("attributes", {})
@@ -766,7 +844,7 @@ def parse_array_metadata(raw: bytes | str | dict, key: str, path: str | None = N
         raise _error(key, "extensions", "expected a list")
     for ext in extensions:
         if isinstance(ext, dict) and ext.get("must_understand", False) is not False:
-            raise _error(key, "extensions", f"unsupported extension {json.dumps(ext)[:80]}")
+            raise _error(key, "extensions", f"unsupported extension {_text(ext)}")
 
     cps = geometry.chunks_per_shard
     return DraftArrayMeta(

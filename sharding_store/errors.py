@@ -79,3 +79,26 @@ class UsageError(ShardingStoreError, ValueError):
     """Arguments that contradict each other or the data (e.g. a bad chunks_per_shard)."""
 
     exit_code = 2
+
+
+class StoreIOError(ShardingStoreError, OSError):
+    """A store cannot be reached or read (unreachable endpoint, refused connection): exit 12, as
+    every other I/O error. Named after the URL, never a traceback."""
+
+    exit_code = 12
+
+
+class ObjectChangedError(ShardingStoreError):
+    """An object was replaced between two reads that must see the same version of it (its
+    index, then its chunks): the read is refused rather than mixing two versions. Reading
+    again sees the new version consistently. Exit 12 (I/O), as the README's table says."""
+
+    exit_code = 12
+
+
+class LinkOutsideStoreError(ShardingStoreError, PermissionError):
+    """A key of a local store resolves, through a symbolic link, to a file outside the store's
+    directory: refused, so a store can never be made to read (and copy elsewhere) another file
+    on the machine. Exit 13."""
+
+    exit_code = 13

@@ -1,5 +1,9 @@
 """Walking a draft-era hierarchy: which nodes exist, and what each one is.
 
+Before anything else, :func:`detect_generation` looks at the root documents: a final
+Zarr v3 or a Zarr v2 store given where a draft-era one is expected is refused with what it
+is (exit 7), not reported as invalid draft metadata.
+
 Draft hierarchies have explicit groups (``meta/root/<p>.group.json``), *implicit*
 groups (no document; anything lies under ``meta/root/<p>/``) and arrays. Draft
 consolidated metadata (``meta/root/consolidated/.zmetadata`` and the
@@ -10,15 +14,108 @@ enumerated here, so the walk costs one listing of ``meta/`` plus one get per arr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any, Literal
 
 from . import draft_metadata as dm
-from .errors import ShardingStoreError, StoreNotFoundError, UsageError
-from .inner import Inner, as_inner
+from .errors import DraftMetadataError, ShardingStoreError, StoreNotFoundError, UsageError
+from .stores import Inner, as_inner
 
 CONSOLIDATED_PATH = "consolidated"
+#: Root documents of a Zarr v2 store, in the order they are looked for.
+V2_ROOT_KEYS = (".zgroup", ".zarray", ".zmetadata", ".zattrs")
+
+
+class Generation(Enum):
+    """Which generation of Zarr a store's root documents belong to."""
+
+    #: ``zarr.json`` is a draft entry point (``zarr_format`` = the 2022 protocol URL)
+    DRAFT_2022 = "draft-era Zarr v3 (2022)"
+    #: ``zarr.json`` is a Zarr v3.0 node document (``zarr_format: 3`` and a ``node_type``)
+    FINAL_V3 = "Zarr v3"
+    #: no ``zarr.json``, but ``.zgroup``/``.zarray``/``.zmetadata``/``.zattrs`` at the root
+    ZARR_V2 = "Zarr v2"
+    #: a ``zarr.json`` of no known generation (damaged, or newer than this code)
+    UNKNOWN = "unknown"
+    #: no Zarr document at the root: a missing or empty location, or not a Zarr store
+    NONE = "none"
+
+
+def _entry_point_generation(raw: bytes) -> Generation:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return Generation.UNKNOWN
+    if not isinstance(doc, dict):
+        return Generation.UNKNOWN
+    fmt = doc.get("zarr_format")
+    if fmt == dm.DRAFT_PROTOCOL:
+        return Generation.DRAFT_2022
+    if type(fmt) is int and fmt == 3 and doc.get("node_type") in ("array", "group"):
+        return Generation.FINAL_V3
+    return Generation.UNKNOWN
+
+
+_UNREAD: Any = object()
+
+
+def detect_generation(inner: Inner, entry_point: bytes | None = _UNREAD) -> tuple[Generation, str | None]:
+    """The store's generation from its root documents, and the key that told (None for NONE).
+
+    ``entry_point``: the ``zarr.json`` bytes when the caller has read them already (None:
+    absent). Costs nothing more for a draft or v3 store; without ``zarr.json``, up to four
+    existence checks (the v2 root documents).
+    """
+    raw = inner.get(dm.ENTRY_POINT_KEY) if entry_point is _UNREAD else entry_point
+    if raw is not None:
+        return _entry_point_generation(raw), dm.ENTRY_POINT_KEY
+    for key in V2_ROOT_KEYS:
+        if inner.exists(key):
+            return Generation.ZARR_V2, key
+    return Generation.NONE, None
+
+
+def draft_entry_point(inner: Inner, raw: bytes | None, location: str) -> dm.EntryPoint:
+    """The entry point of the draft-era hierarchy in ``inner`` (``raw``: its ``zarr.json``).
+
+    A store of another generation raises :class:`StoreNotFoundError` (exit 7) saying what
+    it is; a ``zarr.json`` of no known generation is parsed as a draft entry point, so its
+    defect is reported as invalid metadata (exit 3) naming the field.
+    """
+    generation, key = detect_generation(inner, raw)
+    if generation is Generation.DRAFT_2022 or (generation is Generation.UNKNOWN and raw is not None):
+        return dm.parse_entry_point(raw)  # type: ignore[arg-type]
+    if generation is Generation.FINAL_V3:
+        message = (
+            f"{location}: already Zarr v3 (its zarr.json has zarr_format 3), not draft-era: "
+            "nothing to migrate; open it with zarr-python 3"
+        )
+    elif generation is Generation.ZARR_V2:
+        message = (
+            f"{location}: Zarr v2 ({key} at the root), not draft-era: nothing to migrate; "
+            "sharding-store reads draft-era (2022) Zarr v3 stores"
+        )
+    else:
+        message = f"{location}: no draft-era hierarchy here (no 'zarr.json' entry point)"
+    raise StoreNotFoundError(message, key=key or dm.ENTRY_POINT_KEY)
+
+
+def require_final_v3(inner: Inner, location: str) -> None:
+    """Raise :class:`StoreNotFoundError` (exit 7) unless ``inner`` holds a final Zarr v3
+    hierarchy (or array), saying what it holds instead (for a migration's destination)."""
+    generation, key = detect_generation(inner)
+    if generation is Generation.FINAL_V3:
+        return
+    what = {
+        Generation.DRAFT_2022: "a draft-era (2022) hierarchy",
+        Generation.ZARR_V2: f"a Zarr v2 store ({key} at the root)",
+        Generation.UNKNOWN: "a zarr.json of no known Zarr version",
+        Generation.NONE: "no zarr.json (missing or empty, or not a Zarr store)",
+    }[generation]
+    raise StoreNotFoundError(f"{location}: not a Zarr v3 hierarchy: {what}", key=key or dm.ENTRY_POINT_KEY)
 
 
 @dataclass(frozen=True)
@@ -48,19 +145,16 @@ class DraftHierarchy:
 
     ``strict=False`` records nodes whose documents are invalid in ``damaged``
     (path -> error) instead of raising, so the rest of a hierarchy can still be
-    inspected or migrated.
+    inspected or migrated. A damaged document damages its own node only: that includes
+    a metadata key whose path is illegal (``meta/root/bad name.array.json``), recorded
+    under the path as written (never used to build another key).
     """
 
     def __init__(self, inner: Inner, *, location: str = "store", strict: bool = True) -> None:
         self.inner = inner
         self.strict = strict
         self.damaged: dict[str, ShardingStoreError] = {}
-        raw = inner.get(dm.ENTRY_POINT_KEY)
-        if raw is None:
-            raise StoreNotFoundError(
-                f"{location}: no draft-era hierarchy here (no 'zarr.json' entry point)", key=dm.ENTRY_POINT_KEY
-            )
-        self.entry_point = dm.parse_entry_point(raw)
+        self.entry_point = draft_entry_point(inner, inner.get(dm.ENTRY_POINT_KEY), location)
         self.suffix = self.entry_point.metadata_key_suffix
         self.nodes: dict[str, Node] = self._read_nodes()
 
@@ -72,7 +166,12 @@ class DraftHierarchy:
             if key == dm.CONSOLIDATED_KEY:
                 has_consolidated = True
                 continue
-            parsed = dm.path_from_meta_key(key, self.suffix)
+            try:
+                parsed = dm.path_from_meta_key(key, self.suffix)
+            except DraftMetadataError as e:  # a node key with an illegal path: that node only
+                self._damage(_written_path(key, self.suffix), e)
+                implicit.update(_legal_ancestors(_written_path(key, self.suffix)))
+                continue
             if parsed is None:
                 continue
             path, kind = parsed
@@ -94,12 +193,15 @@ class DraftHierarchy:
                 else:
                     nodes[path] = Node(path, "group", True, dm.parse_group_metadata(raw, key))
             except ShardingStoreError as e:
-                if self.strict:
-                    raise
-                self.damaged[path] = e
+                self._damage(path, e)
         for path in implicit:
             nodes.setdefault(path, Node(path, "group", explicit=False))
         return dict(sorted(nodes.items(), key=lambda kv: (kv[0].count("/") if kv[0] else -1, kv[0])))
+
+    def _damage(self, path: str, error: ShardingStoreError) -> None:
+        if self.strict:
+            raise error
+        self.damaged[path] = error
 
     def assume_sharded(self, assume: Mapping[str, int | Sequence[int]] | None) -> None:
         """Treat unsharded arrays as sharded with the given ``chunks_per_shard`` (path -> cps).
@@ -148,20 +250,56 @@ class DraftHierarchy:
         path = dm.normalize_path(path)
         return [n for p, n in self.nodes.items() if p and p.rpartition("/")[0] == path]
 
-    def tree(self) -> str:
-        """A one-node-per-line tree, arrays with shape and dtype."""
+    def subtree(self, path: str = "") -> list[Node]:
+        """The node at ``path`` and every node below it, depth-first (parents before
+        children, siblings by name). StoreNotFoundError if there is no node at ``path``."""
+        root = self.node(path).path
+        below = [p for p in self.nodes if in_subtree(p, root)]
+        return [self.nodes[p] for p in sorted(below, key=lambda p: p.split("/") if p else [])]
+
+    def tree(self, path: str = "") -> str:
+        """The subtree at ``path``, one node per line, indented by depth below ``path``;
+        arrays with shape and dtype."""
+        nodes = self.subtree(path)
+        base = nodes[0].path.count("/") + 1 if nodes[0].path else 0
         lines = []
-        for path in sorted(self.nodes, key=lambda p: p.split("/") if p else []):  # depth-first
-            n = self.nodes[path]
-            depth = path.count("/") + 1 if path else 0
+        for n in nodes:
+            indent = "  " * ((n.path.count("/") + 1 if n.path else 0) - base)
             name = n.name or "/"
             if n.kind == "array" and n.meta is not None:
                 m = n.meta
                 shard = f" shards {m.chunks_per_shard}" if m.is_sharded else ""
-                lines.append(f"{'  ' * depth}{name} {m.shape} {m.dtype.str} chunks {m.chunks}{shard}")
+                lines.append(f"{indent}{name} {m.shape} {m.dtype.str} chunks {m.chunks}{shard}")
             else:
-                lines.append(f"{'  ' * depth}{name}{'' if n.explicit else ' (implicit)'}")
+                lines.append(f"{indent}{name}{'' if n.explicit else ' (implicit)'}")
         return "\n".join(lines)
+
+
+def in_subtree(path: str, root: str) -> bool:
+    """True when ``path`` is ``root`` or below it (``"a/bc"`` is not below ``"a/b"``)."""
+    return root == "" or path == root or path.startswith(root + "/")
+
+
+def _written_path(key: str, suffix: str) -> str:
+    """The node path a node-shaped metadata key spells, legal or not."""
+    stem = key[len(dm.META_ROOT) + 1 :] if key.startswith(dm.META_ROOT + "/") else key
+    for kind in ("array", "group"):
+        tail = f".{kind}{suffix}"
+        if stem.endswith(tail):
+            return stem[: -len(tail)]
+    return stem
+
+
+def _legal_ancestors(path: str) -> set[str]:
+    """The ancestors of ``path`` up to its first illegal segment (implicit groups)."""
+    out: set[str] = set()
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        try:
+            out.add(dm.normalize_path("/".join(parts[:i])))
+        except DraftMetadataError:
+            break
+    return out
 
 
 def open_hierarchy(

@@ -3,14 +3,22 @@
 Every array gets the v1.0 ``zarr.json`` of the shared translation
 (:func:`~sharding_store.v3_metadata.v3_array_document`), every group (explicit or
 implicit) an explicit group document. Inner chunk payloads are copied verbatim; only
-shard indices are rebuilt (checksummed, compacted). See :mod:`.migrate_units` for
-the work units and how each is read and written.
+shard indices are rebuilt (checksummed, compacted). See :mod:`.migrate_units` for the
+plan and the work units, :mod:`.jobs` for how they run.
+
+Claiming the destination: before anything is written a marker object records the
+options; it is created *exclusively* (``O_EXCL``-like locally, a conditional PUT on S3),
+so of two migrations started into one destination only one proceeds, the other refuses
+(:class:`DestinationExistsError`). ``resume=True`` continues under an existing marker
+with the same options, skipping target shards whose index parses (and checksums).
+Other fsspec backends have no atomic create: there two migrations started at the same
+instant can both claim it (a documented limit). ``overwrite`` empties the destination
+before claiming it, marker included: it must not be given while another migration is
+writing there.
 
 Order of writes, so that a killed migration never leaves an array that reads wrong
 values: an array's shards, then its ``zarr.json`` (zarr cannot open it before); groups
-after all arrays; the root ``zarr.json`` last. A marker object records the options
-so that ``resume=True`` continues with the same ones, skipping target shards whose
-index parses (and checksums).
+after all arrays; the root ``zarr.json`` last, then the marker is deleted.
 
 Damaged sources. An array whose metadata does not parse, or whose objects are shards
 under metadata that lost its storage transformer (zarr-python 2.x ``resize()``), is
@@ -20,125 +28,75 @@ damaged shard is found when its unit reads it: the array's ``zarr.json`` is then
 written (other arrays may be complete), and with ``skip_damaged`` the rest goes on and
 the array's partial objects are removed. Payloads are copied verbatim, not decoded,
 so a chunk whose payload cannot be decoded is carried over as it is (and fails in the
-reader, as in the source).
+reader, as in the source). A source with an unfinished in-place reshard is refused
+(its array is hidden: migrating now would leave it out).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numcodecs
-from numcodecs.abc import Codec
-
 from . import draft_metadata as dm
 from .errors import (
-    ChunkDecodeError,
-    ChunkKeyError,
     DestinationExistsError,
     DraftMetadataError,
     MigrationError,
-    ShardCorruptError,
     ShardingStoreError,
+    StoreIOError,
     UsageError,
 )
-from .hierarchy import DraftHierarchy, Node
-from .inner import Inner
-from .migrate_units import (
-    ArrayJob,
-    IndexLocation,
+from .hierarchy import DraftHierarchy
+from .jobs import (
     StoreRef,
+    check_apart,
+    check_picklable,
+    damage_error,
+    default_jobs,
+    fault_point,
+    is_transient,
+    jobs_for,
+    lost_transformer,
+    prepare_destination,
+    run_bounded,
+    with_retries,
+)
+from .inspect import check_assumed_layouts
+from .journal import refuse_interrupted_reshards
+from .migrate_units import (
+    DAMAGE_ERRORS,
+    MARKER_KEY,
+    ArrayJob,
+    ArrayPlan,
+    ArrayReport,
+    IndexLocation,
+    Options,
     Unit,
     UnitResult,
-    check_picklable,
-    list_sized,
-    local_pair,
-    plan_units,
-    remove_temp_files,
+    array_units,
+    is_v3_chunk_key,
+    json_bytes,
+    node_key,
+    plan_array,
     run_unit,
 )
 from .progress import progress_bar
-from .reshard import fault_point
-from .retry import run_bounded, with_retries
-from .store import ArrayLayout
-from .v3_metadata import portability_problems, v3_array_document, v3_group_document
+from .stores import Inner
+from .v3_metadata import v3_group_document
+from .verify import verify as run_verify
 
-MARKER_KEY = ".sharding-store-migration.json"
-#: compressors that exist only as zarr-python's ``numcodecs.*`` codecs
-NON_PORTABLE_COMPRESSORS = frozenset({"zlib", "bz2", "lz4", "lzma"})
-#: what ``portable=True`` recompresses them to (zstd's own default level)
-PORTABLE_COMPRESSOR: Codec = numcodecs.Zstd(level=3)
-#: test hook: after this many completed work units the driver stops (to be killed)
-PAUSE_ENV = "SHARDING_STORE_TEST_PAUSE_AFTER"
 RETRY_ATTEMPTS = 4
 RETRY_DELAY = 0.2
 MiB = 1 << 20
-#: errors that describe the source data (not the connection): the array is damaged
-DAMAGE_ERRORS = (ShardCorruptError, ChunkDecodeError, ChunkKeyError, DraftMetadataError)
 #: ``assume_chunks_per_shard``: array path -> chunks_per_shard its lost transformer had
 AssumeChunksPerShard = Mapping[str, "int | Sequence[int]"]
-
-
-def default_jobs(local: bool = False) -> int:
-    """Work units run at once when the caller does not say. Between local paths a unit
-    is system calls and memory copies that keep a core busy, so one thread per core:
-    more only contend (on 2 cores, verifying 512 local shards took ~150 ms with 4
-    threads, ~105 ms with 2). Remote stores wait on the network: twice the cores. At most 8."""
-    cores = os.cpu_count() or 1
-    return min(8, cores if local else 2 * cores)
-
-
-def jobs_for(jobs: int | None, src: Inner, dst: Inner, executor: Executor | None) -> int:
-    """``jobs`` when the caller gave it, else the default for these two stores. With an
-    executor (a dask cluster) the remote default stays: its window follows the cluster,
-    not this machine's cores."""
-    return jobs or default_jobs(local=executor is None and local_pair(src, dst) is not None)
-
-
-def node_key(path: str) -> str:
-    """The v3 metadata key of the node at ``path`` (``zarr.json`` for the root)."""
-    return f"{path}/zarr.json" if path else "zarr.json"
-
-
-def node_prefix(path: str) -> str:
-    return f"{path}/" if path else ""
-
-
-def json_bytes(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, indent=2).encode()
-
-
-def is_v3_chunk_key(rest: str, separator: str, ndim: int) -> bool:
-    """True when ``rest`` (relative to the array prefix) is a default-encoded chunk key."""
-    parts = rest.split(separator)
-    return parts[0] == "c" and len(parts) == ndim + 1 and all(p.isdigit() for p in parts[1:])
-
-
-def damage_error(error: ShardingStoreError, path: str, consequence: str) -> ShardingStoreError:
-    """The same error class (so the CLI exits with the same code), naming the array and the way out."""
-    return type(error)(f"{error}; array '{path or '/'}' is damaged: {consequence}", key=error.key)
-
-
 SKIP_HINT = "--skip-damaged migrates the other arrays and lists the damaged ones"
 
-
-def lost_transformer(h: DraftHierarchy, node: Node) -> ShardingStoreError | None:
-    """The error for an unsharded array whose objects are shards (one listing, one or two
-    reads), or None: such an array must never be migrated as unsharded."""
-    if node.meta is None or node.meta.is_sharded:
-        return None
-    from .inspect import detect_lost_transformer  # only unsharded arrays need the inspector
-
-    others = other_prefixes(h, node.path)
-    keys = [k for k, _ in list_sized(h.inner, dm.data_prefix(node.path)) if not (others and k.startswith(others))]
-    found = detect_lost_transformer(h.inner, node.meta, sorted(keys))
-    return None if found is None else found.error()
+__all__ = ["MARKER_KEY", "ArrayReport", "MigrationReport", "default_jobs", "jobs_for", "migrate"]
 
 
 def assume_marker(assume: AssumeChunksPerShard | None) -> dict[str, list[int]] | None:
@@ -148,17 +106,24 @@ def assume_marker(assume: AssumeChunksPerShard | None) -> dict[str, list[int]] |
     return {dm.normalize_path(p): [c] if isinstance(c, int) else list(c) for p, c in sorted(assume.items())}
 
 
+def incomplete(name: str, error: BaseException) -> ShardingStoreError:
+    """The error a migration stops with when a unit or a write gave up after its retries.
+    ``--resume`` is advised only where running again can help: after transient errors (and
+    a source that changed while read), not after a full disk, a permission or a file in
+    the way (:class:`StoreIOError`, exit 12, naming the cause)."""
+    if isinstance(error, ShardingStoreError):
+        again = ": run again with --resume" if isinstance(error, MigrationError) or error.exit_code == 12 else ""
+        return type(error)(f"{error}; the destination is incomplete{again}", key=error.key or name)
+    if isinstance(error, OSError) and not is_transient(error):
+        cause = error.strerror or str(error) or type(error).__name__
+        return StoreIOError(f"{name}: {type(error).__name__}: {cause}; the destination is incomplete "
+                            "(retrying cannot help until the cause is fixed)", key=name)
+    return MigrationError(
+        f"{name}: {type(error).__name__}: {error}; the destination is incomplete: run again with --resume", key=name
+    )
+
+
 # --------------------------------------------------------------------------- report
-
-
-@dataclass
-class ArrayReport:
-    path: str
-    shards: int = 0  # target objects (shards, or chunks of an unsharded array)
-    bytes: int = 0  # source bytes listed
-    chunks_per_shard: list[int] | None = None
-    recompressed: bool = False
-    portable: bool = True
 
 
 @dataclass
@@ -242,103 +207,6 @@ class MigrationReport:
         return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- planning
-
-
-@dataclass(frozen=True)
-class Options:
-    chunks_per_shard: int | tuple[int, ...] | None = None
-    index_checksum: bool = True
-    index_location: IndexLocation = "end"
-    portable: bool = False
-
-    def marker(self, src: str) -> dict[str, Any]:
-        cps = self.chunks_per_shard
-        return {
-            "migration": "sharding-store",
-            "src": src,
-            "chunks_per_shard": list(cps) if isinstance(cps, tuple) else cps,
-            "index_checksum": self.index_checksum,
-            "index_location": self.index_location,
-            "portable": self.portable,
-        }
-
-
-@dataclass
-class ArrayPlan:
-    node: Node
-    doc: dict[str, Any]
-    job: ArrayJob
-    report: ArrayReport
-
-
-def portable_compressor(meta: dm.DraftArrayMeta) -> Codec | None:
-    """The codec ``portable=True`` recompresses this array with, or None to keep its own."""
-    if meta.compressor is not None and meta.compressor.codec_id in NON_PORTABLE_COMPRESSORS:
-        return PORTABLE_COMPRESSOR
-    return None
-
-
-def plan_array(node: Node, src: StoreRef, dst: StoreRef, opts: Options) -> tuple[ArrayPlan, list[str]]:
-    """Translate one array's metadata and describe its job; returns warnings too."""
-    from .reshard import resolve_chunks_per_shard
-
-    meta = node.meta
-    assert meta is not None
-    target = meta.chunks_per_shard
-    if opts.chunks_per_shard is not None and meta.ndim == 0:
-        target = ()  # a 0-d array's one chunk, whatever was asked for the others
-    elif opts.chunks_per_shard is not None:
-        target = resolve_chunks_per_shard(meta, opts.chunks_per_shard)
-    compressor = portable_compressor(meta) if opts.portable else None
-    doc = v3_array_document(
-        meta,
-        chunks_per_shard=target,
-        index_codecs_checksum=opts.index_checksum,
-        index_location=opts.index_location,
-        compressor_override=compressor,
-    )
-    problems = portability_problems(meta, compressor) if compressor is not None else portability_problems(meta)
-    warnings = []
-    if problems:
-        hint = "; --portable recompresses it to zstd" if portable_compressor(meta) and not opts.portable else ""
-        warnings.append(f"{node.path or '/'}: only zarr-python will read it ({'; '.join(problems)}){hint}")
-    job = ArrayJob(
-        path=node.path,
-        src=src,
-        dst=dst,
-        src_layout=ArrayLayout.from_meta(meta),
-        dst_prefix=node_prefix(node.path),
-        dst_cps=target,
-        checksum=opts.index_checksum,
-        index_location=opts.index_location,
-        meta=meta if compressor is not None else None,
-        compressor=compressor,
-    )
-    report = ArrayReport(node.path, chunks_per_shard=None if target is None else list(target),
-                         recompressed=compressor is not None, portable=not problems)
-    return ArrayPlan(node, doc, job, report), warnings
-
-
-def other_prefixes(h: DraftHierarchy, path: str) -> tuple[str, ...]:
-    """Data prefixes of the other arrays below this array's data prefix (not stray keys)."""
-    own = dm.data_prefix(path)
-    return tuple(p for p in (dm.data_prefix(n.path) for n in h.arrays() if n.path != path) if p.startswith(own))
-
-
-def array_units(
-    plan: ArrayPlan, h: DraftHierarchy, src: Inner, existing: Mapping[str, int | None] | None = None
-) -> tuple[list[Unit], list[str]]:
-    """The units of one array; ``existing``: the destination listing (key -> size)."""
-    units, stray, nbytes = plan_units(
-        plan.job, list_sized(src, plan.job.src_layout.prefix), existing=existing, ignore=other_prefixes(h, plan.node.path)
-    )
-    plan.report.bytes = nbytes
-    plan.report.shards = len(units) if plan.job.dst_cps is not None else sum(len(u.sources) for u in units)
-    warnings = [f"{plan.node.path or '/'}: {len(stray)} stray key(s) under its data prefix not migrated, e.g. {stray[0]}"] if stray else []
-    return units, warnings
-
-
 # --------------------------------------------------------------------------- running
 
 
@@ -348,12 +216,7 @@ def _run_with_retries(job: ArrayJob, unit: Unit, attempts: int, delay: float) ->
 
 
 def _unit_name(job: ArrayJob, unit: Unit) -> str:
-    return job.dst_key(unit.target) if unit.target is not None else unit.sources[0][1]
-
-
-def _pause_after() -> int | None:
-    value = os.environ.get(PAUSE_ENV)
-    return int(value) if value else None
+    return job.dst_key(unit.target) if unit.target is not None else unit.sources[0].key
 
 
 class _Driver:
@@ -371,7 +234,7 @@ class _Driver:
 
     def items(self) -> Iterator[tuple[Any, ...]]:
         for plan in self.plans:
-            existing = dict(list_sized(self.dst, plan.job.dst_prefix)) if self.resume else None
+            existing = dict(self.dst.list_sized(plan.job.dst_prefix)) if self.resume else None
             units, warnings = array_units(plan, self.h, self.src, existing)
             self.report.warnings += warnings
             self.remaining[plan.node.path] = len(units)
@@ -385,20 +248,41 @@ class _Driver:
 
     def retried(self, fn: Any, key: str, *args: Any) -> Any:
         """``fn(key, *args)`` on the destination, retried like a unit; when the retries run
-        out, a :class:`MigrationError` that says the destination is resumable."""
+        out, the error :func:`incomplete` gives."""
         try:
             return with_retries(fn, key, *args, attempts=self.attempts, base_delay=self.delay)
-        except ShardingStoreError:
-            raise
         except Exception as e:
-            raise MigrationError(
-                f"{key}: {type(e).__name__}: {e}; the destination is incomplete: run again with --resume", key=key
-            ) from e
+            raise incomplete(key, e) from e
 
     def set(self, key: str, value: bytes) -> None:
         """A metadata write (as idempotent as a unit)."""
         self.retried(self.dst.set, key, value)
         fault_point("meta")
+
+    def claim(self, marker: bytes, name: str) -> None:
+        """Create the marker, exclusively: of two migrations into one destination only one
+        gets past this point. Under ``resume`` an existing marker (same options, checked
+        before) is ours to continue."""
+        try:
+            created = with_retries(self.dst.create_exclusive, MARKER_KEY, marker,
+                                   attempts=self.attempts, base_delay=self.delay)
+        except (NotADirectoryError, FileExistsError, IsADirectoryError) as e:
+            raise DestinationExistsError(
+                f"{name}: not a directory: a file is in the way of the destination ({e.strerror}); choose another destination",
+                key=name,
+            ) from e
+        except Exception as e:
+            raise incomplete(MARKER_KEY, e) from e
+        if not created and not self.resume:
+            raise DestinationExistsError(
+                f"{name}: another migration is writing into this destination (its {MARKER_KEY} appeared "
+                "after the destination was found empty); wait for it, or use another destination",
+                key=MARKER_KEY,
+            )
+        if not created:
+            self.set(MARKER_KEY, marker)
+        else:
+            fault_point("meta")
 
     def finish(self, plan: ArrayPlan) -> None:
         if plan.node.path == "":
@@ -410,9 +294,7 @@ class _Driver:
         """A unit gave up: its array is skipped as damaged (or named); anything else stops the run."""
         name = _unit_name(job, unit)
         if not isinstance(e, DAMAGE_ERRORS):
-            raise MigrationError(
-                f"{name}: {type(e).__name__}: {e}; the destination is incomplete: run again with --resume", key=name
-            ) from e
+            raise incomplete(name, e) from e
         if not self.skip_damaged:
             raise damage_error(e, job.path, f"its zarr.json was not written; {SKIP_HINT}") from e
         if job.path not in self.damaged:
@@ -423,12 +305,11 @@ class _Driver:
         """Delete what the completed units of damaged arrays wrote (their zarr.json never was)."""
         for path in self.damaged:
             job = self.by_path[path].job
-            for key, _ in list(list_sized(self.dst, job.dst_prefix)):
+            for key, _ in list(self.dst.list_sized(job.dst_prefix)):
                 if is_v3_chunk_key(key[len(job.dst_prefix) :], job.src_layout.separator, job.src_layout.ndim):
                     self.retried(self.dst.delete, key)
 
     def run(self, executor: Executor, window: int) -> None:
-        pause, done = _pause_after(), 0
         with self.bar:
             for (job, unit, *_), future in run_bounded(executor, _run_with_retries, self.items(), window=window):
                 try:
@@ -444,11 +325,7 @@ class _Driver:
                 self.remaining[job.path] -= 1
                 if self.remaining[job.path] == 0:
                     self.finish(self.by_path[job.path])
-                done += 1
                 fault_point("unit")
-                if pause is not None and done == pause:
-                    print(f"sharding-store: test pause after {done} work units", file=sys.stderr, flush=True)
-                    time.sleep(3600)
 
 
 # --------------------------------------------------------------------------- the API
@@ -468,23 +345,13 @@ def _check_marker(driver: _Driver, current: Mapping[str, Any]) -> None:
         )
 
 
-def _prepare(src_ref: StoreRef, dst_ref: StoreRef, dst: Inner, *, overwrite: bool, resume: bool, dry_run: bool) -> None:
-    from .reshard import _prepare_destination, _same_or_nested
-
-    if src_ref.url is not None and dst_ref.url is not None and _same_or_nested(src_ref.url, dst_ref.url):
-        raise UsageError(f"{dst_ref.describe()}: the destination is the source, inside it, or contains it", key=dst_ref.describe())
-    if src_ref.url is None and src_ref.obj is dst_ref.obj:
-        raise UsageError("the destination is the source store", key=dst_ref.describe())
-    keys, prefixes = dst.list_dir("")
-    if not (keys or prefixes) or resume:
+def _prepare(dst_ref: StoreRef, dst: Inner, *, overwrite: bool, resume: bool, dry_run: bool) -> None:
+    """A destination to write into: empty, emptied (``overwrite``), or resumed as it is. A
+    dry run with ``overwrite`` deletes nothing."""
+    if resume or (dry_run and overwrite):
         return
-    if not overwrite:
-        raise DestinationExistsError(
-            f"{dst_ref.describe()}: destination exists and is not empty (use --overwrite, or --resume to finish an interrupted migration)",
-            key=dst_ref.describe(),
-        )
-    if not dry_run:
-        _prepare_destination(dst, dst_ref.describe(), True)
+    hint = "use --overwrite, or --resume to finish an interrupted migration"
+    prepare_destination(dst, dst_ref.describe(), overwrite=overwrite, hint=hint)
 
 
 def _plan_all(
@@ -551,9 +418,12 @@ def migrate(
     ``skip_untranslatable`` is its older name. ``assume_chunks_per_shard`` (path ->
     chunks per shard) migrates arrays whose metadata lost its storage transformer as
     the shards they are. Raises the damage's own error class (e.g.
-    :class:`ShardCorruptError`) naming the array, :class:`DestinationExistsError`,
-    :class:`MigrationError` (untranslatable array; or a unit failed after retries:
-    rerun with ``resume=True``) or :class:`VerificationError` (``verify=True``, the default).
+    :class:`ShardCorruptError`) naming the array, :class:`UsageError` (the destination is
+    the source, inside it or contains it), :class:`DestinationExistsError` (not empty,
+    or another migration claimed it), :class:`MigrationError` (untranslatable array; an
+    unfinished in-place reshard in the source; or a unit failed after retries: rerun with
+    ``resume=True``), :class:`StoreIOError` (a write failed in a way no retry helps) or
+    :class:`VerificationError` (``verify=True``, the default).
     """
     started = time.perf_counter()
     skip_damaged = skip_damaged or skip_untranslatable
@@ -568,14 +438,17 @@ def migrate(
     if executor is not None:
         check_picklable(src_ref, dst_ref)
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
+    check_apart(src_inner, dst_inner, src_ref.describe(), dst_ref.describe())
+    refuse_interrupted_reshards(src_inner, src_ref.describe())
     jobs = jobs_for(jobs, src_inner, dst_inner, executor)
     h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
     h.assume_sharded(assume_chunks_per_shard)
+    check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
     report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)
     plans = _plan_all(h, src_ref, dst_ref, opts, report, skip_damaged=skip_damaged)
     groups = [n for n in h.groups()]
     report.groups = len(groups)
-    _prepare(src_ref, dst_ref, dst_inner, overwrite=overwrite, resume=resume, dry_run=dry_run)
+    _prepare(dst_ref, dst_inner, overwrite=overwrite, resume=resume, dry_run=dry_run)
     if dry_run:
         for plan in plans:
             report.warnings += array_units(plan, h, src_inner)[1]
@@ -586,8 +459,9 @@ def migrate(
                      progress=progress, skip_damaged=skip_damaged)
     if resume:
         _check_marker(driver, marker)
-        remove_temp_files(dst_inner)
-    driver.set(MARKER_KEY, json_bytes(marker))
+        dst_inner.tidy()  # temporary files of writes the interrupted run left unfinished
+    fault_point("claim")  # the destination was found empty (or resumable); nothing written yet
+    driver.claim(json_bytes(marker), dst_ref.describe())
     if executor is None:
         with ThreadPoolExecutor(jobs, thread_name_prefix="migrate") as pool:
             driver.run(pool, window=2 * jobs)
@@ -601,8 +475,6 @@ def migrate(
     driver.retried(dst_inner.delete, MARKER_KEY)
     report.seconds = time.perf_counter() - started
     if verify:
-        from .verify import verify as run_verify
-
         report.verification = run_verify(
             src_ref, dst_ref, jobs=jobs, executor=executor, progress=progress, retries=retries, retry_delay=retry_delay,
             assume_chunks_per_shard=assume_chunks_per_shard, skip_arrays=report.skipped_paths,

@@ -12,7 +12,9 @@ whole target objects, so one block is one task: each of its source objects is re
 once, whole, and each of its target objects is built once and written once. When that
 block would be much larger than either shard (``7 -> 8`` chunks per shard), each target
 shard is a task of its own and reads only its chunks (one index read per source shard,
-coalesced ranges): :func:`gather_target_shard`. Tasks run on a bounded thread pool.
+coalesced ranges): :meth:`ShardEngine.gather`. The tasks are planned by
+:func:`~sharding_store.jobs.plan_units` and run on a bounded thread pool
+(:func:`~sharding_store.jobs.run_all`).
 
 With a destination
 ------------------
@@ -27,7 +29,8 @@ an unsharded chunk key under either), so a new object cannot be written beside t
 one and an array must never be readable while its objects are half swapped. Each
 array goes through three phases, recorded in a journal object
 ``__reshard__/journal/<array metadata key>`` that holds the old and new metadata
-documents. Everything under ``__reshard__/`` is outside ``meta/`` and ``data/``, where
+documents (:mod:`~sharding_store.journal`; ``info`` reports it, ``migrate`` and
+``verify`` refuse a store that holds one). Everything under ``__reshard__/`` is outside ``meta/`` and ``data/``, where
 no draft reader looks.
 
 ``stage``  The journal is written, then every new object is written to
@@ -39,7 +42,7 @@ no draft reader looks.
            *Reader:* the array does not exist (it cannot be opened, so it cannot
            read wrong values). Consolidated readers lose it first.
 ``move``   The journal says ``move``. Each staged object is moved over its final key
-           (a rename on local disk, a server-side copy on object stores), then the new
+           (:meth:`Inner.move`: a rename on local disk, a server-side copy on object stores), then the new
            metadata is written, the consolidated entry restored, the journal deleted.
            *Reader:* no array until the new metadata is written; from then on the
            new array with all its objects in place.
@@ -55,66 +58,49 @@ before the switch and keep reading after it (they hold the old metadata).
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import os
-import signal
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import draft_metadata as dm
-from .errors import DestinationExistsError, DraftMetadataError, MigrationError, UsageError
+from .engine import ArrayLayout, gather, read_objects
+from .errors import DraftMetadataError, MigrationError, UsageError
 from .hierarchy import DraftHierarchy, inner_of
-from .inner import FsspecInner, Inner
-from .migrate_units import copy_within, remove_temp_files
+from .jobs import (
+    ChunksPerShard,
+    Group,
+    Source,
+    block_shape,
+    check_apart,
+    damage_error,
+    fault_point,
+    group_targets,
+    lost_transformer,
+    plan_units,
+    prepare_destination,
+    resolve_chunks_per_shard,
+    run_all,
+)
+from .journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshards
+from .keys import Coords, chunk_to_shard, local_to_global
 from .progress import progress_bar
-from .keys import Coords, chunk_to_shard, local_to_global, shard_chunks
-from .shard_index import encode_shard, read_index
-from .store import ArrayLayout, ShardingStore
+from .shard_index import encode_shard
+from .stores import Inner
 
-STAGING = "__reshard__/"
-JOURNAL_PREFIX = STAGING + "journal/"
-JOURNAL_VERSION = 1
+STAGING = STAGING_PREFIX
 #: an lcm block may hold this many times the chunks of the larger shard before each
 #: target shard becomes its own task (bounds a task's memory)
 MAX_BLOCK_FACTOR = 8
 DEFAULT_JOBS = 8
 
-ChunksPerShard = int | Sequence[int] | None
-
-#: tests set this to ``hook(phase)``; it is called after every object operation of the
-#: in-place protocol (phases ``stage``, ``hide``, ``clear``, ``move``, ``commit``), and by
-#: the migrator after every completed unit (``unit``) and metadata write (``meta``); it
-#: may raise to simulate a crash at that point
-_FAULT_HOOK: Callable[[str], None] | None = None
-#: test hook for subprocesses: ``N`` or ``PHASE:N`` makes the process SIGKILL itself at
-#: the N-th fault point (of that phase), as a power cut would stop it
-KILL_ENV = "SHARDING_STORE_TEST_KILL_AT"
-_fault_points: defaultdict[str, int] = defaultdict(int)
-
-
-def fault_point(phase: str) -> None:
-    """A point where a crash must be survivable (see ``_FAULT_HOOK`` and ``KILL_ENV``)."""
-    if _FAULT_HOOK is not None:
-        _FAULT_HOOK(phase)
-    kill_at = os.environ.get(KILL_ENV)
-    if kill_at:
-        wanted, _, n = kill_at.rpartition(":")
-        with _KILL_LOCK:
-            _fault_points[wanted or "*"] += 1 if not wanted or wanted == phase else 0
-            reached = _fault_points[wanted or "*"] == int(n)
-        if reached:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-_KILL_LOCK = threading.Lock()
+__all__ = ["JOURNAL_PREFIX", "STAGING", "ReshardReport", "complete_interrupted", "reshard", "resolve_chunks_per_shard",
+           "shard", "unshard"]
 
 
 # --------------------------------------------------------------------------- report
@@ -153,29 +139,6 @@ class ReshardReport:
 # --------------------------------------------------------------------------- layouts
 
 
-def resolve_chunks_per_shard(meta: dm.DraftArrayMeta, requested: ChunksPerShard) -> Coords | None:
-    """The target ``chunks_per_shard`` of one array; ``None`` = unsharded.
-
-    One number (or a one-entry list) applies to every dimension, as in the model
-    conversion API (``8`` on a 3-d array is ``8x8x8``); a list must have one entry per
-    dimension. Raises :class:`UsageError` naming the array otherwise.
-    """
-    if requested is None:
-        return None
-    values = (requested,) if isinstance(requested, int) else tuple(requested)
-    where = f"array '{meta.path or '/'}'"
-    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-        raise UsageError(f"{where}: chunks_per_shard {list(values)}: every entry must be an integer >= 1")
-    if len(values) == 1:
-        values = values * meta.ndim
-    elif len(values) != meta.ndim:
-        raise UsageError(f"{where}: chunks_per_shard {list(values)} has {len(values)} entries, the array has {meta.ndim} dimensions")
-    try:
-        return meta.with_chunks_per_shard(values).chunks_per_shard
-    except DraftMetadataError as e:
-        raise UsageError(f"{where}: {e}", key=meta.path) from None
-
-
 def _object_cps(layout: ArrayLayout) -> Coords:
     """Chunks per object: the shard shape, or all ones for one object per chunk."""
     return layout.chunks_per_shard if layout.chunks_per_shard is not None else (1,) * layout.ndim
@@ -203,96 +166,23 @@ def _with_zero_d(layout: ArrayLayout, objects: Mapping[Coords, str]) -> ArrayLay
     return replace(layout, zero_d=objects[()][len(layout.prefix) :])
 
 
-# --------------------------------------------------------------------------- planning
-
-
-@dataclass(frozen=True)
-class _Task:
-    """One unit of repacking: source objects read, and the target shard if only one."""
-
-    sources: tuple[tuple[Coords, str], ...]
-    target: Coords | None = None  # None: whole lcm block (sources read whole)
+def _layouts(journal: Journal) -> tuple[ArrayLayout, ArrayLayout]:
+    """The old and the new layout an in-place run moves an array between."""
+    old, new = journal.metas()
+    return ArrayLayout.from_meta(old), ArrayLayout.from_meta(new)
 
 
 def _block_shape(src: Coords, dst: Coords) -> Coords | None:
     """``lcm`` of both object shapes per dimension, or ``None`` when it is too large a task."""
-    block = tuple(math.lcm(a, b) for a, b in zip(src, dst))
-    if math.prod(block) > MAX_BLOCK_FACTOR * max(math.prod(src), math.prod(dst)):
-        return None
-    return block
+    return block_shape(src, dst, MAX_BLOCK_FACTOR)
 
 
-def _target_range(src_obj: Coords, src: Coords, dst: Coords) -> Iterator[Coords]:
-    """Target object coordinates overlapping one source object."""
-    return itertools.product(
-        *(range(s * a // b, ((s + 1) * a - 1) // b + 1) for s, a, b in zip(src_obj, src, dst))
-    )
-
-
-def plan_tasks(objects: Mapping[Coords, str], src: Coords, dst: Coords) -> list[_Task]:
+def plan_tasks(objects: Mapping[Coords, str], src: Coords, dst: Coords) -> list[Group]:
     """Group source objects into tasks (see the module docstring), in key order."""
-    block = _block_shape(src, dst)
-    groups: dict[Coords, list[tuple[Coords, str]]] = defaultdict(list)
-    for coords, key in sorted(objects.items()):
-        if block is not None:
-            groups[tuple(c * a // b for c, a, b in zip(coords, src, block))].append((coords, key))
-        else:
-            for target in _target_range(coords, src, dst):
-                groups[target].append((coords, key))
-    return [_Task(tuple(v), None if block is not None else k) for k, v in sorted(groups.items())]
+    return plan_units((Source(c, k) for c, k in objects.items()), src, dst, max_block=MAX_BLOCK_FACTOR)
 
 
-def _task_targets(task: _Task, src: Coords, dst: Coords) -> set[Coords]:
-    """Every target object a task may write (it writes those that get a chunk)."""
-    if task.target is not None:
-        return {task.target}
-    return {t for coords, _ in task.sources for t in _target_range(coords, src, dst)}
-
-
-# --------------------------------------------------------------------------- gathering
-
-
-def _read_whole(inner: Inner, src: ArrayLayout, sources: Sequence[tuple[Coords, str]]) -> tuple[dict[Coords, memoryview], int]:
-    """Every chunk of whole source objects (global coords -> payload view), and bytes read."""
-    blobs = inner.get_ranges([(key, 0, None) for _, key in sources])
-    chunks: dict[Coords, memoryview] = {}
-    nread = 0
-    for (coords, key), blob in zip(sources, blobs):
-        if blob is None:
-            raise MigrationError(f"{key}: listed, but gone before it was read (is another process writing?)", key=key)
-        nread += len(blob)
-        view = memoryview(blob)
-        if src.chunks_per_shard is None:
-            chunks[coords] = view
-            continue
-        for local, off, nb in read_index(blob, src.chunks_per_shard, key=key).live():
-            chunks[local_to_global(coords, local, src.chunks_per_shard)] = view[off : off + nb]
-    return chunks, nread
-
-
-def gather_target_shard(
-    inner: Inner,
-    src: ArrayLayout,
-    target_shard: Coords,
-    target_cps: Coords,
-    *,
-    sources: Iterable[str] | None = None,
-) -> dict[Coords, bytes]:
-    """Raw payloads of the chunks of one target shard (local coords -> bytes), read from ``src``.
-
-    A sharded source costs one index read per source shard and coalesced ranges
-    (``ShardingStore.getitems``); an unsharded one a batch of whole gets. ``sources``
-    (the keys of the existing source objects, if known) avoids asking for absent ones.
-    Reusable by anything that builds shards from another layout (e.g. migration).
-    """
-    keys = {src.chunk_key(c): c for c in shard_chunks(target_shard, target_cps)}
-    if src.chunks_per_shard is not None:
-        values = ShardingStore(inner, layout=src, coalesce_gap=1 << 16, max_workers=1).getitems(keys)
-    else:
-        known = None if sources is None else set(sources)
-        wanted = [k for k in keys if known is None or k in known]
-        values = {k: v for k, v in zip(wanted, inner.get_ranges([(k, 0, None) for k in wanted])) if v is not None}
-    return {chunk_to_shard(keys[k], target_cps)[1]: v for k, v in values.items()}
+# --------------------------------------------------------------------------- packing
 
 
 def pack_objects(chunks: Mapping[Coords, bytes | memoryview], dst: ArrayLayout) -> Iterator[tuple[str, bytes]]:
@@ -309,43 +199,8 @@ def pack_objects(chunks: Mapping[Coords, bytes | memoryview], dst: ArrayLayout) 
         yield dst.shard_key(shard), encode_shard(local_chunks, dst.chunks_per_shard)
 
 
-# --------------------------------------------------------------------------- running
-
-
 def _progress(total: int, desc: str, enabled: bool | None) -> Any:
     return progress_bar(total, desc, "task", enabled)
-
-
-def run_bounded(fn: Callable[[Any], Any], items: Iterable[Any], jobs: int, on_done: Callable[[], Any] = lambda: None) -> None:
-    """``fn(item)`` for every item on ``jobs`` threads, at most ``2 * jobs`` in flight.
-
-    The first exception stops submitting, waits for the tasks in flight and is raised.
-    """
-    if jobs <= 1:
-        for item in items:
-            fn(item)
-            on_done()
-        return
-    with ThreadPoolExecutor(jobs) as pool:
-        pending: set[Future[Any]] = set()
-
-        def drain(done: set[Future[Any]]) -> None:
-            for f in done:
-                f.result()
-                on_done()
-
-        try:
-            for item in items:
-                if len(pending) >= 2 * jobs:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    drain(done)
-                pending.add(pool.submit(fn, item))
-            done, pending = wait(pending)
-            drain(done)
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
 
 
 @dataclass(frozen=True)
@@ -369,16 +224,16 @@ class _Repack:
     ) -> None:
         """Write every target object; tasks whose targets are all in ``skip`` are not redone."""
         src_cps, dst_cps = _object_cps(self.src), _object_cps(self.dst)
-        tasks = [t for t in plan_tasks(objects, src_cps, dst_cps) if not _task_targets(t, src_cps, dst_cps) <= skip]
+        tasks = [t for t in plan_tasks(objects, src_cps, dst_cps) if not group_targets(t, src_cps, dst_cps) <= skip]
         with _progress(len(tasks), self.src.path or "/", progress) as bar:
-            run_bounded(lambda t: self._task(t, report), tasks, jobs, lambda: bar.update())
+            run_all(lambda t: self._task(t, report), tasks, jobs, lambda: bar.update())
 
-    def _task(self, task: _Task, report: ReshardReport) -> None:
+    def _task(self, task: Group, report: ReshardReport) -> None:
         if task.target is None:
-            chunks, nread = _read_whole(self.src_inner, self.src, task.sources)
+            chunks, nread = read_objects(self.src_inner, self.src, [(s.coords, s.key) for s in task.sources])
         else:
             dst_cps = _object_cps(self.dst)
-            local = gather_target_shard(self.src_inner, self.src, task.target, dst_cps, sources=[k for _, k in task.sources])
+            local = gather(self.src_inner, self.src, task.target, dst_cps, sources=[s.key for s in task.sources])
             chunks = {local_to_global(task.target, c, dst_cps): v for c, v in local.items()}
             nread = sum(len(v) for v in chunks.values())
         report.add(bytes_read=nread)
@@ -388,61 +243,17 @@ class _Repack:
             fault_point("stage")
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def _is_local(inner: Inner) -> bool:
-    return isinstance(inner, FsspecInner) and inner.is_local
-
-
-def move_object(inner: Inner, src_key: str, dst_key: str) -> None:
-    """Move an object within one store: ``os.replace`` on local disk (atomic, no copy),
-    ``fs.mv`` (server-side copy + delete) on other fsspec stores, else get/set/delete."""
-    if _is_local(inner):
-        path = inner._path(dst_key)  # type: ignore[attr-defined]
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        try:
-            os.replace(inner._path(src_key), path)  # type: ignore[attr-defined]
-        except FileNotFoundError:
-            if not os.path.exists(path):
-                raise
-        return
-    if isinstance(inner, FsspecInner):
-        inner.fs.mv(inner._path(src_key), inner._path(dst_key))
-        return
-    value = inner.get(src_key)
-    if value is not None:
-        inner.set(dst_key, value)
-        inner.delete(src_key)
-
-
-def copy_object(src: Inner, dst: Inner, key: str) -> int:
+def copy_object(src: Inner, dst: Inner, key: str, size: int | None = None) -> int:
     """Copy one object verbatim; its size. Bytes stay out of this process where the stores
-    allow it (an atomic kernel copy on local disk, a server-side copy on one object store:
-    ``migrate_units.copy_within``), else one get and one set."""
-    if copy_within(src, key, dst, key):
-        size = dst.size(key) if isinstance(dst, FsspecInner) else None
-        if size is None:
-            raise MigrationError(f"{key}: copied, but not found at the destination afterwards", key=key)
+    allow it (:meth:`Inner.copy_to`: a kernel copy on local disk, a server-side copy on
+    one object store), else one get and one set."""
+    if size is not None and src.copy_to(key, dst, key, size=size):
         return size
     value = src.get(key)
     if value is None:
         raise MigrationError(f"{key}: listed, but gone before it was copied (is another process writing?)", key=key)
     dst.set(key, value)
     return len(value)
-
-
-def _prune_empty_dirs(inner: Inner, prefix: str, *, keep_top: bool = True) -> None:
-    """Remove empty directories below ``prefix`` on local disk (left by moves and deletes)."""
-    if not _is_local(inner):
-        return
-    top = inner._path(prefix.rstrip("/"))  # type: ignore[attr-defined]
-    for dirpath, _, _ in sorted(os.walk(top, topdown=False), key=lambda w: -len(w[0])):
-        if dirpath != top or not keep_top:
-            try:
-                os.rmdir(dirpath)
-            except OSError:
-                pass  # not empty
 
 
 def _update_consolidated(inner: Inner, meta_key: str, doc: bytes | None, *, add: bool = False) -> None:
@@ -473,56 +284,6 @@ def _consolidated_lists(inner: Inner, meta_key: str) -> bool:
         return False
 
 
-# --------------------------------------------------------------------------- journal
-
-
-@dataclass
-class Journal:
-    """The in-place protocol's state for one array (see the module docstring)."""
-
-    path: str
-    meta_key: str
-    old: str  # the old metadata document, exactly as it was stored
-    new: str  # the new metadata document
-    phase: str  # "stage" | "swap" | "move"
-    consolidated: bool  # whether consolidated metadata listed the array
-    version: int = JOURNAL_VERSION
-
-    @property
-    def key(self) -> str:
-        return JOURNAL_PREFIX + self.meta_key
-
-    def save(self, inner: Inner, phase: str) -> None:
-        self.phase = phase
-        inner.set(self.key, json.dumps(asdict(self), indent=1, sort_keys=True).encode())
-
-    @classmethod
-    def load(cls, raw: bytes, key: str) -> Journal:
-        try:
-            doc = json.loads(raw)
-            journal = cls(**doc)
-        except (ValueError, TypeError) as e:
-            raise MigrationError(f"{key}: unreadable reshard journal ({e}); inspect it, then delete it by hand", key=key) from None
-        if journal.version != JOURNAL_VERSION or journal.phase not in ("stage", "swap", "move"):
-            raise MigrationError(f"{key}: unknown reshard journal version {journal.version} / phase {journal.phase!r}", key=key)
-        return journal
-
-    def layouts(self) -> tuple[ArrayLayout, ArrayLayout]:
-        old = dm.parse_array_metadata(self.old.encode(), self.meta_key, self.path)
-        new = dm.parse_array_metadata(self.new.encode(), self.meta_key, self.path)
-        return ArrayLayout.from_meta(old), ArrayLayout.from_meta(new)
-
-
-def pending_journals(inner: Inner) -> list[Journal]:
-    """The journals of interrupted in-place runs in a store."""
-    out = []
-    for key in inner.list_prefix(JOURNAL_PREFIX):
-        raw = inner.get(key)
-        if raw is not None:
-            out.append(Journal.load(raw, key))
-    return out
-
-
 # --------------------------------------------------------------------------- in place
 
 
@@ -534,7 +295,7 @@ class _Options:
 
 def _stage(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> None:
     """Phase ``stage``: write every new object under ``__reshard__/`` (keeping those written already)."""
-    old, new = journal.layouts()
+    old, new = _layouts(journal)
     objects = list_objects(inner, old)
     old = _with_zero_d(old, objects)
     new = replace(new, zero_d=old.zero_d)
@@ -544,12 +305,11 @@ def _stage(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options
 
 def _rollback(inner: Inner, journal: Journal) -> None:
     """Undo a ``stage`` phase: the array was never touched, only staged objects go."""
-    _, new = journal.layouts()
+    _, new = _layouts(journal)
     for key in list_objects(inner, new, STAGING).values():
         inner.delete(STAGING + key)
     inner.delete(journal.key)
-    remove_temp_files(inner, STAGING)  # writes a killed run left unfinished
-    _prune_empty_dirs(inner, STAGING, keep_top=False)
+    inner.tidy(STAGING, keep_top=False)  # writes a killed run left unfinished, emptied directories
 
 
 def _swap(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> None:
@@ -558,7 +318,7 @@ def _swap(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options)
     fault_point("hide")
     inner.delete(journal.meta_key)
     fault_point("hide")
-    old, new = journal.layouts()
+    old, new = _layouts(journal)
     staged = set(list_objects(inner, new, STAGING).values())
     doomed = [k for k in list_objects(inner, old).values() if k not in staged]
 
@@ -567,28 +327,27 @@ def _swap(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options)
         report.add(objects_removed=1)
         fault_point("clear")
 
-    run_bounded(delete, doomed, opts.jobs)
+    run_all(delete, doomed, opts.jobs)
 
 
 def _move(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> None:
     """Phase ``move``: staged objects over their final keys, then the new metadata."""
-    _, new = journal.layouts()
+    _, new = _layouts(journal)
     staged = list(list_objects(inner, new, STAGING).values())
 
     def move(key: str) -> None:
-        move_object(inner, STAGING + key, key)
+        inner.move(STAGING + key, key)
         fault_point("move")
 
-    run_bounded(move, staged, opts.jobs)
+    run_all(move, staged, opts.jobs)
     inner.set(journal.meta_key, journal.new.encode())
     fault_point("commit")
     if journal.consolidated:
         _update_consolidated(inner, journal.meta_key, journal.new.encode(), add=True)
         fault_point("commit")
     inner.delete(journal.key)
-    _prune_empty_dirs(inner, new.prefix)
-    remove_temp_files(inner, STAGING)  # writes a killed run left unfinished
-    _prune_empty_dirs(inner, STAGING, keep_top=False)
+    inner.tidy(new.prefix)  # directories the moves and deletes emptied
+    inner.tidy(STAGING, keep_top=False)  # writes a killed run left unfinished
 
 
 def _complete(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> bool:
@@ -646,7 +405,7 @@ def complete_interrupted(
 
 
 def _resume_all(inner: Inner, report: ReshardReport, opts: _Options) -> None:
-    for journal in pending_journals(inner):
+    for journal in interrupted_reshards(inner):
         if _complete(inner, journal, report, opts):
             report.arrays_resumed.append(journal.path)
 
@@ -656,27 +415,6 @@ def _resume_all(inner: Inner, report: ReshardReport, opts: _Options) -> None:
 
 def _describe(store: Any) -> str:
     return os.fspath(store) if isinstance(store, (str, os.PathLike)) else type(store).__name__
-
-
-def _same_or_nested(src: Any, dst: Any) -> bool:
-    """True when two locations given as paths/URLs are the same or one contains the other."""
-    if not isinstance(src, (str, os.PathLike)) or not isinstance(dst, (str, os.PathLike)):
-        return src is dst
-    a, b = (os.fspath(x) for x in (src, dst))
-    if "://" not in a and "://" not in b:
-        a, b = os.path.realpath(a), os.path.realpath(b)
-    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
-    return a.startswith(b) or b.startswith(a)
-
-
-def _prepare_destination(dst_inner: Inner, dst: Any, overwrite: bool) -> None:
-    keys, prefixes = dst_inner.list_dir("")
-    if not keys and not prefixes:
-        return
-    if not overwrite:
-        raise DestinationExistsError(f"{_describe(dst)}: destination exists and is not empty (use --overwrite)", key=_describe(dst))
-    dst_inner.delete_prefix("")
-    _prune_empty_dirs(dst_inner, "")
 
 
 def _copy_hierarchy(
@@ -694,30 +432,34 @@ def _copy_hierarchy(
     def repacked_chunk(key: str) -> bool:
         return any(lay.parse(key) is not None for lay in layouts.values())
 
-    data, meta = [], []
-    for key in src_inner.list_prefix(""):
+    data: list[tuple[str, int | None]] = []
+    meta: list[tuple[str, int | None]] = []
+    entry_point: tuple[str, int | None] = (dm.ENTRY_POINT_KEY, None)
+    for key, size in src_inner.list_sized(""):
+        if key == dm.ENTRY_POINT_KEY:
+            entry_point = (key, size)
         if key.startswith(STAGING) or key == dm.ENTRY_POINT_KEY or key in repacked_meta or repacked_chunk(key):
             continue
-        (meta if key.startswith("meta/") else data).append(key)
+        (meta if key.startswith("meta/") else data).append((key, size))
 
-    def copy(key: str) -> None:
-        report.add(objects_copied=1, bytes_written=copy_object(src_inner, dst_inner, key))
+    def copy(item: tuple[str, int | None]) -> None:
+        report.add(objects_copied=1, bytes_written=copy_object(src_inner, dst_inner, *item))
 
     with _progress(len(data), "copy", opts.progress) as bar:
-        run_bounded(copy, data, opts.jobs, lambda: bar.update())
+        run_all(copy, data, opts.jobs, lambda: bar.update())
     for path, target in targets.items():
         src = layouts[path]
         objects = list_objects(src_inner, src)
         src = _with_zero_d(src, objects)
         dst = replace(ArrayLayout.from_meta(target), zero_d=src.zero_d)
         _Repack(src_inner, dst_inner, src, dst).run(objects, report, jobs=opts.jobs, progress=opts.progress)
-    run_bounded(copy, meta, opts.jobs)
+    run_all(copy, meta, opts.jobs)
     for path, target in targets.items():
         key = dm.array_meta_key(path, h.suffix)
         doc = dm.encode_array_metadata(target)
         dst_inner.set(key, doc)
         _update_consolidated(dst_inner, key, doc)
-    copy(dm.ENTRY_POINT_KEY)
+    copy(entry_point)
 
 
 # --------------------------------------------------------------------------- API
@@ -725,8 +467,6 @@ def _copy_hierarchy(
 
 def _select(h: DraftHierarchy, arrays: Iterable[str] | None) -> list[dm.DraftArrayMeta]:
     """The arrays to consider; one that was asked for by name and is damaged is refused."""
-    from .migrate import damage_error
-
     if arrays is None:
         return [n.meta for n in h.arrays() if n.meta is not None]
     out = []
@@ -757,8 +497,11 @@ def _run(
     started = time.perf_counter()
     opts = _Options(max(1, jobs), progress)
     src_inner = inner_of(src, storage_options)
+    dst_inner = None if dst is None else inner_of(dst, dst_storage_options)
+    if dst_inner is not None:
+        check_apart(src_inner, dst_inner, _describe(src), _describe(dst), hint="omit DST to work in place")
     report = ReshardReport(source=_describe(src), destination=None if dst is None else _describe(dst))
-    journals = pending_journals(src_inner)
+    journals = interrupted_reshards(src_inner)
     if journals and (dst is not None or not resume):
         names = ", ".join(f"'{j.path or '/'}' ({j.phase})" for j in journals)
         raise MigrationError(
@@ -766,19 +509,16 @@ def _run(
             f"complete it first with `sharding-store reshard {_describe(src)} --resume`",
             key=journals[0].key,
         )
-    if dst is None:
+    if dst_inner is None:
         _resume_all(src_inner, report, opts)
     h = DraftHierarchy(src_inner, location=_describe(src), strict=False)
     targets = _targets(h, want, arrays, report)
-    if dst is None:
+    if dst_inner is None:
         for path, target in targets.items():
             _reshard_in_place(src_inner, dm.array_meta_key(path, h.suffix), target, report, opts)
             report.arrays_changed.append(path)
     else:
-        if _same_or_nested(src, dst):
-            raise UsageError(f"{_describe(dst)}: destination is the source or inside/around it; omit DST to work in place")
-        dst_inner = inner_of(dst, dst_storage_options)
-        _prepare_destination(dst_inner, dst, overwrite)
+        prepare_destination(dst_inner, _describe(dst), overwrite=overwrite)
         _copy_hierarchy(src_inner, dst_inner, h, targets, report, opts)
         report.arrays_changed.extend(targets)
     report.seconds = time.perf_counter() - started
@@ -792,8 +532,6 @@ def _targets(
     """The new metadata of each array to repack. Damaged arrays (invalid documents, or
     shards under metadata that lost its transformer, which a repack would scramble) are
     left alone and reported, or refused when asked for by name."""
-    from .migrate import damage_error, lost_transformer
-
     if arrays is None:
         report.arrays_damaged.update({p: str(e) for p, e in h.damaged.items()})
     targets: dict[str, dm.DraftArrayMeta] = {}
@@ -831,8 +569,9 @@ def reshard(
     ``None`` to unshard. Without ``dst`` the store is changed in place, safely (see the
     module docstring); interrupted runs found in it are completed first unless
     ``resume=False``, which refuses such a store. With ``dst`` the hierarchy is copied
-    there (``dst`` must be empty unless ``overwrite``). Arrays already in the layout are
-    skipped without writing anything.
+    there (``dst`` must be empty unless ``overwrite``; it must not be the source, inside
+    it or contain it, however spelled). Arrays already in the layout are skipped
+    without writing anything.
     """
     return _run(
         src, dst, lambda meta: resolve_chunks_per_shard(meta, chunks_per_shard),

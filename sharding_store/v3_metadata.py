@@ -7,14 +7,24 @@ checksum or a start index means the caller rewrites the shard index.
 Data types and fill values are spelled exactly as zarr-python 3 writes and reads them:
 plain numeric types directly (so migrating them never imports zarr), the rest through
 zarr 3's own dtype machinery.
+
+No document zarr-python 3 cannot use is ever produced: codec parameters are checked as
+they are translated (what zarr 3 parses, and what the codec can encode with: blosc clevel
+0-9, gzip level 0-9, zstd level an int), each filter and the compressor run a test chunk
+there and back, and array->array filters must produce what zarr 3 expects of them. An
+array that fails is *untranslatable*: :class:`DraftMetadataError` naming the document and
+the field (migrate: exit 10, ``--skip-damaged`` leaves it out). Values a library clamps
+are translated to what it used (zstd level 30 was level 22; gzip -1 is level 6).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from typing import Any, Literal
 
+import numcodecs
 import numpy as np
 from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
@@ -188,76 +198,223 @@ def _split_filters(meta: DraftArrayMeta) -> tuple[list[Codec], list[Codec]]:
     return aa, bb
 
 
-def _run_filters(meta: DraftArrayMeta, filters: list[Codec]) -> Any:
-    """Run a tiny chunk through ``filters``: their output type is what the draft writer
-    handed to the next stage (so e.g. ``Delta(astype=...)`` is seen exactly)."""
-    out: Any = np.zeros(8, dtype=meta.dtype)
+#: The test chunk has the array's own chunk size up to this many bytes (a filter may depend
+#: on it: ``shuffle`` needs a multiple of its element size), else 8 items.
+PROBE_BYTES = 1 << 16
+
+
+def _probe_items(meta: DraftArrayMeta) -> int:
+    n = math.prod(meta.chunks)
+    return n if n * meta.dtype.itemsize <= PROBE_BYTES else 8
+
+
+def _probe(meta: DraftArrayMeta, compressor: Codec | None, *, encoded: bool = False) -> list[Any]:
+    """Run a tiny chunk through the filters (and, with ``encoded``, the compressor and back
+    through everything) as a reader and a writer of the translated array will: a parameter
+    the codec rejects (numcodecs accepts almost any configuration and fails only when used:
+    zlib level 99, lzma preset 99, an lz4 acceleration of "x") makes the array untranslatable
+    instead of a ``zarr.json`` that fails on first use. Returns the chunk after each filter
+    (``[0]``: the chunk itself): their types are what the draft writer handed to the next
+    stage (so e.g. ``Delta(astype=...)`` and blosc's typesize are seen exactly)."""
+    out: Any = np.zeros(_probe_items(meta), dtype=meta.dtype)
+    outputs = [out]
+    stages: list[tuple[str, Codec, Any]] = []  # (field, codec, its input)
+    fld = "attributes.filters"
     try:
-        for f in filters:
+        for i, f in enumerate(meta.filters):
+            fld = f"attributes.filters[{i}]"
+            stages.append((fld, f, out))
             out = f.encode(out)
-        return out
-    except Exception as e:
+            outputs.append(out)
+        if not encoded:
+            return outputs
+        if compressor is not None:
+            fld = "compressor"
+            stages.append((fld, compressor, out))
+            out = compressor.encode(ensure_contiguous_ndarray(out))
+        for fld, codec, given in reversed(stages):
+            out = codec.decode(out)
+            got, want = ensure_contiguous_ndarray(out).nbytes, ensure_contiguous_ndarray(given).nbytes
+            if got != want:  # e.g. packbits over packbits: the chunk cannot come back
+                raise ValueError(f"decodes to {got} bytes, not the {want} it encoded")
+    except Exception as e:  # noqa: BLE001 - any failure of a third-party codec
         raise _untranslatable(
-            meta, f"field 'attributes.filters': cannot determine the filters' output type: {e}"
+            meta, f"field '{fld}': the codec fails on a test chunk ({type(e).__name__}: {_short_text(e)}); "
+            "zarr-python 3 could not read or write the array"
         ) from None
+    return outputs
 
 
-def _numcodecs_entry(codec: Codec) -> dict:
+def _short_text(e: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _json_config(meta: DraftArrayMeta, codec: Codec, fld: str) -> dict:
+    """A numcodecs codec's configuration as zarr-python 3 will see it: JSON, from which
+    numcodecs must build the same codec (zarr 3 does that on first use)."""
     config = codec.get_config()
     config.pop("id", None)
-    return {"name": f"numcodecs.{codec.codec_id}", "configuration": config}
+    try:
+        config = json.loads(json.dumps(config))
+        numcodecs.get_codec({"id": codec.codec_id, **config})
+    except Exception as e:  # noqa: BLE001 - non-JSON values, or numcodecs refusing its own config
+        raise _untranslatable(
+            meta, f"field '{fld}': the {codec.codec_id!r} configuration does not survive JSON "
+            f"({type(e).__name__}: {_short_text(e)})"
+        ) from None
+    return config
+
+
+def _numcodecs_entry(codec: Codec, meta: DraftArrayMeta, fld: str) -> dict:
+    return {"name": f"numcodecs.{codec.codec_id}", "configuration": _json_config(meta, codec, fld)}
+
+
+#: What zarr-python 3's native codecs accept (zarr/codecs/{blosc,gzip,zstd}.py), and what the
+#: codecs themselves can encode with (a parameter zarr 3 parses but the library refuses would
+#: give an array that fails on its first write).
+BLOSC_CNAMES = frozenset({"lz4", "lz4hc", "blosclz", "zstd", "snappy", "zlib"})
+BLOSC_CLEVELS = range(0, 10)
+GZIP_LEVELS = range(0, 10)
+#: libzstd's ``ZSTD_maxCLevel()``: zarr 3 refuses higher levels; libzstd clamps them to it,
+#: so a draft written with level 30 was compressed at level 22 and is translated as such.
+ZSTD_MAX_LEVEL = 22
+_C_INT = range(-(2**31), 2**31)
+
+
+def _int_param(meta: DraftArrayMeta, cid: str, name: str, value: Any, allowed: range) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value not in allowed:
+        shown = repr(value) if not isinstance(value, int) or value.bit_length() < 4000 else "<huge integer>"
+        shown = shown if len(shown) <= 24 else f"{shown[:16]}... ({len(shown)} characters)"
+        raise _untranslatable(
+            meta, f"field 'compressor': {cid} {name} {shown} is not an integer in "
+            f"[{allowed.start}, {allowed.stop - 1}], so zarr-python 3 cannot use it"
+        )
+    return value
 
 
 def _compressor_entry(codec: Codec, meta: DraftArrayMeta, typesize: int) -> dict:
-    """A draft compressor as a v3 codec that decodes the draft payload unchanged."""
+    """A draft compressor as a v3 codec that decodes the draft payload unchanged; its
+    parameters are checked against what zarr-python 3 and the codec accept."""
     config = codec.get_config()
     cid = config.pop("id")
     if cid == "blosc":
-        shuffle = config["shuffle"]
+        cname = config.get("cname")
+        if cname not in BLOSC_CNAMES:
+            raise _untranslatable(
+                meta, f"field 'compressor': blosc cname {str(cname)[:40]!r} is not one of "
+                f"{', '.join(sorted(BLOSC_CNAMES))}, so zarr-python 3 cannot use it"
+            )
+        shuffle = config.get("shuffle")
+        if isinstance(shuffle, bool) or shuffle not in (-1, *_BLOSC_SHUFFLE):
+            raise _untranslatable(
+                meta, f"field 'compressor': blosc shuffle {str(shuffle)[:40]!r} is not -1, 0, 1 or 2"
+            )
         if shuffle == -1:  # AUTOSHUFFLE, resolved as numcodecs' compress() does
             shuffle = 2 if typesize == 1 else 1
         return {
             "name": "blosc",
             "configuration": {
-                "cname": config["cname"],
-                "clevel": config["clevel"],
+                "cname": cname,
+                "clevel": _int_param(meta, cid, "clevel", config.get("clevel"), BLOSC_CLEVELS),
                 "shuffle": _BLOSC_SHUFFLE[shuffle],
                 "typesize": typesize,
-                "blocksize": config.get("blocksize", 0),
+                "blocksize": _int_param(meta, cid, "blocksize", config.get("blocksize", 0), range(0, 2**31)),
             },
         }
     if cid == "gzip":
-        return {"name": "gzip", "configuration": {"level": config["level"]}}
+        level = config.get("level")
+        if level == -1 and not isinstance(level, bool):
+            level = 6  # zlib's Z_DEFAULT_COMPRESSION is level 6; zarr 3 takes 0-9 only
+        return {"name": "gzip", "configuration": {"level": _int_param(meta, cid, "level", level, GZIP_LEVELS)}}
     if cid == "zstd":
-        return {
-            "name": "zstd",
-            "configuration": {"level": config["level"], "checksum": bool(config.get("checksum", False))},
-        }
+        level = min(_int_param(meta, cid, "level", config.get("level"), _C_INT), ZSTD_MAX_LEVEL)
+        checksum = config.get("checksum", False)
+        if not isinstance(checksum, bool):
+            raise _untranslatable(meta, f"field 'compressor': zstd checksum {str(checksum)[:40]!r} is not true or false")
+        return {"name": "zstd", "configuration": {"level": level, "checksum": checksum}}
     if _v3_class(f"numcodecs.{cid}") is None:
         raise _untranslatable(meta, f"field 'compressor': {cid!r} has no zarr-python 3 codec")
-    return _numcodecs_entry(codec)
+    return _numcodecs_entry(codec, meta, "compressor")
+
+
+def _check_zarr_resolves(meta: DraftArrayMeta, entries: list[dict], outputs: list[Any], positions: list[int]) -> None:
+    """zarr-python 3 does not run an array->array filter to learn what it produces: it asks
+    the codec (``resolve_metadata``), then reshapes each decoded chunk to that shape and has
+    the bytes codec read the chunk as that type. A chain where the answer differs in size
+    from what the filter really produces (e.g. ``quantize(dtype=f2)`` after a filter that
+    made int32, ``quantize(astype=...)``, a second ``delta`` over the first one's wider
+    output) would fail to reshape, or read wrong values: refused."""
+    from zarr.core.array_spec import ArrayConfig, ArraySpec
+    from zarr.core.buffer import default_buffer_prototype
+
+    fld = "attributes.filters"
+    n_in = _probe_items(meta)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # zarr 3 warns that numcodecs codecs are not in the spec
+            zdtype = _zdtype(meta.dtype, meta)
+            spec = ArraySpec(shape=(n_in,), dtype=zdtype, fill_value=zdtype.default_scalar(),
+                             config=ArrayConfig.from_dict({}), prototype=default_buffer_prototype())
+            for entry, out, i in zip(entries, outputs, positions):
+                fld = f"attributes.filters[{i}]"
+                codec = _v3_class(entry["name"]).from_dict(entry)  # type: ignore[union-attr]
+                codec = codec.evolve_from_array_spec(spec)
+                spec = codec.resolve_metadata(spec)
+                expected, n = np.dtype(spec.dtype.to_native_dtype()), math.prod(spec.shape)
+                actual = np.asarray(out)
+                # only the bytes matter (bitround hands on an integer view of its floats)
+                if actual.size != n or actual.dtype.itemsize != expected.itemsize:
+                    raise _untranslatable(
+                        meta, f"field '{fld}': {entry['name']!r} produces {actual.size} items of {actual.dtype} "
+                        f"from a {n_in}-item chunk, where zarr-python 3 expects {n} of {expected}: it could "
+                        "not read the chunks"
+                    )
+    except DraftMetadataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - zarr 3 itself failing on the configuration
+        raise _untranslatable(
+            meta, f"field '{fld}': zarr-python 3 cannot set it up ({type(e).__name__}: {_short_text(e)})"
+        ) from None
 
 
 def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list[dict]:
     """The v3 codec chain that decodes one draft chunk payload:
-    transpose (F order) -> filters -> bytes -> compressor."""
+    transpose (F order) -> filters -> bytes -> compressor.
+
+    Raises DraftMetadataError (untranslatable) for a codec or parameter zarr-python 3 would
+    refuse or fail on, so no ``zarr.json`` it cannot use is ever produced."""
     compressor = meta.compressor if compressor is _KEEP else compressor
     aa, bb = _split_filters(meta)
+    index = {id(f): i for i, f in enumerate(meta.filters)}
     codecs: list[dict] = []
     if meta.order == "F" and meta.ndim > 1:
         codecs.append({"name": "transpose", "configuration": {"order": list(range(meta.ndim))[::-1]}})
-    codecs += [_numcodecs_entry(f) for f in aa]
-    array_dtype = np.asarray(_run_filters(meta, aa)).dtype if aa else meta.dtype
-    if _data_type(array_dtype, meta).has_endianness:
-        big = array_dtype.byteorder == ">" or (array_dtype.byteorder == "=" and not np.little_endian)
+    aa_entries = [_numcodecs_entry(f, meta, f"attributes.filters[{index[id(f)]}]") for f in aa]
+    codecs += aa_entries
+    stages = _probe(meta, compressor)
+    if aa:
+        _check_zarr_resolves(meta, aa_entries, stages[1 : len(aa) + 1], [index[id(f)] for f in aa])
+    array_dtype = np.asarray(stages[len(aa)]).dtype  # what the bytes codec sees
+    seen, own = _data_type(array_dtype, meta).has_endianness, _data_type(meta.dtype, meta).has_endianness
+    if seen and not own:
+        # zarr-python 3 sets the bytes codec up from the array's own type (evolve_from_array_spec)
+        # and then fails on the wider type the filters hand it
+        raise _untranslatable(
+            meta, f"field 'attributes.filters': the filters turn {meta.dtype} items into {array_dtype}, "
+            "which zarr-python 3 cannot decode for an array of 1-byte items"
+        )
+    if own:  # zarr 3 requires the byte order whenever the array's own type has one
+        big = seen and (array_dtype.byteorder == ">" or (array_dtype.byteorder == "=" and not np.little_endian))
         codecs.append({"name": "bytes", "configuration": {"endian": "big" if big else "little"}})
     else:
         codecs.append({"name": "bytes"})
-    codecs += [_numcodecs_entry(f) for f in bb]
+    codecs += [_numcodecs_entry(f, meta, f"attributes.filters[{index[id(f)]}]") for f in bb]
     if compressor is not None:
         # numcodecs' Blosc takes typesize (and AUTOSHUFFLE) from the buffer it is given
-        typesize = ensure_contiguous_ndarray(_run_filters(meta, list(meta.filters))).itemsize
-        codecs.append(_compressor_entry(compressor, meta, typesize))
+        typesize = ensure_contiguous_ndarray(stages[-1]).itemsize
+        codecs.append(_compressor_entry(compressor, meta, typesize))  # checks its parameters first
+    _probe(meta, compressor, encoded=True)
     return codecs
 
 
@@ -272,6 +429,22 @@ def _dimension_names(attributes: dict, ndim: int) -> tuple[list | None, dict]:
         rest = {k: v for k, v in attributes.items() if k != "_ARRAY_DIMENSIONS"}
         return dims, rest
     return None, attributes
+
+
+def _type_and_fill(dt: _NumericType | _ZarrType, meta: DraftArrayMeta) -> tuple[Any, Any]:
+    """The v3 ``data_type`` and ``fill_value``; zarr-python 3's dtype machinery failing on
+    one (e.g. the default of a structured type with a raw-bytes field) is untranslatable."""
+    fld = "data_type"
+    try:
+        data_type = dt.to_json()
+        fld = "fill_value"
+        return data_type, dt.fill_json(meta.fill_value)
+    except DraftMetadataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - zarr-python 3 refusing the type or the value
+        raise _untranslatable(
+            meta, f"field '{fld}': zarr-python 3 cannot express it for {meta.dtype} ({type(e).__name__}: {_short_text(e)})"
+        ) from None
 
 
 def v3_array_document(
@@ -302,6 +475,7 @@ def v3_array_document(
                 f"{array_meta_key(meta.path)}: not portable to every v3 reader: " + "; ".join(problems)
             )
     dt = _data_type(meta.dtype, meta)
+    data_type_json, fill_json = _type_and_fill(dt, meta)
     inner = inner_codecs(meta, compressor)
     if meta.chunks_per_shard is None:
         grid, codecs = list(meta.chunks), inner
@@ -326,12 +500,12 @@ def v3_array_document(
         "zarr_format": 3,
         "node_type": "array",
         "shape": list(meta.shape),
-        "data_type": dt.to_json(),
+        "data_type": data_type_json,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": grid}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": meta.separator}},
         # v3 requires a fill value; a draft ``null`` (never defined by zarr 2) is the
         # type's default: zero, empty, NaT
-        "fill_value": dt.fill_json(meta.fill_value),
+        "fill_value": fill_json,
         "codecs": codecs,
         "attributes": attributes,
     }
@@ -349,7 +523,7 @@ def portability_problems(meta: DraftArrayMeta, compressor: Codec | None = _KEEP)
     """Why some v3 reader (e.g. tensorstore) could not open this array; [] if none."""
     compressor = meta.compressor if compressor is _KEEP else compressor
     try:
-        dt_json = _data_type(meta.dtype, meta).to_json()
+        dt_json, _ = _type_and_fill(_data_type(meta.dtype, meta), meta)
         codecs = inner_codecs(meta, compressor)
     except DraftMetadataError as e:
         return [str(e)]

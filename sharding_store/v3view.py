@@ -8,9 +8,23 @@ layout of a draft-era store: a synthesised ``zarr.json`` for every node (from
 Why this works without rewriting anything: a draft shard *is* a v1.0
 ``sharding_indexed`` shard with ``index_codecs=[bytes little]`` at the end, so a v3
 chunk of a sharded array is a whole draft shard object, and a v3 chunk of an unsharded
-array is the draft chunk object. Byte ranges are passed straight to the store below,
-so zarr's sharding codec reads a shard index with one suffix read and each inner
-chunk with one range read, served verbatim.
+array is the draft chunk object.
+
+One read path: chunks are served through the same checks as
+:func:`~sharding_store.array.open_draft` — the shard engine
+(:mod:`sharding_store.engine`: full index validation, consistent reads) and a bounded
+check-decode of every payload served (:mod:`sharding_store.chunk_codec`), so damage
+surfaces as :class:`~sharding_store.errors.ShardCorruptError` or
+:class:`~sharding_store.errors.ChunkDecodeError` naming the key, never as zarr's bare
+errors or wrong values; an unsharded array whose objects are really shards (the
+zarr-python 2.x ``resize()`` defect) is refused. zarr's sharding codec reads a shard's
+index with one suffix read: the view answers with the validated index whose offsets
+*name* the chunks (``CHUNK_TOKEN + n`` for the shard's n-th chunk) instead of locating
+them, so the range read that follows asks for a chunk, which the engine reads (one range
+read, checked against the index's version) from the shard as it is now — a writer
+replacing the shard in between cannot make it serve another chunk's bytes. A shard read
+whole is one request (one snapshot), validated and returned as it is; so is any byte
+range that does not name a chunk.
 
 The draft metadata is read once (:func:`sharding_store.hierarchy.open_hierarchy`) and
 cached; :meth:`DraftV3Store.refresh` forgets it. Every write raises
@@ -27,20 +41,32 @@ import warnings
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from . import draft_metadata as dm
-from .errors import DraftMetadataError, ReadOnlyError
+from .chunk_codec import ChunkCodec, codec_for
+from .engine import ArrayLayout, ChunkRange, ShardEngine
+from .errors import ChunkDecodeError, DraftMetadataError, ReadOnlyError
 from .hierarchy import DraftHierarchy, inner_of
-from .inner import FsspecInner, Inner, RangeRequest, ZarrStoreInner, _slice
-from .keys import Coords, parse_chunk_suffix
-from .store import ArrayLayout
+from .inspect import refuse_lost_transformer
+from .keys import Coords, local_to_global, parse_chunk_suffix
+from .shard_index import MAX_UINT64
+from .stores import Inner, RangeRequest, slice_range
 from .v3_metadata import v3_array_document, v3_chunk_key, v3_group_document
 
 __all__ = ["DraftV3Store", "open_v3"]
 
 ZARR_JSON = "zarr.json"
+#: offsets of the shard indices the view serves are ``CHUNK_TOKEN + n`` for a shard's n-th
+#: chunk (C order): far beyond any object, so a range naming a chunk is never a real range
+CHUNK_TOKEN = 2**62
+#: shard indices kept per array between zarr's index read and its chunk reads
+INDEX_CACHE_SIZE = 1024
+#: per thread, a check-decode buffer up to this size is kept for the next shard
+SCRATCH_KEEP = 64 * 2**20
+_SCRATCH = threading.local()
 
 
 def _node_prefix(path: str) -> str:
@@ -89,6 +115,117 @@ def _check_zarr_reads(meta: dm.DraftArrayMeta, document: dict) -> None:
         ) from None
 
 
+class _ArrayReader:
+    """How the view serves one array's chunk keys: shards through the shard engine, every
+    payload served check-decoded (bounded) so that damage is named, not passed to zarr."""
+
+    def __init__(self, inner: Inner, meta: dm.DraftArrayMeta) -> None:
+        self.inner = inner
+        self.meta = meta
+        self.layout = ArrayLayout.from_meta(meta)
+        self.engine: ShardEngine | None = None
+        if meta.is_sharded:
+            self.engine = ShardEngine(inner, self.layout, index_cache_size=INDEX_CACHE_SIZE)
+        self._codec: ChunkCodec | None = None
+
+    def check(self, payload: Any, shard_key: str, local: Coords) -> None:
+        """Decode ``payload`` into scratch memory (bounded by the chunk's size): raises
+        :class:`~sharding_store.errors.ChunkDecodeError` naming the chunk's draft key when it
+        is not one chunk (``local``: its coordinates in shard ``shard_key``; ``None``: the
+        object is the chunk)."""
+        if self._codec is None:
+            self._codec = codec_for(self.meta)
+        nbytes = self._codec.nbytes
+        buf = getattr(_SCRATCH, "buf", None)
+        if buf is None or buf.nbytes < nbytes:
+            buf = _SCRATCH.buf = np.empty(max(nbytes, 1 << 16), dtype=np.uint8)
+        row = buf[:nbytes]
+        try:
+            self._codec.decode_into(payload, row)
+        except ChunkDecodeError:  # again, naming the chunk (its key is made only when needed)
+            key = shard_key if local is None else self.chunk_key(shard_key, local)
+            self._codec.decode_into(payload, row, key=key)
+
+    def check_shard(self, blob: bytes, shard_key: str, live: list[tuple[Coords, int, int]]) -> None:
+        """:meth:`check` for every live chunk ``(local, offset, nbytes)`` of a whole shard object,
+        decoded in one call (:meth:`~sharding_store.chunk_codec.ChunkCodec.decode_many`)."""
+        if not live:
+            return
+        if self._codec is None:
+            self._codec = codec_for(self.meta)
+        nbytes = self._codec.nbytes
+        need = nbytes * len(live)
+        buf = getattr(_SCRATCH, "buf", None)
+        if buf is None or buf.nbytes < need:
+            buf = np.empty(max(need, 1 << 16), dtype=np.uint8)
+            if need <= SCRATCH_KEEP:
+                _SCRATCH.buf = buf
+        data = np.frombuffer(blob, dtype=np.uint8)
+        self._codec.decode_many(
+            data, data.ctypes.data, range(len(live)), [o for _, o, _ in live], [n for _, _, n in live],
+            buf.ctypes.data, key_of=lambda i: self.chunk_key(shard_key, live[i][0]),
+        )
+
+    def chunk_key(self, shard_key: str, local: Coords) -> str:
+        """The draft key of a shard's chunk (what errors name, as ``open_draft``'s do)."""
+        if self.layout.ndim == 0:
+            return shard_key
+        shard = self.layout.parse(shard_key)
+        assert shard is not None and self.layout.chunks_per_shard is not None
+        return self.layout.chunk_key(local_to_global(shard, local, self.layout.chunks_per_shard))
+
+    def serve(self, key: str, byte_range: RangeRequest | None) -> bytes | None:
+        """The bytes of draft object ``key`` (``byte_range``: a range of it) as zarr may ask."""
+        engine = self.engine
+        if engine is None:  # unsharded: one object per chunk
+            if byte_range is not None:
+                return self.inner.get_ranges([byte_range])[0]  # a part of a chunk: as it is
+            value = self.inner.get(key)
+            if value is not None:
+                self.check(value, key, None)
+            return value
+        if byte_range is None:  # a whole shard: one snapshot, validated, every chunk checked
+            contents = engine.read_shard(key)
+            if contents is None:
+                return None
+            self.check_shard(contents.blob, key, list(contents.index.live()))
+            return contents.blob
+        _, start, end = byte_range
+        if start < 0 and end is None and -start == engine.index_nbytes:  # zarr reads the index
+            found = engine.read_index(key)
+            return None if found.index is None else _naming_index(found.index.entries)
+        if end is not None and start >= CHUNK_TOKEN:  # zarr reads a chunk our index named
+            n = start - CHUNK_TOKEN
+            if n >= engine.n_entries:
+                return None
+            local = _unravel(n, engine.cps)
+            payload = engine.read_ranges([ChunkRange(key, local)])[0]
+            if payload is not None:  # None: erased since the index was read (zarr fills it)
+                self.check(payload, key, local)
+            return payload
+        return self.inner.get_ranges([byte_range])[0]  # any other range: the object's bytes
+
+
+def _unravel(n: int, shape: Coords) -> Coords:
+    """``np.unravel_index(n, shape)`` (C order) as a tuple of ints, without numpy's overhead."""
+    out = []
+    for extent in reversed(shape):
+        n, c = divmod(n, extent)
+        out.append(c)
+    return tuple(reversed(out))
+
+
+def _naming_index(entries: np.ndarray) -> bytes:
+    """A validated shard index as the view serves it: each live entry's offset names the chunk
+    (``CHUNK_TOKEN + n``), its length is the real one; absent chunks keep the sentinel."""
+    flat = entries.reshape(-1, 2)
+    out = np.full(flat.shape, MAX_UINT64, dtype="<u8")
+    live = np.flatnonzero(flat[:, 0] != MAX_UINT64)
+    out[live, 0] = live.astype(np.uint64) + np.uint64(CHUNK_TOKEN)
+    out[live, 1] = flat[live, 1]
+    return out.tobytes()
+
+
 class _View:
     """What the draft metadata says about the v3 key space (immutable once built)."""
 
@@ -98,21 +235,30 @@ class _View:
         self.layouts: dict[str, ArrayLayout] = {
             n.path: ArrayLayout.from_meta(n.meta) for n in hierarchy.arrays() if n.meta is not None
         }
+        self.readers: dict[str, _ArrayReader] = {
+            n.path: _ArrayReader(hierarchy.inner, n.meta) for n in hierarchy.arrays() if n.meta is not None
+        }
         self._documents: dict[str, bytes] = {}
 
     def document(self, path: str) -> bytes:
         """The v3 ``zarr.json`` of a node, translated on first use (so one array that
-        v3 cannot express fails alone, with a DraftMetadataError naming it)."""
+        v3 cannot express fails alone, with a DraftMetadataError naming it). An unsharded
+        array whose objects are really shards is refused here, as ``open_draft`` refuses it
+        (one tail read, once): serving its shards as chunks would give wrong values."""
         doc = self._documents.get(path)
         if doc is None:
             node = self.nodes[path]
             if node.meta is not None:
                 d = v3_array_document(node.meta, index_codecs_checksum=False, index_location="end")
                 _check_zarr_reads(node.meta, d)
+                refuse_lost_transformer(self.hierarchy.inner, node.meta)
             else:
                 d = v3_group_document(node.attributes)
             doc = self._documents[path] = json.dumps(d, indent=2).encode()
         return doc
+
+    def cached_document(self, path: str) -> bytes | None:
+        return self._documents.get(path)
 
     def metadata_path(self, key: str) -> str | None:
         """The node whose ``zarr.json`` ``key`` is, if any."""
@@ -124,8 +270,8 @@ class _View:
             return None
         return path if path in self.nodes else None
 
-    def draft_keys(self, key: str) -> tuple[str, ...]:
-        """The draft object(s) behind a v3 chunk key, most likely first; () if none.
+    def draft_keys(self, key: str) -> tuple[str, tuple[str, ...]] | None:
+        """The array and the draft object(s) behind a v3 chunk key, most likely first; None if none.
 
         A 0-d array has two spellings of its only draft key (``c0`` as zarr 2.x wrote
         it, ``c`` as the spec draft said); either may exist.
@@ -138,9 +284,9 @@ class _View:
             if coords is None or not self._in_grid(path, coords):
                 continue
             if layout.ndim == 0:
-                return (layout.prefix + "c0", layout.prefix + "c")
-            return (layout.shard_key(coords),)
-        return ()
+                return path, (layout.prefix + "c0", layout.prefix + "c")
+            return path, (layout.shard_key(coords),)
+        return None
 
     @staticmethod
     def _splits(key: str) -> Iterable[tuple[str, str]]:
@@ -190,9 +336,8 @@ class DraftV3Store(Store):
     ``store_or_url`` is anything :func:`sharding_store.hierarchy.inner_of` accepts: a
     path/URL (with ``storage_options``), an ``fsspec.FSMap``, a mapping, an inner
     adapter, a :class:`~sharding_store.ShardingStore`, or a zarr-python 3 ``Store``.
-    A zarr-3 store is awaited directly on zarr's event loop; every other store is
-    synchronous and is called in worker threads (``asyncio.to_thread``) so that
-    concurrent chunk reads overlap and the loop never blocks.
+    Reads go through the store interface (and the shard engine) in worker threads
+    (``asyncio.to_thread``), so concurrent chunk reads overlap and the loop never blocks.
 
     The store pickles (for dask) when the store below does: fsspec filesystems
     pickle by their storage options; the cached metadata travels along.
@@ -209,16 +354,7 @@ class DraftV3Store(Store):
             raise ReadOnlyError(f"{self._describe(store_or_url)}: a draft-era v3 view is read-only")
         super().__init__(read_only=True)
         self._source = self._describe(store_or_url)
-        self._async_store: Store | None = None
-        self._inner: Inner | None = None
-        if isinstance(store_or_url, Store):
-            self._async_store = store_or_url
-        else:
-            inner = inner_of(store_or_url, storage_options)
-            if isinstance(inner, ZarrStoreInner):
-                self._async_store = inner.store
-            else:
-                self._inner = inner
+        self._inner: Inner = inner_of(store_or_url, storage_options)
         self._view: _View | None = None
         self._lock = threading.Lock()
 
@@ -233,8 +369,7 @@ class DraftV3Store(Store):
         """Read the draft metadata once (synchronous: call from a thread or sync code)."""
         with self._lock:
             if self._view is None:
-                inner = self._inner if self._inner is not None else ZarrStoreInner(self._async_store)
-                self._view = _View(DraftHierarchy(inner, location=self._source, strict=False))
+                self._view = _View(DraftHierarchy(self._inner, location=self._source, strict=False))
             return self._view
 
     async def _get_view(self) -> _View:
@@ -258,17 +393,11 @@ class DraftV3Store(Store):
 
     __hash__ = None  # type: ignore[assignment]  # mutable cache; equality is by location
 
-    def _identity(self) -> tuple:
-        """Two views are equal when they read the same objects."""
-        if self._async_store is not None:
-            return ("zarr", self._async_store)
-        if isinstance(self._inner, FsspecInner):
-            # not the fs object: fsspec caches instances per thread, and zarr builds
-            # stores on its own loop thread, so equal locations hold unequal instances
-            fs = self._inner.fs
-            options = json.dumps(fs.storage_options, sort_keys=True, default=repr)
-            return ("fsspec", type(fs), options, self._inner.root)
-        return ("object", id(self._inner))
+    def _identity(self) -> Any:
+        """Two views are equal when they read the same objects (the store's canonical
+        location: not the fs object, since fsspec caches instances per thread and zarr
+        builds stores on its own loop thread, so equal locations hold unequal instances)."""
+        return self._inner.location()
 
     def __repr__(self) -> str:
         return f"DraftV3Store({self._source!r})"
@@ -331,67 +460,56 @@ class DraftV3Store(Store):
         return [None if v is None else proto.buffer.from_bytes(v) for v in values]
 
     async def _read(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        """Metadata from the cache, chunks from the store below (all inner I/O at once)."""
+        """Metadata from the cache, chunks through the array's reader (in a worker thread)."""
         view = await self._get_view()
         out: list[bytes | None] = [None] * len(requests)
-        pending: list[tuple[int, tuple[str, ...], ByteRequest | None]] = []
+        pending: list[tuple[int, str, tuple[str, ...], RangeRequest | None]] = []
         for i, (key, byte_range) in enumerate(requests):
             path = view.metadata_path(key)
             if path is not None:
-                doc = view.document(path)
+                doc = await self._document(view, path)
                 r = _as_range(key, byte_range)
-                out[i] = doc if r is None else _slice(doc, r[1], r[2])
+                out[i] = doc if r is None else slice_range(doc, r[1], r[2])
                 continue
-            draft_keys = view.draft_keys(key)
-            if draft_keys:
-                pending.append((i, draft_keys, byte_range))
-        # a 0-d array's first spelling may be missing: try the next, as a second round
-        while pending:
-            values = await self._inner_read([(dk[0], br) for _, dk, br in pending])
-            retry = []
-            for (i, dk, br), value in zip(pending, values):
-                if value is not None:
-                    out[i] = value
-                elif len(dk) > 1:
-                    retry.append((i, dk[1:], br))
-            pending = retry
+            found = view.draft_keys(key)
+            if found is not None:
+                array, draft_keys = found
+                pending.append((i, array, draft_keys, _as_range(draft_keys[0], byte_range)))
+        if pending:
+            values = await asyncio.to_thread(self._serve, view, pending)
+            for (i, _, _, _), value in zip(pending, values):
+                out[i] = value
         return out
 
-    async def _inner_read(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        if self._async_store is not None:
-            proto = default_buffer_prototype()
-            bufs = await asyncio.gather(
-                *(self._async_store.get(k, proto, byte_range=br) for k, br in requests)
-            )
-            return [None if b is None else b.to_bytes() for b in bufs]
-        return await asyncio.to_thread(self._sync_read, requests)
+    @staticmethod
+    async def _document(view: _View, path: str) -> bytes:
+        doc = view.cached_document(path)
+        if doc is None:  # translating an array may read (the lost-transformer probe): off the loop
+            doc = await asyncio.to_thread(view.document, path)
+        return doc
 
-    def _sync_read(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        """Whole objects with ``get``, ranges with one batched ``get_ranges`` call."""
-        assert self._inner is not None
-        out: list[bytes | None] = [None] * len(requests)
-        ranged: list[tuple[int, RangeRequest]] = []
-        for i, (key, byte_range) in enumerate(requests):
-            r = _as_range(key, byte_range)
-            if r is None:
-                out[i] = self._inner.get(key)
-            else:
-                ranged.append((i, r))
-        if ranged:
-            for (i, _), value in zip(ranged, self._inner.get_ranges([r for _, r in ranged])):
-                out[i] = value
+    @staticmethod
+    def _serve(view: _View, pending: Sequence[tuple[int, str, tuple[str, ...], RangeRequest | None]]) -> list[bytes | None]:
+        """Each chunk request through its array's reader; a 0-d array's second spelling of
+        its only key is tried when the first is missing."""
+        out: list[bytes | None] = []
+        for _, array, draft_keys, r in pending:
+            reader = view.readers[array]
+            value = None
+            for draft_key in draft_keys:
+                value = reader.serve(draft_key, None if r is None else (draft_key, r[1], r[2]))
+                if value is not None:
+                    break
+            out.append(value)
         return out
 
     async def exists(self, key: str) -> bool:
         view = await self._get_view()
         if view.metadata_path(key) is not None:
             return True
-        for draft_key in view.draft_keys(key):
-            if self._async_store is not None:
-                found = await self._async_store.exists(draft_key)
-            else:
-                found = await asyncio.to_thread(self._inner.exists, draft_key)  # type: ignore[union-attr]
-            if found:
+        found = view.draft_keys(key)
+        for draft_key in () if found is None else found[1]:
+            if await asyncio.to_thread(self._inner.exists, draft_key):
                 return True
         return False
 
@@ -399,24 +517,13 @@ class DraftV3Store(Store):
         view = await self._get_view()
         path = view.metadata_path(key)
         if path is not None:
-            return len(view.document(path))
-        for draft_key in view.draft_keys(key):
-            size = await self._inner_size(draft_key)
+            return len(await self._document(view, path))
+        found = view.draft_keys(key)
+        for draft_key in () if found is None else found[1]:
+            size = await asyncio.to_thread(self._inner.size, draft_key)
             if size is not None:
                 return size
         raise FileNotFoundError(key)
-
-    async def _inner_size(self, draft_key: str) -> int | None:
-        if self._async_store is not None:
-            try:
-                return await self._async_store.getsize(draft_key)
-            except FileNotFoundError:
-                return None
-        sizer = getattr(self._inner, "size", None)
-        if sizer is not None:
-            return await asyncio.to_thread(sizer, draft_key)
-        (value,) = await self._inner_read([(draft_key, None)])
-        return None if value is None else len(value)
 
     # ------------------------------------------------------------------- listing
     async def list(self) -> AsyncIterator[str]:
@@ -451,10 +558,7 @@ class DraftV3Store(Store):
     async def _array_chunk_keys(self, view: _View, path: str) -> list[str]:
         """The v3 chunk keys of one array's existing draft objects."""
         prefix = view.layouts[path].prefix
-        if self._async_store is not None:
-            draft = [k async for k in self._async_store.list_prefix(prefix)]
-        else:
-            draft = await asyncio.to_thread(lambda: list(self._inner.list_prefix(prefix)))  # type: ignore[union-attr]
+        draft = await asyncio.to_thread(lambda: list(self._inner.list_prefix(prefix)))
         v3 = (view.v3_chunk_key_of(path, k) for k in draft)
         return [k for k in v3 if k is not None]
 
@@ -503,5 +607,6 @@ def open_v3(store_or_url: Any, path: str = "", *, storage_options: Mapping[str, 
         raise damaged
     node = hierarchy.node(path)
     if node.kind == "array":
+        store._load_view().document(node.path)  # refuses what open_draft refuses, naming it
         return zarr.open_array(store=store, path=node.path, mode="r", zarr_format=3)
     return zarr.open_group(store=store, path=node.path, mode="r", zarr_format=3, use_consolidated=False)

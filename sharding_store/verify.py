@@ -6,60 +6,70 @@ destination document: chunks per shard, index checksum and location, a portable
 recompression); every target shard's index parses and checksums; every inner chunk is
 present with the same bytes (verbatim arrays) or the same decoded values (recompressed
 ones); no target object exists where the source has no chunk. The work units are the
-migration's own (:mod:`.migrate_units`), run the same way (threads or an executor).
+migration's own (:mod:`.migrate_units`), run the same way (:mod:`.jobs`: threads or an
+executor).
+
+A destination that is missing, empty, or not a final Zarr v3 hierarchy at all (a
+draft-era or a Zarr v2 store) is refused (:class:`StoreNotFoundError`) rather than
+reported as differences; one with content but no root ``zarr.json`` (an interrupted
+migration) is compared, and every missing document is a difference.
 
 A shard built exactly as the migrator builds it is recognised with one comparison of
-whole objects; anything else is compared chunk by chunk, so the first bad key can be
-named.
+whole objects (on local disk, of the two files block by block); anything else is
+compared chunk by chunk, so the first bad key can be named.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from .errors import DraftMetadataError, ShardCorruptError, ShardingStoreError, VerificationError
-from .hierarchy import DraftHierarchy, Node
-from .inner import Inner
-from .migrate import (
-    DAMAGE_ERRORS,
-    ArrayPlan,
-    AssumeChunksPerShard,
-    Options,
-    array_units,
+from . import _native
+from . import draft_metadata as dm
+from .errors import DraftMetadataError, ShardCorruptError, ShardingStoreError, StoreNotFoundError, VerificationError
+from .hierarchy import DraftHierarchy, Generation, Node, detect_generation, require_final_v3
+from .jobs import (
+    StoreRef,
+    check_apart,
+    check_picklable,
     damage_error,
-    is_v3_chunk_key,
     jobs_for,
     lost_transformer,
-    node_key,
     other_prefixes,
-    plan_array,
+    run_bounded,
+    with_retries,
 )
+from .inspect import check_assumed_layouts
+from .journal import refuse_interrupted_reshards
 from .migrate_units import (
+    DAMAGE_ERRORS,
     ArrayJob,
-    StoreRef,
+    ArrayPlan,
+    Options,
+    SourceChunks,
     Unit,
-    check_picklable,
-    list_sized,
-    local_pair,
+    array_units,
+    is_v3_chunk_key,
+    node_key,
+    plan_array,
     read_source_chunks,
     read_whole,
 )
-from .retry import run_bounded, with_retries
 from .shard_index import CHECKSUM_NBYTES, encode_shard, index_nbytes, live_entries, read_index
+from .stores import Inner
 
-#: differences kept in full (all are counted)
+#: differences kept in full by default (all are counted); ``max_differences`` changes it
 MAX_KEPT = 20
 Problem = tuple[str, str]  # (key, what is wrong)
+AssumeChunksPerShard = Mapping[str, "int | Sequence[int]"]
 
 
 @dataclass
@@ -69,10 +79,11 @@ class UnitCheck:
     bytes: int = 0
     problems: list[Problem] = field(default_factory=list)
     n_problems: int = 0
+    keep: int = MAX_KEPT
 
     def problem(self, key: str, message: str) -> None:
         self.n_problems += 1
-        if len(self.problems) < MAX_KEPT:
+        if len(self.problems) < self.keep:
             self.problems.append((key, message))
 
     def add(self, other: UnitCheck) -> None:
@@ -95,8 +106,13 @@ class VerifyReport:
     skipped: dict[str, str] = field(default_factory=dict)  # damaged/untranslatable arrays: path -> reason
 
     def skip(self, path: str, reason: str, dst: Inner) -> None:
-        """Leave an array out; it must then be absent from the destination."""
+        """Leave an array out; it must then be absent from the destination. A path that is
+        no legal node path (a damaged key) cannot have been migrated and is not probed."""
         self.skipped[path] = reason
+        try:
+            dm.normalize_path(path)
+        except ShardingStoreError:
+            return
         key = node_key(path)
         if dst.get(key) is not None:
             self.check.problem(key, f"{key}: exists, but array '{path or '/'}' cannot be migrated: {reason}")
@@ -136,7 +152,7 @@ def _load(dst: Inner, key: str) -> dict[str, Any] | None:
         return None
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return {"<invalid JSON>": True}
     return doc if isinstance(doc, dict) else {"<not an object>": True}
 
@@ -182,6 +198,24 @@ def _array_plan(h: DraftHierarchy, node: Any, src: StoreRef, dst: StoreRef, doc:
     return plan
 
 
+def _check_destination(dst: Inner, name: str) -> None:
+    """Refuse (exit 7) a destination that cannot be a migration's: missing or empty, a
+    draft-era or Zarr v2 store, a ``zarr.json`` of no known version. One with objects
+    but no root document (an interrupted migration) is compared: its gaps are differences."""
+    generation, _ = detect_generation(dst)
+    if generation is Generation.FINAL_V3:
+        return
+    if generation is Generation.NONE:
+        keys, prefixes = dst.list_dir("")
+        if keys or prefixes:
+            return
+        raise StoreNotFoundError(
+            f"{name}: not a Zarr v3 hierarchy: nothing there (missing or empty); nothing was migrated to it",
+            key=dm.ENTRY_POINT_KEY,
+        )
+    require_final_v3(dst, name)  # raises, saying what the destination is instead
+
+
 # --------------------------------------------------------------------------- units
 
 
@@ -197,7 +231,7 @@ def _same_values(job: ArrayJob, expected: bytes | memoryview, actual: bytes | me
     return a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
-def _as_migrated(job: ArrayJob, got: Any, blob: bytes) -> bool:
+def _as_migrated(job: ArrayJob, got: SourceChunks, blob: bytes) -> bool:
     """True when ``blob`` (whose index parsed and checksummed) is byte for byte what the
     migrator copies (the source shard, then its index CRC) or builds; one comparison."""
     if job.compressor is not None:
@@ -212,34 +246,18 @@ BLOCK = 1 << 20  # bytes compared at a time by the local fast path
 _buffers = threading.local()
 
 
-def _memeq() -> Any:
-    """libc ``memcmp`` through ctypes (releases the GIL), or None where there is no libc."""
-    global _MEMCMP
-    if _MEMCMP is False:
-        try:
-            fn = ctypes.CDLL(None).memcmp  # the C library the interpreter runs on (POSIX)
-            fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-            _MEMCMP = fn
-        except (OSError, AttributeError):
-            _MEMCMP = None
-    return _MEMCMP
-
-
-_MEMCMP: Any = False
-
-
 def _same_contents(fd_a: int, fd_b: int, nbytes: int) -> bool:
     """Whether the first ``nbytes`` of two open files are equal: read into two reused
-    per-thread buffers and ``memcmp`` (fresh ``bytes`` per read cost page faults that
-    double the time of a verify)."""
+    per-thread buffers and compared with libc ``memcmp`` (:func:`_native.memcmp`, which
+    releases the GIL; a Python comparison without it). Fresh ``bytes`` per read cost page
+    faults that double the time of a verify."""
     bufs = getattr(_buffers, "pair", None)
     if bufs is None or len(bufs[0]) != BLOCK:
-        a, b = bytearray(BLOCK), bytearray(BLOCK)
-        bufs = _buffers.pair = (a, b, ctypes.addressof((ctypes.c_char * BLOCK).from_buffer(a)),
-                                ctypes.addressof((ctypes.c_char * BLOCK).from_buffer(b)))
+        a, b = np.empty(BLOCK, np.uint8), np.empty(BLOCK, np.uint8)
+        bufs = _buffers.pair = (a, b, a.ctypes.data, b.ctypes.data)
     a, b, pa, pb = bufs
     ma, mb = memoryview(a), memoryview(b)
-    memcmp = _memeq()
+    memcmp = _native.memcmp()
     done = 0
     while done < nbytes:
         k = min(BLOCK, nbytes - done)
@@ -252,24 +270,30 @@ def _same_contents(fd_a: int, fd_b: int, nbytes: int) -> bool:
     return True
 
 
+def _open_local(inner: Inner, key: str) -> int | None:
+    """A read descriptor of the key's local file, or None (not local, missing, refused)."""
+    try:
+        path = inner.local_path(key)
+        return None if path is None else os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ShardingStoreError):
+        return None
+
+
 def _check_local_copy(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str) -> UnitCheck | None:
     """A shard the migrator copied (the source shard, then its index CRC) checked in one
     pass on local disk: the destination's index parses and checksums, and its bytes up
-    to the CRC are the source's. None: not such a shard; the general check decides."""
-    local = local_pair(src, dst)
-    if local is None or unit.dst_size is None:
+    to the CRC are the source's. None: not such a shard, or not two local files
+    (:meth:`Inner.local_path`); the general check decides."""
+    if unit.dst_size is None:
         return None
-    s, d = local
     assert job.dst_cps is not None
     (_, src_key, _), = unit.sources
-    try:
-        fd_s = os.open(s._path(src_key), os.O_RDONLY)
-    except OSError:
+    fd_s = _open_local(src, src_key)
+    if fd_s is None:
         return None
     try:
-        try:
-            fd_d = os.open(d._path(key), os.O_RDONLY)
-        except OSError:
+        fd_d = _open_local(dst, key)
+        if fd_d is None:
             return None
         try:
             s_size, d_size = os.fstat(fd_s).st_size, os.fstat(fd_d).st_size
@@ -359,7 +383,7 @@ def _extra_objects(plan: ArrayPlan, units: list[Unit], existing: Mapping[str, in
     """Destination chunk/shard keys no unit accounts for (they would read as data)."""
     job = plan.job
     if job.dst_cps is None:
-        expected = {job.dst_key(c) for u in units for c, _, _ in u.sources}
+        expected = {job.dst_key(s.coords) for u in units for s in u.sources}
     else:
         expected = {job.dst_key(u.target) for u in units if u.target is not None}
     for key in existing:
@@ -407,15 +431,20 @@ def verify(
     skip_damaged: bool = False,
     assume_chunks_per_shard: AssumeChunksPerShard | None = None,
     skip_arrays: Mapping[str, str] | None = None,
+    max_differences: int = MAX_KEPT,
 ) -> VerifyReport:
     """Compare the migrated hierarchy ``dst`` with its draft-era source ``src``.
 
     Raises :class:`VerificationError` naming the first bad key and the number of
-    differences (or returns the report with ``raise_on_error=False``). A damaged source
-    array raises its own error class, unless ``skip_damaged``: then arrays that
-    ``migrate(skip_damaged=True)`` leaves out must be absent from ``dst`` and are listed
-    in ``report.skipped``. ``skip_arrays`` (path -> reason): arrays known to be left
-    out. ``assume_chunks_per_shard``: as given to :func:`~sharding_store.migrate.migrate`.
+    differences (or returns the report with ``raise_on_error=False``; it keeps the first
+    ``max_differences`` in full and counts all). A damaged source array raises its own
+    error class, unless ``skip_damaged``: then arrays that ``migrate(skip_damaged=True)``
+    leaves out must be absent from ``dst`` and are listed in ``report.skipped``.
+    ``skip_arrays`` (path -> reason): arrays known to be left out.
+    ``assume_chunks_per_shard``: as given to :func:`~sharding_store.migrate.migrate`.
+    Raises :class:`StoreNotFoundError` when ``dst`` is missing, empty or not a Zarr v3
+    hierarchy, :class:`UsageError` when it is the source itself, and
+    :class:`MigrationError` when the source has an unfinished in-place reshard.
     """
     started = time.perf_counter()
     src_ref = StoreRef.of(src, src_storage_options if src_storage_options is not None else storage_options)
@@ -423,80 +452,102 @@ def verify(
     if executor is not None:
         check_picklable(src_ref, dst_ref)
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
+    check_apart(src_inner, dst_inner, src_ref.describe(), dst_ref.describe(), allow_nested=True)
+    refuse_interrupted_reshards(src_inner, src_ref.describe())
+    _check_destination(dst_inner, dst_ref.describe())
     jobs = jobs_for(jobs, src_inner, dst_inner, executor)
     h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
     h.assume_sharded(assume_chunks_per_shard)
-    report = VerifyReport(src_ref.describe(), dst_ref.describe())
-    check = report.check
-    known = dict(skip_arrays or {})
-    for path, error in h.damaged.items():
-        if path not in known and not skip_damaged:
-            raise damage_error(error, path, SKIP_HINT)
-        report.skip(path, known.get(path, str(error)), dst_inner)
-    for node in h.groups():
-        if node.path == "" and any(n.path == "" for n in h.arrays()):
-            continue
-        report.groups += 1
-        key, expected = node_key(node.path), {"zarr_format": 3, "node_type": "group", "attributes": dict(node.attributes)}
-        actual = _load(dst_inner, key)
-        if actual != expected:
-            check.problem(key, f"{key}: missing" if actual is None else f"{key}: {_first_difference(expected, actual)}")
-
-    def items() -> Iterator[tuple[Any, ...]]:
-        for node in h.arrays():
-            report.arrays += 1
-            if node.path in known:
-                report.skip(node.path, known[node.path], dst_inner)
-                continue
-            lost = lost_transformer(h, node)
-            if lost is not None:
-                if not skip_damaged:
-                    raise damage_error(lost, node.path, SKIP_HINT)
-                report.skip(node.path, str(lost), dst_inner)
-                continue
-            key = node_key(node.path)
-            doc = _load(dst_inner, key)
-            why = _unmigrated_reason(h, node) if doc is None else None
-            if why is not None and not skip_damaged:
-                raise damage_error(why, node.path, f"it was not migrated; {SKIP_HINT}")
-            if why is not None:
-                report.skipped[node.path] = str(why)
-                continue
-            if doc is None:
-                check.problem(key, f"{key}: missing (array '{node.path or '/'}' was not migrated)")
-                continue
-            try:
-                plan = _array_plan(h, node, src_ref, dst_ref, doc, check)
-            except DraftMetadataError as e:  # an array migrate could not translate (skipped there)
-                check.problem(node_key(node.path), f"{node_key(node.path)}: {e}")
-                continue
-            if plan is None:
-                continue
-            existing = dict(list_sized(dst_inner, plan.job.dst_prefix))
-            units, _ = array_units(plan, h, src_inner, existing)
-            _extra_objects(plan, units, existing, check)
-            for unit in units:
-                yield plan.job, unit, retries, retry_delay
-
-    def run(pool: Executor, window: int) -> None:
-        for (job, *_), future in run_bounded(pool, _check_with_retries, items(), window=window):
-            try:
-                check.add(future.result())
-            except DAMAGE_ERRORS as e:  # the source is damaged under a migrated array
-                if not skip_damaged:
-                    raise damage_error(e, job.path, SKIP_HINT) from e
-                check.problem(e.key or node_key(job.path), f"{e} (array '{job.path or '/'}' was migrated)")
-
+    check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
+    report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=max(1, max_differences)))
+    checker = _Checker(h, src_ref, dst_ref, dst_inner, report, dict(skip_arrays or {}), skip_damaged, retries, retry_delay)
+    checker.groups()
     if executor is None:
         with ThreadPoolExecutor(jobs, thread_name_prefix="verify") as pool:
-            run(pool, 2 * jobs)
+            checker.run(pool, 2 * jobs)
     else:
-        run(executor, 4 * jobs)
-    check.problems.sort()  # units finish in any order: report the first keys in key order
+        checker.run(executor, 4 * jobs)
+    report.check.problems.sort()  # units finish in any order: report the first keys in key order
     report.seconds = time.perf_counter() - started
     if raise_on_error and not report.ok:
         raise report.error()
     return report
+
+
+class _Checker:
+    """Checks the documents of every node and feeds every array's units to the executor."""
+
+    def __init__(self, h: DraftHierarchy, src: StoreRef, dst: StoreRef, dst_inner: Inner, report: VerifyReport,
+                 known: dict[str, str], skip_damaged: bool, retries: int, retry_delay: float) -> None:
+        self.h, self.src, self.dst, self.dst_inner, self.report = h, src, dst, dst_inner, report
+        self.check = report.check
+        self.known, self.skip_damaged, self.retries, self.retry_delay = known, skip_damaged, retries, retry_delay
+        for path, error in h.damaged.items():
+            if path not in known and not skip_damaged:
+                raise damage_error(error, path, SKIP_HINT)
+            report.skip(path, known.get(path, str(error)), dst_inner)
+
+    def groups(self) -> None:
+        """Every group document is the translation of the source group's."""
+        for node in self.h.groups():
+            if node.path == "" and any(n.path == "" for n in self.h.arrays()):
+                continue
+            self.report.groups += 1
+            key = node_key(node.path)
+            expected = {"zarr_format": 3, "node_type": "group", "attributes": dict(node.attributes)}
+            actual = _load(self.dst_inner, key)
+            if actual != expected:
+                self.check.problem(key, f"{key}: missing" if actual is None else f"{key}: {_first_difference(expected, actual)}")
+
+    def plan(self, node: Node) -> ArrayPlan | None:
+        """The plan of one array, or None when it is left out (skipped, damaged, missing:
+        what is wrong is recorded)."""
+        self.report.arrays += 1
+        if node.path in self.known:
+            self.report.skip(node.path, self.known[node.path], self.dst_inner)
+            return None
+        lost = lost_transformer(self.h, node)
+        if lost is not None:
+            if not self.skip_damaged:
+                raise damage_error(lost, node.path, SKIP_HINT)
+            self.report.skip(node.path, str(lost), self.dst_inner)
+            return None
+        key = node_key(node.path)
+        doc = _load(self.dst_inner, key)
+        why = _unmigrated_reason(self.h, node) if doc is None else None
+        if why is not None and not self.skip_damaged:
+            raise damage_error(why, node.path, f"it was not migrated; {SKIP_HINT}")
+        if why is not None:
+            self.report.skipped[node.path] = str(why)
+            return None
+        if doc is None:
+            self.check.problem(key, f"{key}: missing (array '{node.path or '/'}' was not migrated)")
+            return None
+        try:
+            return _array_plan(self.h, node, self.src, self.dst, doc, self.check)
+        except DraftMetadataError as e:  # an array migrate could not translate (skipped there)
+            self.check.problem(key, f"{key}: {e}")
+            return None
+
+    def items(self) -> Iterator[tuple[Any, ...]]:
+        for node in self.h.arrays():
+            plan = self.plan(node)
+            if plan is None:
+                continue
+            existing = dict(self.dst_inner.list_sized(plan.job.dst_prefix))
+            units, _ = array_units(plan, self.h, self.h.inner, existing)
+            _extra_objects(plan, units, existing, self.check)
+            for unit in units:
+                yield plan.job, unit, self.retries, self.retry_delay
+
+    def run(self, pool: Executor, window: int) -> None:
+        for (job, *_), future in run_bounded(pool, _check_with_retries, self.items(), window=window):
+            try:
+                self.check.add(future.result())
+            except DAMAGE_ERRORS as e:  # the source is damaged under a migrated array
+                if not self.skip_damaged:
+                    raise damage_error(e, job.path, SKIP_HINT) from e
+                self.check.problem(e.key or node_key(job.path), f"{e} (array '{job.path or '/'}' was migrated)")
 
 
 __all__ = ["VerifyReport", "options_from_doc", "verify"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import DATA
+from tests.fixtures import SHARED_FIXTURES
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 
@@ -23,7 +23,8 @@ def _tree_hash(*roots: Path) -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def read_only_inputs_stay_untouched():
-    """The vendored real-world stores and the bundled sample are input: no test may change them."""
-    before = _tree_hash(DATA, SAMPLES)
+    """The shared real-world stores and the bundled sample are input: no test may change them."""
+    roots = [r for r in (SHARED_FIXTURES, SAMPLES) if r.is_dir()]
+    before = _tree_hash(*roots)
     yield
-    assert _tree_hash(DATA, SAMPLES) == before, "a test modified tests/data or samples/"
+    assert _tree_hash(*roots) == before, f"a test modified {' or '.join(map(str, roots))}"

@@ -11,15 +11,15 @@ import numpy as np
 import zarr
 
 from sharding_store import create_draft_array, create_draft_group
-from sharding_store.inner import as_inner
+from sharding_store.stores import as_inner
 from sharding_store.shard_index import ShardIndex, index_nbytes, read_index
-from tests.fixtures import ZARR_JS
+from tests.fixtures import ZARR_JS, require
 
 FIXTURES = ZARR_JS
 
 
 def fixture_names() -> list[str]:
-    return sorted(p.name for p in FIXTURES.iterdir() if p.name.endswith(".zarr"))
+    return sorted(p.name for p in require(FIXTURES).iterdir() if p.name.endswith(".zarr"))
 
 
 def tree_hash(root: str | os.PathLike) -> str:

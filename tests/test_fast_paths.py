@@ -139,10 +139,9 @@ def test_blosc_row_encoder_gives_numcodecs_bytes(dtype, cname, clevel, shuffle, 
 
 
 def _native_blosc() -> bool:
-    from sharding_store.chunk_codec import _Native
+    from sharding_store import _native
 
-    _Native.load()
-    return _Native._blosc is not None
+    return _native.blosc() is not None
 
 
 @pytest.mark.parametrize("compressor", [numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1), numcodecs.Zstd(level=1), None])

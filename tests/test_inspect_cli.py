@@ -13,10 +13,10 @@ import pytest
 
 from sharding_store import create_draft_array, create_draft_group
 from sharding_store.cli import main
-from sharding_store.counting import CountingInner
+from sharding_store.testing import CountingInner
 from sharding_store.inspect import array_stats, codec_chain_text, covered_bytes, hierarchy_stats
 from sharding_store.shard_index import ShardIndex, index_nbytes
-from tests.fixtures import ZARR_JS
+from tests.fixtures import ZARR_JS, require
 
 FIXTURES = ZARR_JS
 
@@ -153,9 +153,7 @@ def test_ls(store, capsys):
 
 @pytest.mark.parametrize("name", ["1d.contiguous.compressed.sharded.i2.group.zarr", "3d.chunked.mixed.compressed.sharded.i2.zarr"])
 def test_info_on_real_fixtures(name, capsys):
-    if not (FIXTURES / name).is_dir():
-        pytest.skip("fixtures not found")
-    code, out, _ = run(capsys, "info", str(FIXTURES / name), "--json")
+    code, out, _ = run(capsys, "info", str(require(FIXTURES) / name), "--json")
     assert code == 0
     for a in json.loads(out)["arrays"]:
         assert a["n_shards"] >= 1 and a["n_chunks"] >= 1 and a["dead_bytes"] == 0 and a["portable"] is False  # zlib

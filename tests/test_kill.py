@@ -1,7 +1,8 @@
 """Interruptions at seeded random points: SIGKILL of ``migrate`` and in-place ``reshard``
 subprocesses, then ``--resume``; and a destination store that fails a fraction of calls.
 
-The kill point comes from ``SHARDING_STORE_TEST_KILL_AT`` (``reshard.KILL_ENV``): the
+The CLI runs under ``python -m tests.run_with_fault --kill-at PHASE:N`` (the hook
+``sharding_store.testing.kill_at``; the package itself never kills itself): the
 process SIGKILLs itself at the N-th fault point of a phase (migrate: ``unit`` after
 each completed work unit, ``meta`` after each metadata write; reshard: ``stage``,
 ``hide``, ``clear``, ``move``, ``commit`` after each object operation), while other
@@ -10,20 +11,19 @@ worker threads may be mid-write. Deterministic per seed up to thread scheduling.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from sharding_store import create_draft_array, migrate, verify
 from sharding_store.errors import MigrationError
-from sharding_store.inner import as_inner
+from sharding_store.stores import as_inner
 from sharding_store.migrate import MARKER_KEY
-from sharding_store.reshard import KILL_ENV
 from tests.draft_factory import make_big_array, make_hierarchy, tree_hash
 from tests.test_migrate_kill import readable_arrays_are_right
 from tests.test_reshard import assert_same_values, chunk_view, layouts, values
@@ -31,13 +31,14 @@ from tests.test_store_faults import FlakyInner
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 CLI = [sys.executable, "-m", "sharding_store.cli"]
+REPO = str(Path(__file__).resolve().parents[1])
 SEEDS = [0, 1, 2, 3]
 
 
 def run_killed(args: list[str], kill_at: str) -> None:
     """Run the CLI with the kill hook armed; it must die by SIGKILL."""
-    env = dict(os.environ, **{KILL_ENV: kill_at})
-    proc = subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=300)
+    runner = [sys.executable, "-m", "tests.run_with_fault", "--kill-at", kill_at, "--"]
+    proc = subprocess.run([*runner, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, (kill_at, proc.returncode, proc.stderr)
 
 

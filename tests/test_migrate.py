@@ -20,9 +20,10 @@ from tests.draft_factory import (
 
 from sharding_store import DestinationExistsError, MigrationError, UsageError, open_draft
 from sharding_store.cli import main
-from sharding_store.inner import as_inner
+from sharding_store.stores import as_inner
 from sharding_store.migrate import MARKER_KEY, migrate
 from sharding_store.shard_index import read_index
+from tests.fixtures import needs_zarr_js
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -114,6 +115,7 @@ def test_tensorstore_reads_portable_numeric_fixtures(tmp_path):
             assert np.array_equal(got, open_draft(str(FIXTURES / name), path)[...]), (name, path)
 
 
+@needs_zarr_js
 def test_without_portable_the_report_warns(tmp_path):
     report = migrate(FIXTURES / "1d.chunked.compressed.sharded.i2.zarr", tmp_path / "o", progress=False)
     assert len(report.warnings) == 1 and "numcodecs.zlib" in report.warnings[0] and "--portable" in report.warnings[0]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,17 +13,19 @@ import numpy as np
 import pytest
 import zarr
 
-from sharding_store.migrate import MARKER_KEY, PAUSE_ENV
+from sharding_store.migrate import MARKER_KEY
 from tests.draft_factory import make_big_array, make_hierarchy, read_v3, tree_hash
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 CLI = [sys.executable, "-m", "sharding_store.cli"]
+REPO = str(Path(__file__).resolve().parents[1])
 
 
 def start_paused(args: list[str], after: int) -> subprocess.Popen:
-    """Run the CLI until it has completed ``after`` work units (then it sleeps, waiting to be killed)."""
-    env = dict(os.environ, **{PAUSE_ENV: str(after)})
-    proc = subprocess.Popen([*CLI, *args], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    """Run the CLI until it has completed ``after`` work units (then it sleeps, waiting to be
+    killed): ``python -m tests.run_with_fault --pause-after`` (``sharding_store.testing.pause_after``)."""
+    runner = [sys.executable, "-m", "tests.run_with_fault", "--pause-after", str(after), "--"]
+    proc = subprocess.Popen([*runner, *args], cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     assert proc.stderr is not None
     deadline = time.monotonic() + 120
     for line in proc.stderr:

@@ -7,6 +7,7 @@ resharding must not change; values are checked too, through ``open_draft``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -32,17 +33,17 @@ from sharding_store import (
 from sharding_store import draft_metadata as dm
 from sharding_store.array import create_draft_array, open_draft
 from sharding_store.cli import main
-from sharding_store.counting import CountingInner
+from sharding_store.testing import CountingInner, fault_hook
 from sharding_store.hierarchy import inner_of, open_hierarchy
 from sharding_store.store import ArrayLayout
-from tests.fixtures import ZARR_JS
+from tests.fixtures import ZARR_JS, require, stores
 
 # the package exports the function ``reshard``, which shadows the submodule's attribute
 rs = importlib.import_module("sharding_store.reshard")
 
 FIXTURES = ZARR_JS
-ALL_FIXTURES = sorted(p.name for p in FIXTURES.glob("*.zarr"))
-SHARDED = [n for n in ALL_FIXTURES if ".sharded." in n]
+ALL_FIXTURES = stores(FIXTURES, names=True)  # one skipped parameter where ../shared is absent
+SHARDED = stores(FIXTURES, "*.sharded.*.zarr", names=True)
 
 
 class InjectedCrash(Exception):
@@ -85,7 +86,7 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 def copy_fixture(name: str, tmp_path: Path) -> Path:
     dst = tmp_path / name
-    shutil.copytree(FIXTURES / name, dst)
+    shutil.copytree(require(FIXTURES) / name, dst)
     return dst
 
 
@@ -105,26 +106,26 @@ def consolidate(root: Path) -> None:
 
 
 @pytest.fixture
-def crash_after(monkeypatch):
-    """crash_after(phase, n): the n-th object operation of ``phase`` raises InjectedCrash."""
+def crash_after():
+    """crash_after(phase, n): the n-th object operation of ``phase`` raises InjectedCrash
+    (a fault hook installed through ``sharding_store.testing.fault_hook``)."""
+    with contextlib.ExitStack() as armed:
 
-    def arm(phase: str, n: int) -> dict:
-        seen = {"calls": 0}
+        def arm(phase: str, n: int) -> dict:
+            seen = {"calls": 0}
 
-        def hook(p: str) -> None:
-            if p == phase:
-                seen["calls"] += 1
-                if seen["calls"] == n:
-                    raise InjectedCrash(f"{phase} #{n}")
+            def hook(p: str) -> None:
+                if p == phase:
+                    seen["calls"] += 1
+                    if seen["calls"] == n:
+                        raise InjectedCrash(f"{phase} #{n}")
 
-        monkeypatch.setattr(rs, "_FAULT_HOOK", hook)
-        return seen
+            armed.close()
+            armed.enter_context(fault_hook(hook))
+            return seen
 
-    def disarm() -> None:
-        monkeypatch.setattr(rs, "_FAULT_HOOK", None)
-
-    arm.disarm = disarm  # type: ignore[attr-defined]
-    return arm
+        arm.disarm = armed.close  # type: ignore[attr-defined]
+        yield arm
 
 
 # --------------------------------------------------------------------------- fixtures

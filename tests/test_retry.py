@@ -1,4 +1,4 @@
-"""Tests of sharding_store.retry: batched, bounded execution of work units."""
+"""Tests of sharding_store.jobs: batched, bounded execution of work units, and retries."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharding_store.retry import MAX_BATCH, run_bounded, with_retries
+from sharding_store.jobs import MAX_BATCH, run_bounded, with_retries
 
 
 class CountingExecutor(Executor):

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sharding_store import ShardingStore
-from sharding_store.inner import as_inner
+from sharding_store.stores import as_inner
 from sharding_store.keys import chunk_to_shard
 from sharding_store.locks import file_lock
 

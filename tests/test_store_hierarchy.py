@@ -101,7 +101,7 @@ def test_unsharded_array_and_other_keys_pass_through():
 def test_edge_shards_are_complete_when_all_chunks_in_the_grid_are_given():
     inner = {}
     store = new_store(inner, shape=(5,), chunks=(2,), cps=(2,))  # chunks 0..2; shard 1 holds chunk 2 only
-    from sharding_store.counting import CountingInner
+    from sharding_store.testing import CountingInner
 
     counting = CountingInner(inner)
     store = ShardingStore(counting)

@@ -11,7 +11,7 @@ from sharding_store import ShardCorruptError, ShardingStore
 from sharding_store import draft_metadata as dm
 from sharding_store.array import create_draft_array, open_draft
 from sharding_store.chunk_codec import _runs, encode_chunk_payload, span_decoder
-from sharding_store.counting import CountingInner
+from sharding_store.testing import CountingInner
 from sharding_store.errors import ChunkDecodeError
 from tests.s3server import s3, s3_server  # noqa: F401 - fixtures
 from sharding_store.shard_index import MAX_UINT64
@@ -153,7 +153,8 @@ def test_whole_array_read_costs_one_request_per_shard(tmp_path):
     counting.reset()
     b[...]
     sizes = sum(p.stat().st_size for p in (tmp_path / "data" / "root" / "h").rglob("*") if p.is_file())
-    assert counting.calls["get_ranges"] == 1 and counting.ranges == 4 and counting.bytes_read == sizes
+    # a local directory: each shard read whole into a reused buffer (read_into), nothing else
+    assert counting.reads == counting.calls["read_into"] == 4 and counting.bytes_read == sizes
     counting.reset()
     b[0:4, 0:4]  # the indices were cached by the whole read
     assert counting.ranges == 1
@@ -210,10 +211,10 @@ def test_whole_array_read_from_s3_is_one_get_per_shard(tmp_path, s3):  # noqa: F
 
 
 @pytest.mark.parametrize("size", [0, 5, 1000, 1024, 1025, 5000])
-def test_read_local_into_reads_whole_files_into_a_growing_buffer(tmp_path, size):
-    from sharding_store.inner import FsspecInner
+def test_read_into_reads_whole_local_files_into_a_growing_buffer(tmp_path, size):
+    from sharding_store.stores import LocalInner
 
-    inner = FsspecInner.local(str(tmp_path))
+    inner = LocalInner(str(tmp_path))
     blob = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
     (tmp_path / "k").write_bytes(blob)
     buffers = [np.zeros(1024, dtype=np.uint8)]
@@ -223,6 +224,7 @@ def test_read_local_into_reads_whole_files_into_a_growing_buffer(tmp_path, size)
             buffers.append(np.zeros(n, dtype=np.uint8))
         return buffers[-1]
 
-    got = inner.read_local_into("k", alloc)
-    assert bytes(got) == blob and len(buffers) == (2 if size > 1024 else 1)
-    assert inner.read_local_into("missing", alloc) is None
+    got = inner.read_into("k", alloc)
+    assert bytes(got.data) == blob and len(buffers) == (2 if size > 1024 else 1)
+    assert got.size == size and got.version is not None  # the version of the same read
+    assert inner.read_into("missing", alloc) is None

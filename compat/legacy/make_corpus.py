@@ -546,6 +546,64 @@ def _resized(c: Case):
     c._pending[-1] = (w.z, np.array([1, 2, 3, 4, 0, 0], dtype="u1"), c._pending[-1][2])
 
 
+@case("twins", "zarr-js's cases written here: each sharded array next to an unsharded twin holding "
+               "the same data (same inner chunk shape, or the twin's chunk = chunk x chunks_per_shard), "
+               "zarr-js's dtypes with their default fill values (0, false, \"\"), zlib level 1 or none")
+def _twins(c: Case):
+    """The 47 zarr-js stores (../shared/fixtures, not in the repository) as corpus arrays.
+
+    zarr-js: ``<ndim>d.<layout>.<compression>[.sharded].<dtype>``: contiguous (one chunk,
+    chunks_per_shard 1), chunked, chunked.filled (chunks never written), chunked.ragged,
+    chunked.mixed (chunk shape differs per dimension, shards beyond the array), 3-d
+    contiguous with a shard of 27 chunks of which one is inside the array. Every pair is
+    ``<name>/sharded`` and ``<name>/unsharded``; the manifest entry's ``twin`` names the other.
+    """
+    rng = rng_for(c.name)
+    zlib1 = Zlib(level=1)
+
+    def pair(name, shape, dtype, chunks, cps, twin_chunks=None, *, compressor=zlib1, write=None,
+             description):
+        fill = "" if np.dtype(dtype).kind in "SU" else (False if np.dtype(dtype) == bool else 0)
+        data = rand_values(rng, shape, dtype)
+        sel = write if write is not None else tuple(slice(None) for _ in shape)
+        for kind, ch, cp in (("sharded", chunks, cps), ("unsharded", twin_chunks or chunks, None)):
+            other = "unsharded" if kind == "sharded" else "sharded"
+            w = c.array(f"{name}/{kind}", shape, dtype, ch, cp, compressor=compressor,
+                        fill_value=fill, twin=f"{name}/{other}",
+                        description=f"{description} ({kind} twin of {name}/{other})")
+            w[sel] = data[sel]
+
+    for dt in ("<i2", "<i4", "u1", "bool", "<f4", "<f8", "|S7", "<U7", "<U13"):
+        nm = np.dtype(dt).str.replace("<", "lt_").replace("|", "na_")
+        for cname, comp in (("zlib", zlib1), ("none", None)):
+            pair(f"contiguous/{cname}/{nm}", (4,), dt, (4,), (1,), compressor=comp,
+                 description=f"1-d {dt} (4,), one chunk, chunks_per_shard [1], {cname}")
+    pair("chunked/i2", (4,), "<i2", (1,), (2,), (2,),
+         description="1-d chunks 1 x cps 2; the twin's chunk is the shard (2)")
+    pair("chunked/i2_same_chunks", (4,), "<i2", (2,), (2,),
+         description="1-d chunks 2 x cps 2; the twin has the same chunks (payloads byte-identical)")
+    pair("filled/i2", (4,), "<i2", (1,), (2,), (2,), write=(slice(0, 2),),
+         description="1-d, only the first half written: the second shard/chunk never exists")
+    pair("ragged/i2_1d", (5,), "<i2", (1,), (2,), (2,),
+         description="1-d (5,), chunks 1 x cps 2: the last shard holds 1 of 2 chunks")
+    pair("ragged/i2_2d", (3, 3), "<i2", (1, 1), (2, 2), (2, 2),
+         description="2-d (3,3), chunks (1,1) x cps (2,2): edge shards partly outside")
+    pair("ragged/i2_2d_same_chunks", (3, 3), "<i2", (2, 2), (2, 2),
+         description="2-d (3,3), chunks (2,2) x cps (2,2), the twin with the same (padded) chunks")
+    pair("contiguous/i2_2d", (2, 2), "<i2", (2, 2), (1, 1),
+         description="2-d one chunk, chunks_per_shard [1, 1]")
+    pair("chunked/i2_2d", (4, 4), "<i2", (1, 1), (2, 2), (2, 2),
+         description="2-d (4,4), chunks (1,1) x cps (2,2)")
+    pair("filled/U7_2d", (2, 2), "<U7", (1, 1), (2, 2), (1, 1), write=(0, slice(None)),
+         description="2-d <U7 fill '', chunks (1,1), row 1 never written")
+    pair("chunked/i2_3d", (4, 4, 4), "<i2", (1, 1, 1), (2, 2, 2), (2, 2, 2),
+         description="3-d (4,4,4), chunks (1,1,1) x cps (2,2,2)")
+    pair("mixed/i2_3d", (3, 3, 3), "<i2", (3, 3, 1), (3, 3, 1),
+         description="3-d (3,3,3), chunks (3,3,1) x cps (3,3,1): shards (9,9,1) reach beyond the array")
+    pair("contiguous/i2_3d", (3, 3, 3), "<i2", (3, 3, 3), (3, 3, 3),
+         description="3-d one chunk, cps (3,3,3): 26 of the shard's 27 index entries lie outside the array")
+
+
 @case("demo", "multi-array hierarchy of a few MiB for demos")
 def _demo(c: Case):
     rng = rng_for(c.name)

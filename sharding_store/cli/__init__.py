@@ -4,75 +4,51 @@ Each command lives in its own module exposing ``register(subparsers)``; this mod
 owns what they share: option parsing helpers and the error policy. Errors print one
 line to stderr and exit with the code of their class (see README, "Exit codes"); no
 traceback unless ``SHARDING_STORE_DEBUG=1``.
+
+The error policy (:func:`exit_status`): our own errors carry their exit code; an
+``OSError`` from a store (no space, permission denied, connection refused, ...) is exit 12;
+an exception *class* of a storage backend (botocore's ``NoCredentialsError``, ...) is
+exit 12 too, and a backend that is not installed is exit 2 naming what to install. Exit
+70 is left for what can only be a bug of ours.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from ..errors import ShardingStoreError, UsageError
+from .options import add_assume_option, assume_item, assumed, int_tuple, storage_options  # noqa: F401 - re-exported
 
 COMMAND_MODULES = ("info", "migrate", "reshard")
+EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 EXIT_IO = 12
 EXIT_INTERNAL = 70
 
-
-def storage_options(text: str | None, option: str = "--storage-options") -> dict[str, Any]:
-    """Parse a JSON object given on the command line."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{option}: not valid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"{option}: expected a JSON object, got {type(value).__name__}")
-    return value
-
-
-def int_tuple(text: str) -> tuple[int, ...]:
-    """``"4"`` or ``"4,4,1"`` -> a tuple of positive ints (for argparse ``type=``)."""
-    try:
-        values = tuple(int(p) for p in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or N,N,...: {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"every entry must be >= 1: {text!r}")
-    return values
-
-
-def assume_item(text: str) -> tuple[str, tuple[int, ...]]:
-    """``PATH=N[,N...]`` -> ``(path, chunks_per_shard)`` (for argparse ``type=``)."""
-    path, sep, cps = text.rpartition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"expected PATH=N[,N...]: {text!r}")
-    return path.strip("/"), int_tuple(cps)
-
-
-def add_assume_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--assume-chunks-per-shard", type=assume_item, action="append", metavar="PATH=N[,N...]", default=[],
-        help="treat array PATH as sharded with these chunks per shard although its metadata has no storage "
-             "transformer (the zarr-python 2.x resize()/append() defect; info suggests the value); repeatable",
-    )
-
-
-def assumed(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
-    """The ``--assume-chunks-per-shard`` options as the API's ``assume_chunks_per_shard``."""
-    out: dict[str, tuple[int, ...]] = {}
-    for path, cps in args.assume_chunks_per_shard:
-        if out.get(path, cps) != cps:
-            raise UsageError(f"--assume-chunks-per-shard: '{path or '/'}' given twice with different values", key=path)
-        out[path] = cps
-    return out
+#: Top-level packages of storage backends: an exception of a class defined there (not a
+#: builtin one it re-raises) means the store could not be used, never a bug of ours.
+BACKEND_PACKAGES = frozenset(
+    {"botocore", "aiobotocore", "boto3", "s3fs", "aiohttp", "gcsfs", "google", "adlfs", "azure",
+     "requests", "urllib3", "paramiko", "sshfs", "fsspec", "ocifs", "huggingface_hub"}
+)
+#: Backend modules that are optional, and what to install to get them.
+BACKEND_INSTALL = {
+    "s3fs": "pip install 'sharding-store[s3]'",
+    "aiobotocore": "pip install 'sharding-store[s3]'",
+    "botocore": "pip install 'sharding-store[s3]'",
+    "gcsfs": "pip install gcsfs",
+    "adlfs": "pip install adlfs",
+    "sshfs": "pip install sshfs",
+    "paramiko": "pip install paramiko",
+    "aiohttp": "pip install aiohttp",
+    "requests": "pip install requests",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,31 +90,63 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
-    except ShardingStoreError as e:
-        if debug:
-            raise
-        print(f"sharding-store: error: {_one_line(e)}", file=sys.stderr)
-        return e.exit_code
     except BrokenPipeError:  # e.g. `sharding-store ls ... | head`: the reader left, not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print("sharding-store: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except OSError as e:
-        if debug:
-            raise
-        print(f"sharding-store: I/O error: {_one_line(e)}", file=sys.stderr)
-        return EXIT_IO
     except Exception as e:  # noqa: BLE001 - the CLI never shows a traceback
         if debug:
             raise
-        print(
-            f"sharding-store: internal error: {type(e).__name__}: {_one_line(e)} "
-            "(run with SHARDING_STORE_DEBUG=1 for a traceback, and please report it)",
-            file=sys.stderr,
-        )
-        return EXIT_INTERNAL
+        code, line = exit_status(e)
+        print(f"sharding-store: {line}", file=sys.stderr)
+        return code
+
+
+def exit_status(e: BaseException) -> tuple[int, str]:
+    """The exit code and the one line (after ``sharding-store: ``) for an error."""
+    if isinstance(e, ShardingStoreError):
+        return e.exit_code, f"error: {_one_line(e)}"
+    install = _missing_backend(e)
+    if install is not None:
+        return EXIT_USAGE, f"error: {_one_line(e)} ({install})"
+    if isinstance(e, OSError):
+        return EXIT_IO, f"I/O error: {_one_line(e)}"
+    if _from_backend(e):
+        return EXIT_IO, f"I/O error: {type(e).__name__}: {_one_line(e)}"
+    return EXIT_INTERNAL, (
+        f"internal error: {type(e).__name__}: {_one_line(e)} "
+        "(run with SHARDING_STORE_DEBUG=1 for a traceback, and please report it)"
+    )
+
+
+def _missing_backend(e: BaseException) -> str | None:
+    """What to install, when ``e`` says an optional storage backend is not installed
+    (fsspec re-raises the ImportError with its own message, the original as its cause)."""
+    for err in (e, e.__cause__):
+        if isinstance(err, ImportError) and err.name:
+            top = err.name.partition(".")[0]
+            if top in BACKEND_INSTALL:
+                return BACKEND_INSTALL[top]
+    if isinstance(e, ImportError) and e.__cause__ is not None and _from_fsspec_registry(e):
+        return "install the package it names"
+    return None
+
+
+def _from_fsspec_registry(e: BaseException) -> bool:
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "") == "fsspec.registry"
+
+
+def _from_backend(e: BaseException) -> bool:
+    """True for an exception whose class a storage backend package defines."""
+    return any(
+        getattr(cls, "__module__", "").partition(".")[0] in BACKEND_PACKAGES for cls in type(e).__mro__[:-1]
+        if cls.__module__ != "builtins"
+    )
 
 
 def run() -> NoReturn:

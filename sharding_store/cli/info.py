@@ -11,6 +11,11 @@ the reason, arrays with damaged shard indices or with a lost storage transformer
 the store can be inspected. ``info --strict`` exits with the first problem's code
 instead (3 for metadata, 4 for a shard), after printing the report. Chunk payloads are
 not decoded, so an undecodable payload is not a problem ``info`` sees.
+
+An in-place ``reshard`` that was interrupted hides its array until ``reshard --resume``
+completes it: ``info`` lists every such array (text and ``--json``, from the reshard
+journal, one listing) and ``info --strict`` exits 10 naming them. A wrong
+``--assume-chunks-per-shard`` guess is refused (exit 3) with the evidence against it.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ShardingStoreError
-from . import add_assume_option, assumed, storage_options
+from .options import add_assume_option, assumed, storage_options
 
 if TYPE_CHECKING:  # the machinery loads when a command runs (numpy and numcodecs with it)
     from ..hierarchy import DraftHierarchy, Node
     from ..inspect import ArrayStats
+    from ..journal import Journal
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -106,9 +112,8 @@ def format_array(s: ArrayStats) -> str:
 
 
 def _subtree_text(h: DraftHierarchy, root: str) -> str:
-    """The hierarchy's own tree, limited to ``root`` and below."""
-    lines = h.tree().split("\n")
-    return "\n".join(line for p, line in zip(h.nodes, lines) if _in_subtree(p, root))
+    """The hierarchy's own tree of ``root`` and below (indented from ``root``)."""
+    return h.tree(root)
 
 
 def _damaged(h: DraftHierarchy, root: str) -> dict[str, ShardingStoreError]:
@@ -116,7 +121,30 @@ def _damaged(h: DraftHierarchy, root: str) -> dict[str, ShardingStoreError]:
     return {p: e for p, e in h.damaged.items() if _in_subtree(p, root)}
 
 
-def info_document(location: str, h: DraftHierarchy, nodes: list[Node], stats: list[ArrayStats], root: str = "") -> dict[str, Any]:
+def _interrupted(h: DraftHierarchy, root: str, unreadable: list[ShardingStoreError] | None = None) -> list[Journal]:
+    """Interrupted in-place reshards of arrays at or below ``root`` (one listing); journals
+    that cannot be read go to ``unreadable`` (reported; ``--strict`` fails on them)."""
+    from ..journal import interrupted_reshards
+
+    bad: list = []
+    found = [j for j in interrupted_reshards(h.inner, bad) if _in_subtree(j.path, root)]
+    if unreadable is not None:
+        unreadable += bad
+    return found
+
+
+def _interrupted_text(j: Journal, location: str) -> str:
+    from ..journal import resume_command
+
+    return f"{display_path(j.path)}\n  interrupted reshard: {j.describe()}; complete it with `{resume_command(location)}`"
+
+
+def info_document(
+    location: str, h: DraftHierarchy, nodes: list[Node], stats: list[ArrayStats], root: str = "",
+    reshards: list[Journal] | None = None, unreadable_journals: list[ShardingStoreError] | None = None,
+) -> dict[str, Any]:
+    from ..journal import resume_command
+
     return {
         "store": location,
         "metadata_key_suffix": h.suffix,
@@ -127,6 +155,8 @@ def info_document(location: str, h: DraftHierarchy, nodes: list[Node], stats: li
         "damaged": [
             {"path": p, "key": e.key, "error": type(e).__name__, "reason": str(e)} for p, e in _damaged(h, root).items()
         ],
+        "interrupted_reshards": [{**j.to_json(), "resume": resume_command(location)} for j in reshards or ()]
+        + [{"journal": e.key, "error": type(e).__name__, "reason": str(e)} for e in unreadable_journals or ()],
     }
 
 
@@ -137,18 +167,24 @@ def run_info(args: argparse.Namespace) -> int:
     from ..draft_metadata import normalize_path
     from ..hierarchy import open_hierarchy
     from ..inspect import hierarchy_stats
+    from ..journal import interrupted_error
 
     opts = storage_options(args.storage_options)
-    h = open_hierarchy(args.store, storage_options=opts, strict=False, assume_chunks_per_shard=assumed(args))
+    assume = assumed(args)
+    h = open_hierarchy(args.store, storage_options=opts, strict=False, assume_chunks_per_shard=assume)
     root = normalize_path(args.path)
+    unreadable: list[ShardingStoreError] = []
+    reshards = _interrupted(h, root, unreadable)
     nodes: list[Node] = []
     stats: list[ArrayStats] = []
-    if root not in h.damaged:  # else only its damage is shown
+    if root not in h.damaged and not (root not in h.nodes and reshards):
+        # else only its damage (or the interrupted reshard that hides it) is shown
         nodes = _nodes(h, root)
-        stats = hierarchy_stats(args.store, root, hierarchy=h)[1]
+        stats = hierarchy_stats(args.store, root, hierarchy=h, assumed=assume)[1]
     damaged = _damaged(h, root)
     if args.json:
-        json.dump(info_document(args.store, h, nodes, stats, root), sys.stdout, indent=2, default=str)
+        doc = info_document(args.store, h, nodes, stats, root, reshards, unreadable)
+        json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         if nodes:
@@ -159,7 +195,15 @@ def run_info(args: argparse.Namespace) -> int:
         for path, e in damaged.items():
             print()
             print(f"{display_path(path)}\n  damaged ({type(e).__name__}): {e}")
-    problems = [*damaged.values(), *(s.damage for s in stats if s.damage is not None)]
+        for j in reshards:
+            print()
+            print(_interrupted_text(j, args.store))
+        for e in unreadable:
+            print()
+            print(f"{e.key}\n  damaged reshard journal ({type(e).__name__}): {e}")
+    problems = [*unreadable, *damaged.values(), *(s.damage for s in stats if s.damage is not None)]
+    if reshards:  # a hidden array outweighs any other problem
+        problems.insert(0, interrupted_error(reshards, args.store))
     if args.strict and problems:
         raise problems[0]
     return 0
@@ -177,6 +221,12 @@ def run_ls(args: argparse.Namespace) -> int:
     h = open_hierarchy(args.store, storage_options=storage_options(args.storage_options), strict=False)
     for n in _nodes(h, args.path):
         print(ls_line(n))
-    for path, e in _damaged(h, h.node(args.path).path).items():
+    root = h.node(args.path).path
+    for path, e in _damaged(h, root).items():
         print(f"{display_path(path)}\tdamaged\t{type(e).__name__}")
+    unreadable: list[ShardingStoreError] = []
+    for j in _interrupted(h, root, unreadable):
+        print(f"{display_path(j.path)}\tinterrupted-reshard\t{j.phase}")
+    for e in unreadable:
+        print(f"{e.key}\tdamaged-reshard-journal\t{type(e).__name__}")
     return 0

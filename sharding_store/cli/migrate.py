@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import UsageError
-from . import add_assume_option, assumed, int_tuple, storage_options
+from .options import add_assume_option, assumed, int_tuple, storage_options
 
 
 def _store_options(p: argparse.ArgumentParser) -> None:
@@ -58,6 +58,9 @@ def register(subparsers: Any) -> None:
         description="Compare every inner chunk, shard index checksum and metadata document of DST with SRC.",
     )
     _store_options(v)
+    v.add_argument("--max-differences", type=int, default=20, metavar="N",
+                   help="differences listed in full (all are counted; default 20); with --json the report "
+                        "lists them and the exit code is 9 when there are any")
     v.set_defaults(func=run_verify)
 
 
@@ -109,9 +112,16 @@ def run_migrate(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    """Exit 0 when identical. Differences: without ``--json`` one error line naming the first
+    (exit 9); with ``--json`` the report (``ok: false``, the first ``--max-differences``
+    differences in full) on stdout, exit 9 too."""
+    from ..errors import VerificationError
     from ..verify import verify
 
+    if args.max_differences < 1:
+        raise UsageError(f"--max-differences {args.max_differences}: must be >= 1")
     with _executor(args.scheduler) as executor:
-        report = verify(args.src, args.dst, executor=executor, **_common(args))
+        report = verify(args.src, args.dst, executor=executor, raise_on_error=not args.json,
+                        max_differences=args.max_differences, **_common(args))
     print(json.dumps(report.to_dict(), indent=2) if args.json else f"verified: {report.summary()}")
-    return 0
+    return 0 if report.ok else VerificationError.exit_code

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..errors import UsageError
-from . import int_tuple, storage_options
+from .options import int_tuple, storage_options
 
 
 def register(subparsers: Any) -> None:

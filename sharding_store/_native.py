@@ -1,0 +1,344 @@
+"""The one door to compiled code called through ``ctypes``.
+
+Everything in the package that calls into a C library without a Python wrapper goes
+through this module, so that what is bound, to which version, and what happens when it
+is missing is decided in one place:
+
+* **libzstd and libblosc inside numcodecs' own extension modules** (``numcodecs.zstd`` and
+  ``numcodecs.blosc`` export the libraries' symbols). Calling their context functions
+  directly lets a chunk be decoded straight from a read buffer into its row of a scratch
+  buffer, with reused per-thread contexts and the GIL released only where that pays
+  (see :data:`HOLD_GIL_BELOW`); numcodecs' Python wrappers cost more than the work on
+  chunks of a few KiB. Being numcodecs' own copies of the libraries, the bytes are
+  numcodecs' bytes; :mod:`.chunk_codec` additionally checks each encoder against
+  numcodecs once per configuration, and the property tests compare every path.
+* **libc's** ``madvise`` (Linux: big read outputs are faulted in with small pages) and
+  ``memcmp`` (``verify`` compares copied shards block by block without the GIL).
+
+Each binding is made once, at import, and checked: the library's version must be the one
+numcodecs reports for itself (so a symbol of another copy of the library can never be
+picked up) and of the API generation the signatures below were written for (zstd 1.4 to
+1.x, c-blosc 1.6 to 1.x). When a library, a symbol or the expected version is missing,
+or when native code is switched off with :func:`set_enabled` (tests compare both
+paths that way), the accessor returns None and the caller takes the numcodecs / pure
+Python path, which is the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+__all__ = [
+    "HOLD_GIL_BELOW",
+    "Library",
+    "blosc",
+    "blosc_for",
+    "enabled",
+    "madvise",
+    "memcmp",
+    "memmove",
+    "report",
+    "row_at",
+    "address_of",
+    "Source",
+    "set_enabled",
+    "string_at",
+    "thread_buffer",
+    "using",
+    "zstd",
+    "zstd_cctx",
+    "zstd_dctx",
+]
+
+#: chunks of up to this many decoded bytes are (de)compressed without releasing the GIL:
+#: for calls of a few microseconds, releasing and re-taking it costs more than it buys
+#: (measured: benchmarks/profile_notes.md, "1 write" and the read path)
+HOLD_GIL_BELOW = 64 * 2**10
+
+#: the API generations the signatures below were written for: [low, high)
+ZSTD_VERSIONS = (10400, 20000)  # ZSTD_compress2 / ZSTD_CCtx_setParameter: 1.4.0 on
+BLOSC_VERSIONS = ((1, 6), (2, 0))  # blosc_*_ctx: c-blosc 1.6 on; c-blosc 2 has other calls
+
+_ZSTD_C_LEVEL, _ZSTD_C_CHECKSUM = 100, 201  # ZSTD_c_compressionLevel, ZSTD_c_checksumFlag
+
+
+@dataclass(frozen=True)
+class Library:
+    """One bound library: the same functions called two ways.
+
+    ``released`` (``ctypes.CDLL``) releases the GIL for each call, for work long enough to
+    run in parallel on the thread pool; ``held`` (``ctypes.PyDLL``) keeps it, for header
+    reads and small chunks where the release/re-take costs more than the call.
+    """
+
+    name: str
+    version: str
+    released: Any
+    held: Any
+
+
+def _bind_zstd() -> Library | None:
+    import numcodecs.zstd as nz
+
+    size_t, vp = ctypes.c_size_t, ctypes.c_void_p
+    sigs = {
+        "ZSTD_versionNumber": (ctypes.c_uint, []),
+        "ZSTD_createDCtx": (vp, []),
+        "ZSTD_freeDCtx": (size_t, [vp]),
+        # sources as void*: bytes, or the integer address of bytes inside a read buffer
+        "ZSTD_decompressDCtx": (size_t, [vp, vp, size_t, vp, size_t]),
+        "ZSTD_getFrameContentSize": (ctypes.c_ulonglong, [vp, size_t]),
+        "ZSTD_findFrameCompressedSize": (size_t, [vp, size_t]),
+        "ZSTD_createCCtx": (vp, []),
+        "ZSTD_freeCCtx": (size_t, [vp]),
+        "ZSTD_CCtx_setParameter": (size_t, [vp, ctypes.c_int, ctypes.c_int]),
+        "ZSTD_compress2": (size_t, [vp, vp, size_t, vp, size_t]),
+        "ZSTD_compressBound": (size_t, [size_t]),
+        "ZSTD_isError": (ctypes.c_uint, [size_t]),
+        "ZSTD_getErrorCode": (ctypes.c_int, [size_t]),
+        "ZSTD_getErrorName": (ctypes.c_char_p, [size_t]),
+    }
+    libs = []
+    for dll in (ctypes.CDLL, ctypes.PyDLL):
+        lib = dll(nz.__file__)
+        for name, (res, args) in sigs.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        libs.append(lib)
+    version = libs[0].ZSTD_versionNumber()
+    if version != nz.VERSION_NUMBER or not ZSTD_VERSIONS[0] <= version < ZSTD_VERSIONS[1]:
+        return None
+    return Library("zstd", f"{version // 10000}.{version // 100 % 100}.{version % 100}", libs[0], libs[1])
+
+
+def _bind_blosc() -> Library | None:
+    import numcodecs.blosc as nb
+
+    size_t, vp = ctypes.c_size_t, ctypes.c_void_p
+    sigs = {
+        "blosc_get_version_string": (ctypes.c_char_p, []),
+        # (src, dest, destsize, numinternalthreads) -> decompressed bytes, <= 0 on error
+        "blosc_decompress_ctx": (ctypes.c_int, [vp, vp, size_t, ctypes.c_int]),
+        # (clevel, doshuffle, typesize, nbytes, src, dest, destsize, compressor, blocksize, nthreads)
+        "blosc_compress_ctx": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, size_t, size_t, vp, vp, size_t, ctypes.c_char_p, size_t, ctypes.c_int]),
+    }
+    libs = []
+    for dll in (ctypes.CDLL, ctypes.PyDLL):
+        lib = dll(nb.__file__)
+        for name, (res, args) in sigs.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        libs.append(lib)
+    version = libs[0].blosc_get_version_string().decode("ascii", "replace")
+    if version != nb.VERSION_STRING or not BLOSC_VERSIONS[0] <= _major_minor(version) < BLOSC_VERSIONS[1]:
+        return None
+    return Library("blosc", version, libs[0], libs[1])
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    """``(1, 21)`` for ``"1.21.7.dev"``; ``(0, 0)`` for what does not parse."""
+    try:
+        major, minor = version.split(".")[:2]
+        return int(major), int("".join(c for c in minor if c.isdigit()) or "0")
+    except ValueError:
+        return (0, 0)
+
+
+def _bind_libc(name: str, restype: Any, argtypes: list[Any], **kw: Any) -> Any:
+    """A function of the C library the interpreter runs on (POSIX), or None."""
+    try:
+        fn = getattr(ctypes.CDLL(None, **kw), name)
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.restype, fn.argtypes = restype, argtypes
+    return fn
+
+
+def _try(bind: Callable[[], Any]) -> Any:
+    try:
+        return bind()
+    except Exception:  # noqa: BLE001 - no such module or symbol, another build: the reference path
+        return None
+
+
+# bound at import (cheap: the libraries are numcodecs' own, loaded already) rather than by
+# the first array opened, whose first read is what users time
+_ZSTD: Library | None = _try(_bind_zstd)
+_BLOSC: Library | None = _try(_bind_blosc)
+_MEMCMP = _bind_libc("memcmp", ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t])
+_MADVISE = (
+    _bind_libc("madvise", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], use_errno=True)
+    if sys.platform.startswith("linux")
+    else None
+)
+PAGE_SIZE = mmap.PAGESIZE
+#: Linux's MADV_NOHUGEPAGE
+MADV_NOHUGEPAGE = 15
+
+_enabled = True
+
+
+def set_enabled(flag: bool) -> bool:
+    """Switch every native binding on or off for this process; returns the previous setting.
+
+    Off, every accessor below returns None and callers take the numcodecs / Python path
+    (the reference). Decoders and encoders already built (an array opened before the
+    switch) keep the path they chose.
+    """
+    global _enabled
+    previous, _enabled = _enabled, bool(flag)
+    return previous
+
+
+def enabled() -> bool:
+    """Whether native bindings are switched on (see :func:`set_enabled`)."""
+    return _enabled
+
+
+@contextmanager
+def using(flag: bool) -> Iterator[None]:
+    """``with using(False): ...``: :func:`set_enabled` for the block, then restored."""
+    previous = set_enabled(flag)
+    try:
+        yield
+    finally:
+        set_enabled(previous)
+
+
+def zstd() -> Library | None:
+    """numcodecs' libzstd, or None (missing, another version, or switched off)."""
+    return _ZSTD if _enabled else None
+
+
+def blosc() -> Library | None:
+    """numcodecs' libblosc (c-blosc 1), or None (missing, another version, or switched off)."""
+    return _BLOSC if _enabled else None
+
+
+def blosc_for(nbytes: int) -> Any:
+    """libblosc's functions as called for chunks of ``nbytes``: keeping the GIL up to
+    :data:`HOLD_GIL_BELOW`, releasing it above; None when it is not available."""
+    lib = blosc()
+    if lib is None:
+        return None
+    return lib.held if nbytes <= HOLD_GIL_BELOW else lib.released
+
+
+def memcmp() -> Any:
+    """libc ``memcmp(a, b, n)`` on addresses (releases the GIL), or None."""
+    return _MEMCMP if _enabled else None
+
+
+def madvise(address: int, nbytes: int, advice: int) -> bool:
+    """``madvise`` the whole pages inside ``[address, address + nbytes)``. Advice only:
+    False (nothing done) without the call (another OS, switched off) or when the kernel
+    refuses (an old one)."""
+    if _MADVISE is None or not _enabled:
+        return False
+    lo = -(-address // PAGE_SIZE) * PAGE_SIZE
+    hi = (address + nbytes) // PAGE_SIZE * PAGE_SIZE
+    return hi > lo and _MADVISE(lo, hi - lo, advice) == 0
+
+
+#: ``memmove(dst, src, n)`` and ``string_at(address, n) -> bytes``: ctypes' own helpers
+#: (no library binding; here so that no other module needs ctypes)
+memmove = ctypes.memmove
+string_at = ctypes.string_at
+
+
+def row_at(address: int, nbytes: int) -> Any:
+    """The ``nbytes`` at ``address`` as a writable uint8 numpy array (no copy), for the
+    general path of a decoder given an address (the caller keeps the memory alive)."""
+    import numpy as np
+
+    return np.frombuffer((ctypes.c_ubyte * nbytes).from_address(address), dtype=np.uint8)
+
+
+class Source(NamedTuple):
+    """A bytes-like object passed as a ``void*`` source."""
+
+    arg: Any  # what to pass: the bytes themselves, or an address
+    keep: Any  # what owns the memory at that address (keep it while the call runs)
+
+
+def address_of(buf: Any) -> Source:
+    """``buf`` as a ``void*`` argument: bytes as themselves, anything else (memoryview,
+    array) by address through numpy, without a copy."""
+    if type(buf) is bytes:
+        return Source(buf, None)
+    import numpy as np
+
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    return Source(arr.ctypes.data, arr)
+
+
+class _Ctx:
+    """A zstd context owned by one thread, freed with it."""
+
+    __slots__ = ("ptr", "_free")
+
+    def __init__(self, ptr: int, free: Callable[[int], Any]) -> None:
+        if not ptr:
+            raise MemoryError("zstd: cannot allocate a context")
+        self.ptr, self._free = ptr, free
+
+    def __del__(self) -> None:
+        try:
+            self._free(self.ptr)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the process frees it anyway
+            pass
+
+
+_TLS = threading.local()
+
+
+def zstd_dctx(lib: Library) -> int:
+    """This thread's zstd decompression context (created on first use)."""
+    ctx = getattr(_TLS, "dctx", None)
+    if ctx is None:
+        ctx = _TLS.dctx = _Ctx(lib.released.ZSTD_createDCtx(), lib.released.ZSTD_freeDCtx)
+    return ctx.ptr
+
+
+def zstd_cctx(lib: Library, level: int, checksum: bool) -> int:
+    """This thread's compression context for ``(level, checksum)``, parameters set once
+    (``ZSTD_compress2`` resets the session and keeps them)."""
+    cctxs = getattr(_TLS, "cctx", None)
+    if cctxs is None:
+        cctxs = _TLS.cctx = {}
+    ctx = cctxs.get((level, checksum))
+    if ctx is None:
+        c = lib.released
+        ctx = _Ctx(c.ZSTD_createCCtx(), c.ZSTD_freeCCtx)
+        for param, value in ((_ZSTD_C_LEVEL, level), (_ZSTD_C_CHECKSUM, int(checksum))):
+            if c.ZSTD_isError(c.ZSTD_CCtx_setParameter(ctx.ptr, param, value)):
+                raise ValueError(f"zstd: parameter {param}={value} refused")
+        cctxs[(level, checksum)] = ctx
+    return ctx.ptr
+
+
+def thread_buffer(name: str, nbytes: int) -> Any:
+    """A per-thread ``ctypes`` char buffer of at least ``nbytes`` (encoders' output), reused."""
+    buf = getattr(_TLS, name, None)
+    if buf is None or len(buf) < nbytes:
+        buf = ctypes.create_string_buffer(nbytes)
+        setattr(_TLS, name, buf)
+    return buf
+
+
+def report() -> dict[str, str | None]:
+    """What is bound (library -> version, None when not), for ``--version``-style output and
+    bug reports; independent of :func:`set_enabled`."""
+    return {
+        "zstd": _ZSTD.version if _ZSTD is not None else None,
+        "blosc": _BLOSC.version if _BLOSC is not None else None,
+        "memcmp": "libc" if _MEMCMP is not None else None,
+        "madvise": "libc" if _MADVISE is not None else None,
+    }

@@ -1,0 +1,63 @@
+"""Option parsing shared by the command modules (``cli.info``, ``cli.migrate``,
+``cli.reshard``). A leaf of the ``cli`` package: it imports nothing from it, so the
+command modules and ``cli/__init__`` (which loads them) import in one direction."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..errors import UsageError
+
+__all__ = ["add_assume_option", "assume_item", "assumed", "int_tuple", "storage_options"]
+
+
+def storage_options(text: str | None, option: str = "--storage-options") -> dict[str, Any]:
+    """Parse a JSON object given on the command line."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{option}: not valid JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{option}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def int_tuple(text: str) -> tuple[int, ...]:
+    """``"4"`` or ``"4,4,1"`` -> a tuple of positive ints (for argparse ``type=``)."""
+    try:
+        values = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N,N,...: {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every entry must be >= 1: {text!r}")
+    return values
+
+
+def assume_item(text: str) -> tuple[str, tuple[int, ...]]:
+    """``PATH=N[,N...]`` -> ``(path, chunks_per_shard)`` (for argparse ``type=``)."""
+    path, sep, cps = text.rpartition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected PATH=N[,N...]: {text!r}")
+    return path.strip("/"), int_tuple(cps)
+
+
+def add_assume_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--assume-chunks-per-shard", type=assume_item, action="append", metavar="PATH=N[,N...]", default=[],
+        help="treat array PATH as sharded with these chunks per shard although its metadata has no storage "
+             "transformer (the zarr-python 2.x resize()/append() defect; info suggests the value); repeatable",
+    )
+
+
+def assumed(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
+    """The ``--assume-chunks-per-shard`` options as the API's ``assume_chunks_per_shard``."""
+    out: dict[str, tuple[int, ...]] = {}
+    for path, cps in args.assume_chunks_per_shard:
+        if out.get(path, cps) != cps:
+            raise UsageError(f"--assume-chunks-per-shard: '{path or '/'}' given twice with different values", key=path)
+        out[path] = cps
+    return out

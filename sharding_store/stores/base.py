@@ -1,0 +1,343 @@
+"""The store interface: what the shard engine, migrate, reshard and verify may ask of a store.
+
+A store ("inner store", below a :class:`~sharding_store.ShardingStore`) is anything with the
+methods of :class:`Inner`. The *core* is what every backend has (whole gets, byte ranges,
+tails of objects, atomic puts, deletes, listings); the *capabilities* (``size``,
+``read_into``, ``local_path``, ``copy_to``, ``move``, ``create_exclusive``, ``list_sized``,
+``location``, ``describe``, ...) let a backend do better than the generic way: a kernel
+copy, a server-side copy, a rename, a conditional put. :class:`BaseInner` implements every
+capability from the core, so a new backend writes the core and overrides what it can do
+better; wrappers (``sharding_store.testing.CountingInner``) delegate every method. Nothing
+outside this package asks *which* class a store is: it calls the method.
+
+Range requests are ``(key, start, end)``: ``start >= 0`` with ``end`` exclusive (or ``None``
+for to-the-end), or ``start < 0`` with ``end is None`` for the last ``-start`` bytes.
+Results may be *shorter* than requested when the object is; callers check lengths (that is
+how a damaged index is caught). A missing object gives ``None``.
+
+Versions: :meth:`Inner.get_tails` returns a :class:`Tail` carrying the object's version at
+read time (``None`` when the backend cannot tell); passing those versions to
+:meth:`Inner.get_ranges` makes it raise :class:`ObjectChangedError` instead of returning
+bytes of another version. That is how an index and the chunks it points to are read
+consistently while a writer replaces the object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+from ..errors import LinkOutsideStoreError, ObjectChangedError, StoreIOError
+
+__all__ = [
+    "BaseInner",
+    "CoreInner",
+    "Inner",
+    "LinkOutsideStoreError",
+    "Location",
+    "ObjectChangedError",
+    "RangeRequest",
+    "Relation",
+    "StoreIOError",
+    "Tail",
+    "Version",
+    "list_dir_from_keys",
+    "slice_range",
+]
+
+RangeRequest = tuple[str, int, "int | None"]
+#: an object's identity at read time; equal versions mean the same bytes
+Version = Hashable
+Relation = Literal["same", "inside", "contains", None]
+
+
+class Tail(NamedTuple):
+    """The last bytes of an object (as asked), with what the read learnt about the object."""
+
+    data: bytes
+    #: the object's size, when the backend knows it for free (None otherwise)
+    size: int | None
+    #: the object's version at read time (local: device, inode, mtime, size; S3: ETag), or None
+    version: Version | None = None
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a store's objects live, spelled one way (issue 12: store identity).
+
+    ``kind``: ``"file"`` for a local directory, else the fsspec protocol (``"s3"``,
+    ``"memory"``, ...), ``"mapping"``/``"zarr"`` for in-process objects. ``authority``:
+    the endpoint of an object store ("" for the default one and locally), ``id()`` of an
+    in-process object. ``path``: absolute, symlink-resolved and without a trailing slash
+    locally; the bucket and prefix on object stores ("" for an in-process object).
+    """
+
+    kind: str
+    authority: str
+    path: str
+
+    def relation(self, other: Location) -> Relation:
+        """``"same"`` store, this one ``"inside"`` the other, this one ``"contains"`` it, or None."""
+        if (self.kind, self.authority) != (other.kind, other.authority):
+            return None
+        if self.path == other.path:
+            return "same"
+        if _under(self.path, other.path):
+            return "inside"
+        if _under(other.path, self.path):
+            return "contains"
+        return None
+
+    def __str__(self) -> str:
+        if self.kind == "file":
+            return self.path
+        authority = f"[{self.authority}]" if self.authority else ""
+        return f"{self.kind}://{authority}{self.path}"
+
+
+def _under(path: str, top: str) -> bool:
+    """``path`` strictly below ``top`` (component-wise: ``/a/bc`` is not below ``/a/b``)."""
+    if top in ("", "/"):
+        return path not in ("", "/")
+    return path.startswith(top + "/")
+
+
+@runtime_checkable
+class CoreInner(Protocol):
+    """The methods every store has; :func:`~sharding_store.stores.as_inner` completes such an
+    object with :class:`BaseInner`'s generic capabilities."""
+
+    def get(self, key: str) -> bytes | None: ...
+    def get_ranges(self, requests: Sequence[RangeRequest]) -> list[bytes | None]: ...
+    def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Any]: ...
+    def set(self, key: str, value: bytes) -> None: ...
+    def delete(self, key: str) -> None: ...
+    def delete_prefix(self, prefix: str) -> None: ...
+    def list_prefix(self, prefix: str) -> Iterator[str]: ...
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]: ...
+    def exists(self, key: str) -> bool: ...
+
+
+@runtime_checkable
+class Inner(Protocol):
+    """The whole store interface (core and capabilities): see the module docstring."""
+
+    def get(self, key: str) -> bytes | None: ...
+    def get_ranges(
+        self, requests: Sequence[RangeRequest], versions: Sequence[Version | None] | None = None
+    ) -> list[bytes | None]: ...
+    def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]: ...
+    def set(self, key: str, value: bytes) -> None: ...
+    def create_exclusive(self, key: str, value: bytes) -> bool: ...
+    def delete(self, key: str) -> None: ...
+    def delete_prefix(self, prefix: str) -> None: ...
+    def list_prefix(self, prefix: str) -> Iterator[str]: ...
+    def list_sized(self, prefix: str) -> Iterator[tuple[str, int | None]]: ...
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]: ...
+    def exists(self, key: str) -> bool: ...
+    def size(self, key: str) -> int | None: ...
+    def read_into(self, key: str, alloc: Callable[[int], Any]) -> Tail | None: ...
+    def local_path(self, key: str) -> str | None: ...
+    def fs_path(self, key: str) -> tuple[Any, str] | None: ...
+    def can_copy_to(self, dst: Inner, *, append: bool = False) -> bool: ...
+    def copy_to(
+        self, key: str, dst: Inner, dst_key: str, *, size: int | None = None, append: bytes = b"",
+        version: Version | None = None,
+    ) -> bool: ...
+    def move(self, key: str, dst_key: str) -> None: ...
+    def tidy(self, prefix: str = "", *, keep_top: bool = True) -> None: ...
+    def location(self) -> Location: ...
+    def describe(self) -> str: ...
+
+
+def slice_range(data: bytes, start: int, end: int | None) -> bytes:
+    """What a range request returns from a whole object's bytes."""
+    if start < 0:
+        return data[max(0, len(data) + start) :]
+    return data[start:end]
+
+
+def list_dir_from_keys(keys: Iterable[str], prefix: str) -> tuple[list[str], list[str]]:
+    """Split the keys under ``prefix`` into direct children and sub-prefixes (ending in ``/``)."""
+    out_keys: set[str] = set()
+    out_prefixes: set[str] = set()
+    for k in keys:
+        rest = k[len(prefix) :]
+        head, sep, _ = rest.partition("/")
+        if sep:
+            out_prefixes.add(prefix + head + "/")
+        else:
+            out_keys.add(k)
+    return sorted(out_keys), sorted(out_prefixes)
+
+
+class BaseInner:
+    """Generic capabilities from the core methods (subclasses implement ``get``,
+    ``get_ranges``, ``get_tails``, ``set``, ``delete``, ``list_prefix``, ``exists``).
+
+    Each default is correct for any store and costs what it says; backends override the
+    ones they can do better.
+    """
+
+    # ------------------------------------------------------------------ core (abstract)
+    def get(self, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    def get_ranges(
+        self, requests: Sequence[RangeRequest], versions: Sequence[Version | None] | None = None
+    ) -> list[bytes | None]:
+        raise NotImplementedError
+
+    def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        raise NotImplementedError
+
+    def set(self, key: str, value: bytes) -> None:
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        raise NotImplementedError
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        raise NotImplementedError
+
+    def exists(self, key: str) -> bool:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ generic capabilities
+    def delete_prefix(self, prefix: str) -> None:
+        """Every object under ``prefix`` (a listing, then one delete each)."""
+        for k in list(self.list_prefix(prefix)):
+            self.delete(k)
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        return list_dir_from_keys(self.list_prefix(prefix), prefix)
+
+    def list_sized(self, prefix: str) -> Iterator[tuple[str, int | None]]:
+        """Sorted ``(key, size)`` under ``prefix``; sizes None where the listing has none."""
+        for key in self.list_prefix(prefix):
+            yield key, None
+
+    def size(self, key: str) -> int | None:
+        """The object's size (here: one whole get), None when missing."""
+        value = self.get(key)
+        return None if value is None else len(value)
+
+    def read_into(self, key: str, alloc: Callable[[int], Any]) -> Tail | None:
+        """A whole object in a caller-owned buffer: ``alloc(n)`` returns a writable buffer of
+        at least ``n`` bytes. Returns a :class:`Tail` whose ``data`` is the prefix of that
+        buffer holding the object (with its size and version), None when the object is
+        missing. Here: one get and a copy (no version)."""
+        value = self.get(key)
+        if value is None:
+            return None
+        buf = alloc(len(value))
+        memoryview(buf).cast("B")[: len(value)] = value
+        return Tail(buf[: len(value)], len(value), None)
+
+    def local_path(self, key: str) -> str | None:
+        """The path of the key's local file (which need not exist yet), when the store is a
+        local directory and the path stays inside it; else None."""
+        return None
+
+    def fs_path(self, key: str) -> tuple[Any, str] | None:
+        """``(fsspec filesystem, path)`` of a remote object, for server-side copies; else None."""
+        return None
+
+    def can_copy_to(self, dst: Inner, *, append: bool = False) -> bool:
+        """Whether :meth:`copy_to` can copy from this store to ``dst`` without the bytes
+        passing through this process (object stores cannot ``append``)."""
+        return False
+
+    def copy_to(
+        self, key: str, dst: Inner, dst_key: str, *, size: int | None = None, append: bytes = b"",
+        version: Version | None = None,
+    ) -> bool:
+        """Copy one object (plus ``append``) to ``dst_key`` of ``dst`` without its bytes
+        passing through this process; False when this pair of stores cannot (the caller
+        reads and writes). ``size``: the object's size if known (spares a request);
+        ``version``: a version from :meth:`get_tails`; the copy raises
+        :class:`ObjectChangedError` rather than copy another version."""
+        return False
+
+    def move(self, key: str, dst_key: str) -> None:
+        """Move an object within this store (here: get, set, delete); a missing source
+        whose destination exists is taken as a move already done."""
+        value = self.get(key)
+        if value is not None:
+            self.set(dst_key, value)
+            self.delete(key)
+
+    def create_exclusive(self, key: str, value: bytes) -> bool:
+        """Create ``key`` only if it does not exist; False if it did. Here: ``exists`` then
+        ``set``, which two writers can race (backends with an atomic primitive override it)."""
+        if self.exists(key):
+            return False
+        self.set(key, value)
+        return True
+
+    def tidy(self, prefix: str = "", *, keep_top: bool = True) -> None:
+        """Remove what killed writes left below ``prefix`` (temporary files) and empty
+        directories (``keep_top``: keep ``prefix``'s own). Only stores with such leftovers
+        (local directories) do anything; only call it where nobody else writes meanwhile."""
+
+    def location(self) -> Location:
+        return Location("mapping", str(id(self)), "")
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+class CompletedInner(BaseInner):
+    """A store object with the core methods only (a hand-written wrapper), given the
+    generic capabilities. Its tails carry no version: whatever it wraps, its ``get_ranges``
+    cannot be asked to check one."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def get(self, key: str) -> bytes | None:
+        return self.store.get(key)
+
+    def get_ranges(
+        self, requests: Sequence[RangeRequest], versions: Sequence[Version | None] | None = None
+    ) -> list[bytes | None]:
+        return self.store.get_ranges(requests)
+
+    def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        return [None if t is None else Tail(t[0], t[1], None) for t in self.store.get_tails(requests)]
+
+    def set(self, key: str, value: bytes) -> None:
+        self.store.set(key, value)
+
+    def delete(self, key: str) -> None:
+        self.store.delete(key)
+
+    def delete_prefix(self, prefix: str) -> None:
+        self.store.delete_prefix(prefix)
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        return self.store.list_prefix(prefix)
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        return self.store.list_dir(prefix)
+
+    def exists(self, key: str) -> bool:
+        return self.store.exists(key)
+
+    def location(self) -> Location:
+        return Location("mapping", str(id(self.store)), "")
+
+    def describe(self) -> str:
+        return type(self.store).__name__
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def check_versions(key: str, expected: Version | None, actual: Version | None) -> None:
+    """Raise :class:`ObjectChangedError` naming ``key`` when a version no longer holds."""
+    if expected is not None and expected != actual:
+        raise ObjectChangedError(
+            f"{key}: the object changed between two reads of it (read it again)", key=key
+        )

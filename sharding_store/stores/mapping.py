@@ -1,0 +1,134 @@
+"""Any ``MutableMapping[str, bytes]`` as a store (a ``dict``, a zarr-python 2 store, ...).
+
+Versions: a plain mapping has no object identity, so a tail read returns as its version
+the object's length and the tail bytes themselves (``(size, tail)``), and a range read
+given versions reads the whole object once (as it does anyway: one get per key) and
+checks that its length and tail still match. A rewrite that changes the index (every
+shard rewrite does: the offsets move, or the payload sizes change) is caught; one that
+rewrites payloads with identical sizes *and* an identical index is not, which is harmless
+for shard reads (the index still describes the bytes read). Mappings with
+``get_partial_values`` (no whole reads) give no version.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, MutableMapping, Sequence
+
+from .base import BaseInner, Location, RangeRequest, Tail, Version, check_versions, slice_range
+
+__all__ = ["MappingInner"]
+
+_CREATE_LOCK = threading.Lock()
+
+
+def _new_create_lock() -> None:
+    """A child forked while another thread held the lock must not inherit it held."""
+    global _CREATE_LOCK
+    _CREATE_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_create_lock)
+
+
+class MappingInner(BaseInner):
+    """A ``MutableMapping[str, bytes]``; uses its ``get_partial_values`` if it has one.
+
+    zarr-python 2 v3 stores (and many hand-written ones) have
+    ``get_partial_values([(key, (start, length))])``; otherwise a range read is one
+    full get and a slice, done once per key per call.
+    """
+
+    def __init__(self, mapping: MutableMapping[str, bytes]) -> None:
+        self.mapping = mapping
+        self._partial = getattr(mapping, "get_partial_values", None)
+
+    def __repr__(self) -> str:
+        return f"MappingInner({type(self.mapping).__name__})"
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return bytes(self.mapping[key])
+        except KeyError:
+            return None
+
+    def get_ranges(
+        self, requests: Sequence[RangeRequest], versions: Sequence[Version | None] | None = None
+    ) -> list[bytes | None]:
+        checked = versions is not None and any(v is not None for v in versions)
+        if self._partial is not None and not checked:
+            ranges = [(k, (s, None if e is None else e - s)) for k, s, e in requests]
+            try:
+                out = self._partial(ranges)
+            except KeyError:
+                out = None
+            if out is not None:
+                return [None if v is None else bytes(v) for v in out]
+        cache: dict[str, bytes | None] = {}
+        result: list[bytes | None] = []
+        for i, (key, start, end) in enumerate(requests):
+            if key not in cache:
+                cache[key] = self.get(key)
+            data = cache[key]
+            if checked and versions[i] is not None:  # type: ignore[index]
+                expected = versions[i]  # type: ignore[index]
+                check_versions(key, expected, None if data is None else _version(data, len(expected[1])))  # type: ignore[index]
+            result.append(None if data is None else slice_range(data, start, end))
+        return result
+
+    def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        if self._partial is not None:
+            out = self.get_ranges([(k, -max(n, 1), None) for k, n in requests])  # -0 would be all of it
+            return [None if v is None else Tail(v if n > 0 else b"", None, None) for v, (_, n) in zip(out, requests)]
+        tails: list[Tail | None] = []
+        for key, n in requests:
+            data = self.get(key)
+            if data is None:
+                tails.append(None)
+                continue
+            tail = data[max(0, len(data) - n) :]
+            tails.append(Tail(tail, len(data), (len(data), tail)))
+        return tails
+
+    def set(self, key: str, value: bytes) -> None:
+        self.mapping[key] = value
+
+    def delete(self, key: str) -> None:
+        try:
+            del self.mapping[key]
+        except KeyError:
+            pass
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        lister = getattr(self.mapping, "list_prefix", None)
+        keys = lister(prefix) if lister is not None else (k for k in list(self.mapping) if k.startswith(prefix))
+        return iter(sorted(keys))
+
+    def exists(self, key: str) -> bool:
+        return key in self.mapping
+
+    def size(self, key: str) -> int | None:
+        value = self.get(key)
+        return None if value is None else len(value)
+
+    def create_exclusive(self, key: str, value: bytes) -> bool:
+        """Check and set under one lock of this process: exclusive among ``create_exclusive``
+        callers of this process (an in-memory mapping has no others); a mapping backed by
+        something other processes write is not protected (documented limit)."""
+        with _CREATE_LOCK:
+            if key in self.mapping:
+                return False
+            self.mapping[key] = value
+            return True
+
+    def location(self) -> Location:
+        return Location("mapping", str(id(self.mapping)), "")
+
+    def describe(self) -> str:
+        return f"{type(self.mapping).__name__} object"
+
+
+def _version(data: bytes, n: int) -> tuple[int, bytes]:
+    return len(data), data[max(0, len(data) - n) :]

@@ -1,0 +1,155 @@
+"""S3 through s3fs against the local moto server: ETag versions with If-Match range reads,
+conditional PUTs, version-checked server-side copies, request counts, setup errors."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import pytest
+
+from sharding_store.errors import ObjectChangedError, StoreIOError, UsageError
+from sharding_store.stores import FsspecInner, Tail, as_inner
+from sharding_store.testing import CountingInner
+from tests.s3server import s3, s3_server  # noqa: F401 - fixtures
+
+pytest.importorskip("s3fs")
+pytestmark = [pytest.mark.s3]
+
+
+@pytest.fixture
+def bucket(s3):  # noqa: F811
+    s3.make_bucket("bkt")
+    return s3, as_inner("s3://bkt/store", storage_options=s3.storage_options)
+
+
+def _blob(i: int, n: int = 4096) -> bytes:
+    return struct.pack("<Q", i) * (n // 8)
+
+
+def test_a_tail_is_one_get_with_the_size_and_the_etag(bucket):
+    s3, inner = bucket
+    inner.set("a", b"0123456789")
+    s3.start_counting()
+    tails = inner.get_tails([("a", 4), ("missing", 4), ("a", 100)])
+    assert s3.counts() == {"GET": 3}
+    assert tails[0] == Tail(b"6789", 10, tails[0].version) and tails[1] is None and tails[2].data == b"0123456789"
+    assert tails[0].version.startswith('"') and tails[0].version == tails[2].version
+
+
+def test_ranges_with_the_etag_are_one_conditional_get_each(bucket):
+    s3, inner = bucket
+    inner.set("a", b"0123456789")
+    inner.set("empty", b"")
+    v, e = (t.version for t in inner.get_tails([("a", 4), ("empty", 4)]))
+    s3.start_counting()
+    got = inner.get_ranges([("a", 0, 3), ("a", 8, None), ("a", -3, None), ("a", 20, 30), ("empty", 0, 4)], [v, v, v, v, e])
+    assert got == [b"012", b"89", b"789", b"", b""]
+    requests = s3.requests()
+    gets = [r for r in requests if r["method"] == "GET"]
+    assert len(gets) == 5 and all({k.lower() for k in r["headers"]} >= {"if-match", "range"} for r in gets[:3])
+    inner.set("a", b"abcdefghij")
+    with pytest.raises(ObjectChangedError, match="a: the object changed") as info:
+        inner.get_ranges([("a", 0, 3)], [v])
+    assert info.value.key == "a" and info.value.exit_code == 12
+    inner.delete("a")
+    with pytest.raises(ObjectChangedError):
+        inner.get_ranges([("a", 0, 3)], [v])
+    assert inner.get_ranges([("a", 0, 3)]) == [None]
+
+
+def test_s3_ranges_with_a_version_never_mix_two_versions(bucket):
+    _, inner = bucket
+    inner.set("k", _blob(0))
+    stop = threading.Event()
+    writer = as_inner("s3://bkt/store", storage_options=bucket[0].storage_options)
+
+    def rewrite() -> None:
+        i = 1
+        while not stop.is_set():
+            writer.set("k", _blob(i))
+            i += 1
+
+    thread = threading.Thread(target=rewrite)
+    thread.start()
+    counts = {"same": 0, "changed": 0, "mixed": 0}
+    deadline = time.monotonic() + 4
+    try:
+        while time.monotonic() < deadline:
+            tail = inner.get_tails([("k", 8)])[0]
+            expected = struct.unpack("<Q", tail.data)[0]
+            try:
+                got = inner.get_ranges([("k", 0, 8), ("k", 2048, 2056)], [tail.version] * 2)
+            except ObjectChangedError:
+                counts["changed"] += 1
+                continue
+            counts["same" if {struct.unpack("<Q", g)[0] for g in got} == {expected} else "mixed"] += 1
+    finally:
+        stop.set()
+        thread.join()
+    assert counts["mixed"] == 0 and counts["changed"] > 0 and counts["same"] > 0, counts
+
+
+def test_create_exclusive_is_a_conditional_put(bucket):
+    s3, inner = bucket
+    s3.start_counting()
+    assert inner.create_exclusive("marker", b"first") is True
+    assert inner.create_exclusive("marker", b"second") is False
+    assert s3.counts() == {"PUT": 2}
+    assert inner.get("marker") == b"first"
+
+
+def test_server_side_copy_checks_the_version_and_works_through_wrappers(bucket):
+    s3, inner = bucket
+    inner.set("a", b"0123456789")
+    src, dst = CountingInner(inner), CountingInner(inner)
+    assert src.can_copy_to(dst) and not src.can_copy_to(dst, append=True)
+    version = src.get_tails([("a", 4)])[0].version
+    s3.start_counting()
+    assert src.copy_to("a", dst, "b", size=10, version=version)
+    assert s3.counts() == {"COPY": 1} and inner.get("b") == b"0123456789"
+    assert src.copy_to("a", dst, "c", append=b"x") is False  # S3 cannot append
+    inner.set("a", b"abcdefghij")
+    with pytest.raises(ObjectChangedError):
+        src.copy_to("a", dst, "d", size=10, version=version)
+    assert not inner.exists("d")
+    local = as_inner(str(s3.recording.parent))
+    assert not src.can_copy_to(local) and src.copy_to("a", local, "a") is False
+
+
+def test_move_and_list_sized(bucket):
+    _, inner = bucket
+    inner.set("stage/x/1", b"1")
+    inner.set("stage/x/2", b"22")
+    inner.move("stage/x/1", "final/1")
+    assert list(inner.list_sized("")) == [("final/1", 1), ("stage/x/2", 2)]
+    assert isinstance(inner, FsspecInner) and inner.location().kind == "s3"
+
+
+def test_an_unreachable_endpoint_is_an_io_error_naming_the_url():
+    inner = as_inner("s3://bkt/x", storage_options={
+        "key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}})
+    with pytest.raises(StoreIOError, match="s3://bkt/x: cannot reach the store") as info:
+        inner.get("zarr.json")
+    assert info.value.exit_code == 12 and info.value.transient
+
+
+def test_storage_options_s3fs_rejects_are_a_usage_error_at_open():
+    with pytest.raises(UsageError, match="s3://bkt/x: storage options not accepted") as info:
+        as_inner("s3://bkt/x", storage_options={"nosuch": 1})
+    assert info.value.exit_code == 2
+    with pytest.raises(UsageError, match="s3://bkt/x"):
+        as_inner("s3://bkt/x", storage_options={"client_kwargs": {"endpoint_url": "not a url"}})
+
+
+def test_read_into_is_one_get_with_the_etag(bucket):
+    s3, inner = bucket
+    inner.set("a", b"0123456789")
+    version = inner.get_tails([("a", 2)])[0].version
+    s3.start_counting()
+    got = inner.read_into("a", bytearray)
+    assert s3.counts() == {"GET": 1}
+    assert bytes(got.data) == b"0123456789" and got.size == 10 and got.version == version
+    assert inner.read_into("missing", bytearray) is None
