@@ -24,6 +24,8 @@ consistently while a writer replaces the object.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
@@ -341,3 +343,23 @@ def check_versions(key: str, expected: Version | None, actual: Version | None) -
         raise ObjectChangedError(
             f"{key}: the object changed between two reads of it (read it again)", key=key
         )
+
+
+class ForkSafeLock:
+    """A process-wide lock that a forked child gets fresh, so a child forked while another
+    thread held it can never inherit it held (and hang on it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._renew)
+
+    def _renew(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> ForkSafeLock:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()

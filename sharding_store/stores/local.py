@@ -37,7 +37,6 @@ import os
 import random
 import shutil
 import stat
-import threading
 import time
 import uuid
 import zlib
@@ -45,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import LinkOutsideStoreError, MigrationError, ObjectChangedError
-from .base import BaseInner, Inner, Location, RangeRequest, Tail, Version
+from .base import BaseInner, ForkSafeLock, Inner, Location, RangeRequest, Tail, Version
 
 __all__ = [
     "CREATE_ATTEMPTS",
@@ -619,17 +618,7 @@ def is_temp(key: str) -> bool:
 #: churning one directory, 1 write in 15 000 needed more than 20 tries (the worst, 164).
 #: Another process still can; the writer then backs off and tries again, up to
 #: :data:`CREATE_ATTEMPTS` times (three processes churning: at most 10 tries in 45 000).
-DIRECTORY_LOCK = threading.Lock()
-
-
-def _new_directory_lock() -> None:
-    """A child forked while another thread held the lock must not inherit it held."""
-    global DIRECTORY_LOCK
-    DIRECTORY_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_directory_lock)
+DIRECTORY_LOCK = ForkSafeLock()
 
 #: how many times a write re-makes a directory that other processes keep pruning
 CREATE_ATTEMPTS = 64

@@ -12,25 +12,14 @@ for shard reads (the index still describes the bytes read). Mappings with
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Iterator, MutableMapping, Sequence
 
-from .base import BaseInner, Location, RangeRequest, Tail, Version, check_versions, slice_range
+from .base import BaseInner, ForkSafeLock, Location, RangeRequest, Tail, Version, check_versions, slice_range
 
 __all__ = ["MappingInner"]
 
-_CREATE_LOCK = threading.Lock()
-
-
-def _new_create_lock() -> None:
-    """A child forked while another thread held the lock must not inherit it held."""
-    global _CREATE_LOCK
-    _CREATE_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_create_lock)
+#: serialises create_exclusive on plain mappings within this process (fresh in a forked child)
+_CREATE_LOCK = ForkSafeLock()
 
 
 class MappingInner(BaseInner):
