@@ -116,10 +116,8 @@ def walk_v3_nodes(inner: Inner, root_raw: bytes | None = _UNREAD) -> V3Walk:
     late 2023), so they are one hierarchy, DRAFT_2023 if any node is 2023.
     """
     nodes: list[V3Node] = []
-    implicit: list[str] = []
     empty_listings = 0
-    # (prefix, path, parent implicit groups waiting for a node below them)
-    stack: list[tuple[str, str]] = [("", "")]
+    stack: list[tuple[str, str]] = [("", "")]  # (key prefix, node path) still to list
     pending: dict[str, bool] = {}  # implicit candidate path -> has a node below
     while stack:
         prefix, path = stack.pop()
@@ -147,7 +145,7 @@ def walk_v3_nodes(inner: Inner, root_raw: bytes | None = _UNREAD) -> V3Walk:
             for v2 in V2_NODE_KEYS:
                 if v2 in names:
                     raise _mixed(prefix + v2, "a Zarr v2 node document")
-            if path == "meta" and ("meta/root.group.json" in keys or "meta/root/" in prefixes):
+            if path == "meta" and _draft_2022_tree(inner, keys, prefixes):
                 raise _mixed("meta/root", "a draft-era (2022) metadata tree")
             pending[path] = False
             empty_listings += 1
@@ -158,6 +156,17 @@ def walk_v3_nodes(inner: Inner, root_raw: bytes | None = _UNREAD) -> V3Walk:
             stack.append((sub, f"{path}/{name}" if path else name))
     implicit = sorted((p for p, found in pending.items() if found), key=lambda p: (p.count("/") if p else -1, p))
     return V3Walk(nodes, implicit)
+
+
+def _draft_2022_tree(inner: Inner, keys: list[str], prefixes: list[str]) -> bool:
+    """Whether ``meta/`` (a directory without a node document) holds draft (2022) metadata:
+    ``meta/root.group.json`` or a ``*.array.json``/``*.group.json`` below ``meta/root/``
+    (not just a v3 group that happens to be called ``meta/root``)."""
+    if "meta/root.group.json" in keys or "meta/root.array.json" in keys:
+        return True
+    if "meta/root/" not in prefixes:
+        return False
+    return any(k.endswith((".array.json", ".group.json")) for k in inner.list_prefix("meta/root/"))
 
 
 def _ancestors(path: str) -> list[str]:

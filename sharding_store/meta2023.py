@@ -144,7 +144,7 @@ class Normalised:
             raise ValueError(f"reading must be 'plain' or 'crc32c-hidden', got {reading!r}")
         doc = json.loads(json.dumps(self.document))
         if reading == "crc32c-hidden":
-            sharding = next(c for c in doc["codecs"] if c["name"] == "sharding_indexed")
+            sharding = next(c for c in doc["codecs"] if _name(c) == "sharding_indexed")
             sharding["configuration"]["index_codecs"].append({"name": "crc32c"})
         return doc
 
@@ -346,7 +346,7 @@ class _Normaliser:
 
     def _shard_fits(self, codecs: list[dict], grid: list[int]) -> None:
         for i, c in enumerate(codecs):
-            if c.get("name") == "sharding_indexed":
+            if isinstance(c, dict) and c.get("name") == "sharding_indexed":
                 inner = c["configuration"]["chunk_shape"]
                 if len(inner) != len(grid) or any(g % s for g, s in zip(grid, inner)):
                     raise _Damage(
@@ -363,7 +363,8 @@ class _Normaliser:
         opaque: str | None = None
         for i, entry in enumerate(codecs):
             efld = f"{fld}[{i}]"
-            if isinstance(entry, str):  # the short-hand form: a name without configuration
+            short = isinstance(entry, str)  # the short-hand form: a name without configuration
+            if short:
                 entry = {"name": entry}
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
                 raise _Damage(efld, f"expected {{\"name\": ..., \"configuration\": ...}}, got {_text(entry)}")
@@ -382,14 +383,15 @@ class _Normaliser:
                 out.append(entry)
                 kinds.append("?")
                 continue
-            out.append(handler(self, config, efld, chain))
+            done = handler(self, config, efld, chain)
+            out.append(name if short and done == {"name": name} else done)
             kinds.append("aa" if name in ARRAY_TO_ARRAY else "ab" if name in ARRAY_TO_BYTES else "bb")
         known = [k for k in kinds if k != "?"]
         if known.count("ab") > 1:
             raise _Damage(fld, "more than one array->bytes codec")
         order = {"aa": 0, "ab": 1, "bb": 2}
         if any(order[a] > order[b] for a, b in zip(known, known[1:])):
-            raise _Damage(fld, f"codecs out of order ({', '.join(c['name'] for c in out)}): "
+            raise _Damage(fld, f"codecs out of order ({', '.join(_name(c) for c in out)}): "
                                "array->array, then one array->bytes, then bytes->bytes")
         if "ab" not in known:
             if opaque is not None:
@@ -397,8 +399,7 @@ class _Normaliser:
                                    "whether the chunks need a 'bytes' codec")
             at = known.count("aa")
             out.insert(at, self._bytes_codec("little", chain))
-            where = "index_codecs" if chain.index else fld
-            self.change(f"{where}: no array->bytes codec ({', '.join(c['name'] for c in codecs if isinstance(c, dict)) or 'empty'}): "
+            self.change(f"{fld}: no array->bytes codec ({', '.join(_name(c) for c in out if _name(c) != 'bytes') or 'empty'}): "
                         "'bytes' (little endian) inserted")
         return out
 
@@ -548,6 +549,10 @@ class _Normaliser:
 
 
 _MISSING: Any = object()
+
+
+def _name(codec: Any) -> str:
+    return codec if isinstance(codec, str) else codec["name"]
 
 
 def _float_ok(v: Any) -> bool:

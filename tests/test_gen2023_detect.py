@@ -137,3 +137,8 @@ def test_the_real_2023_stores_are_recognised():
         assert detect_generation(as_inner(str(store))) == (Generation.DRAFT_2023, "a/zarr.json"), store
     g, key = detect_generation(as_inner(str(fixtures.ZARRITAJS_2023_ENDIAN / "data.zarr")))
     assert g is Generation.DRAFT_2023 and key == "1d.chunked.compressed.sharded.i2/zarr.json"
+
+
+def test_a_v3_group_called_meta_root_is_no_2022_tree():
+    store = {"zarr.json": GROUP, "meta/root/zarr.json": GROUP, "meta/root/x/zarr.json": FINAL, "meta/root/x/c/0": b"1"}
+    assert gen(store) == (Generation.DRAFT_2023, "meta/root/zarr.json")  # "meta" is an implicit group

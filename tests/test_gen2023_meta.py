@@ -275,3 +275,11 @@ def test_classification_sees_2023_spellings_in_a_damaged_document():
 def test_not_a_node_document(raw, fld):
     with pytest.raises(DraftMetadataError, match="x/zarr.json: " + (f"field '{fld}'" if fld else "invalid JSON")):
         normalise_node(raw, "x/zarr.json")
+
+
+def test_short_hand_codec_names_are_kept():
+    doc = array_doc(data_type="uint8", codecs=["bytes", "crc32c"])
+    n = final_of(doc)
+    assert n.is_final and n.document["codecs"] == ["bytes", "crc32c"]
+    n = final_of(array_doc(codecs=["crc32c"]))
+    assert n.document["codecs"] == [BYTES_LE, "crc32c"]
