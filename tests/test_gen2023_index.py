@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -70,7 +71,7 @@ def test_random_shards_are_read_as_written(cps, data, hidden):
     n = 1
     for c in cps:
         n *= c
-    coords = [tuple(int(i) for i in idx) for idx in __import__("numpy").ndindex(*cps)]
+    coords = [tuple(int(i) for i in idx) for idx in np.ndindex(*cps)]
     present = data.draw(st.lists(st.sampled_from(coords), min_size=1, unique=True))
     chunks = {c: data.draw(st.binary(min_size=1, max_size=40)) for c in present}
     obj = shard(chunks, cps, hidden=hidden)
