@@ -21,6 +21,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from . import draft_metadata as dm
+from . import meta2023
 from .errors import DraftMetadataError, ShardingStoreError, StoreNotFoundError, UsageError
 from .stores import Inner, as_inner
 
@@ -34,7 +35,12 @@ class Generation(Enum):
 
     #: ``zarr.json`` is a draft entry point (``zarr_format`` = the 2022 protocol URL)
     DRAFT_2022 = "draft-era Zarr v3 (2022)"
-    #: ``zarr.json`` is a Zarr v3.0 node document (``zarr_format: 3`` and a ``node_type``)
+    #: per-node ``zarr.json`` documents (``zarr_format: 3``, ``node_type``) of which at least one
+    #: is spelled as in 2023, before v1.0 (``meta2023``), or no ``zarr.json`` at the root but
+    #: node documents below it (an implicit root group)
+    DRAFT_2023 = "draft-era Zarr v3 (2023 intermediate)"
+    #: ``zarr.json`` is a Zarr v3.0 node document (``zarr_format: 3`` and a ``node_type``),
+    #: and so is every node below it
     FINAL_V3 = "Zarr v3"
     #: no ``zarr.json``, but ``.zgroup``/``.zarray``/``.zmetadata``/``.zattrs`` at the root
     ZARR_V2 = "Zarr v2"
@@ -44,37 +50,168 @@ class Generation(Enum):
     NONE = "none"
 
 
+_UNREAD: Any = object()
+
+#: the documents of a Zarr v2 node (in a per-node v3 hierarchy: another generation)
+V2_NODE_KEYS = (".zarray", ".zgroup")
+#: directories listed below implicit groups without finding any node document before the
+#: search for more stops (a store given at a directory that is no Zarr store at all)
+MAX_EMPTY_LISTINGS = 4096
+
+
+@dataclass(frozen=True)
+class V3Node:
+    """One node document of a per-node (2023 or final v3) hierarchy."""
+
+    path: str  # "" for the root
+    key: str  # its ``zarr.json``
+    raw: bytes
+    spelling: meta2023.NodeClass  # "final", "2023" or "unknown" (damaged: its own node only)
+    node_type: str | None
+
+
+@dataclass
+class V3Walk:
+    """Every node document of a per-node hierarchy, found in one walk (:func:`walk_v3_nodes`)."""
+
+    nodes: list[V3Node]
+    #: groups without a document that have nodes below them ("" when the root has none)
+    implicit: list[str]
+
+    @property
+    def generation(self) -> Generation:
+        return Generation.DRAFT_2023 if self.first_2023() is not None else Generation.FINAL_V3
+
+    def first_2023(self) -> str | None:
+        """The key that makes this hierarchy 2023: the first node spelled as in 2023, or the
+        first node below an implicit group (v1.0 has none); None for a final hierarchy."""
+        for n in self.nodes:
+            if n.spelling == "2023" or _below_implicit(n.path, self.implicit):
+                return n.key
+        return None
+
+
+def _below_implicit(path: str, implicit: list[str]) -> bool:
+    return any(in_subtree(path, g) and path != g for g in implicit)
+
+
+def _mixed(key: str, what: str) -> DraftMetadataError:
+    return DraftMetadataError(
+        f"{key}: the hierarchy mixes generations: {what} inside a hierarchy of per-node zarr.json "
+        "documents (Zarr v3 / 2023); migrate or remove that part first",
+        key=key,
+    )
+
+
+def walk_v3_nodes(inner: Inner, root_raw: bytes | None = _UNREAD) -> V3Walk:
+    """Walk a per-node hierarchy once: list each group's directory (never below an array:
+    chunk keys are not enumerated), read each ``zarr.json``. ``root_raw``: the root's
+    ``zarr.json`` when the caller has read it (None: absent).
+
+    A hierarchy that mixes generations raises :class:`DraftMetadataError` naming the first
+    node (in walk order: depth first, by name) of the other one: a Zarr v2 node
+    (``.zarray``/``.zgroup``) or a 2022 draft document (an entry point below the root, a
+    ``meta/root`` tree). 2023-spelled and final-spelled nodes do not mix generations:
+    a final v1.0 document is also how a 2023 writer spelled many nodes (groups, and arrays of
+    late 2023), so they are one hierarchy, DRAFT_2023 if any node is 2023.
+    """
+    nodes: list[V3Node] = []
+    empty_listings = 0
+    stack: list[tuple[str, str]] = [("", "")]  # (key prefix, node path) still to list
+    pending: dict[str, bool] = {}  # implicit candidate path -> has a node below
+    while stack:
+        prefix, path = stack.pop()
+        keys, prefixes = inner.list_dir(prefix)
+        names = {k[len(prefix):] for k in keys}
+        doc_key = prefix + meta2023.NODE_KEY
+        given = path == "" and root_raw is not _UNREAD and root_raw is not None
+        if meta2023.NODE_KEY in names or given:
+            raw = root_raw if given else inner.get(doc_key)
+            if raw is None:  # vanished between list and get
+                continue
+            spelling, node_type = meta2023.classify(raw, doc_key)
+            if spelling == "draft-2022":
+                raise _mixed(doc_key, "a draft-era (2022) entry point")
+            for v2 in V2_NODE_KEYS:
+                if v2 in names:
+                    raise _mixed(prefix + v2, "a Zarr v2 node document")
+            nodes.append(V3Node(path, doc_key, bytes(raw), spelling, node_type))
+            for anc in _ancestors(path):
+                if anc in pending:
+                    pending[anc] = True
+            if node_type != "group":
+                continue  # an array (or an unreadable node): its directory holds chunks
+        else:
+            for v2 in V2_NODE_KEYS:
+                if v2 in names:
+                    raise _mixed(prefix + v2, "a Zarr v2 node document")
+            if path == "meta" and _draft_2022_tree(inner, keys, prefixes):
+                raise _mixed("meta/root", "a draft-era (2022) metadata tree")
+            pending[path] = False
+            empty_listings += 1
+            if empty_listings > MAX_EMPTY_LISTINGS:
+                continue
+        for sub in sorted(prefixes, reverse=True):  # popped in name order
+            name = sub[len(prefix):].rstrip("/")
+            stack.append((sub, f"{path}/{name}" if path else name))
+    implicit = sorted((p for p, found in pending.items() if found), key=lambda p: (p.count("/") if p else -1, p))
+    return V3Walk(nodes, implicit)
+
+
+def _draft_2022_tree(inner: Inner, keys: list[str], prefixes: list[str]) -> bool:
+    """Whether ``meta/`` (a directory without a node document) holds draft (2022) metadata:
+    ``meta/root.group.json`` or a ``*.array.json``/``*.group.json`` below ``meta/root/``
+    (not just a v3 group that happens to be called ``meta/root``)."""
+    if "meta/root.group.json" in keys or "meta/root.array.json" in keys:
+        return True
+    if "meta/root/" not in prefixes:
+        return False
+    return any(k.endswith((".array.json", ".group.json")) for k in inner.list_prefix("meta/root/"))
+
+
+def _ancestors(path: str) -> list[str]:
+    if not path:
+        return []
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts))]
+
+
 def _entry_point_generation(raw: bytes) -> Generation:
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        return Generation.UNKNOWN
-    if not isinstance(doc, dict):
-        return Generation.UNKNOWN
-    fmt = doc.get("zarr_format")
-    if fmt == dm.DRAFT_PROTOCOL:
+    spelling = meta2023.classify_node(raw, dm.ENTRY_POINT_KEY)
+    if spelling == "draft-2022":
         return Generation.DRAFT_2022
-    if type(fmt) is int and fmt == 3 and doc.get("node_type") in ("array", "group"):
-        return Generation.FINAL_V3
+    if spelling in ("final", "2023"):
+        return Generation.FINAL_V3 if spelling == "final" else Generation.DRAFT_2023
     return Generation.UNKNOWN
 
 
-_UNREAD: Any = object()
-
-
 def detect_generation(inner: Inner, entry_point: bytes | None = _UNREAD) -> tuple[Generation, str | None]:
-    """The store's generation from its root documents, and the key that told (None for NONE).
+    """The store's generation, and the key that told (None for NONE).
 
     ``entry_point``: the ``zarr.json`` bytes when the caller has read them already (None:
-    absent). Costs nothing more for a draft or v3 store; without ``zarr.json``, up to four
-    existence checks (the v2 root documents).
+    absent). A 2022 entry point, a Zarr v2 root or a ``zarr.json`` of no known generation
+    decide at once (up to four existence checks for v2). A v3 node document at the root,
+    or none at all, is decided by the nodes below (:func:`walk_v3_nodes`, one listing per
+    group and one get per node): FINAL_V3 when every one is final v1.0 (the key: the root
+    ``zarr.json``), DRAFT_2023 when one is spelled as in 2023 or the root has no document
+    and nodes lie below it (the key: that node's ``zarr.json``), NONE when there is no
+    Zarr document at all. A hierarchy mixing generations raises
+    :class:`DraftMetadataError` naming the first node of the other one.
     """
     raw = inner.get(dm.ENTRY_POINT_KEY) if entry_point is _UNREAD else entry_point
     if raw is not None:
-        return _entry_point_generation(raw), dm.ENTRY_POINT_KEY
+        generation = _entry_point_generation(raw)
+        if generation in (Generation.DRAFT_2022, Generation.UNKNOWN):
+            return generation, dm.ENTRY_POINT_KEY
+        walk = walk_v3_nodes(inner, raw)
+        key = walk.first_2023()
+        return (Generation.DRAFT_2023, key) if key is not None else (Generation.FINAL_V3, dm.ENTRY_POINT_KEY)
     for key in V2_ROOT_KEYS:
         if inner.exists(key):
             return Generation.ZARR_V2, key
+    walk = walk_v3_nodes(inner, None)
+    if walk.nodes:
+        return Generation.DRAFT_2023, walk.nodes[0].key
     return Generation.NONE, None
 
 
@@ -92,6 +229,11 @@ def draft_entry_point(inner: Inner, raw: bytes | None, location: str) -> dm.Entr
         message = (
             f"{location}: already Zarr v3 (its zarr.json has zarr_format 3), not draft-era: "
             "nothing to migrate; open it with zarr-python 3"
+        )
+    elif generation is Generation.DRAFT_2023:
+        message = (
+            f"{location}: a draft-era Zarr v3 hierarchy of the 2023 intermediate generation ({key} is "
+            "spelled as before v1.0), not the 2022 layout this command reads"
         )
     elif generation is Generation.ZARR_V2:
         message = (
@@ -111,6 +253,7 @@ def require_final_v3(inner: Inner, location: str) -> None:
         return
     what = {
         Generation.DRAFT_2022: "a draft-era (2022) hierarchy",
+        Generation.DRAFT_2023: f"a draft-era (2023 intermediate) hierarchy ({key} is spelled as before v1.0)",
         Generation.ZARR_V2: f"a Zarr v2 store ({key} at the root)",
         Generation.UNKNOWN: "a zarr.json of no known Zarr version",
         Generation.NONE: "no zarr.json (missing or empty, or not a Zarr store)",

@@ -415,3 +415,89 @@ def decode_chunk(
         return None
     off, nb = entry
     return bytes(memoryview(data)[off : off + nb])
+
+
+IndexReading = Literal["plain", "crc32c-hidden"]
+
+
+def index_reading(
+    tail: bytes | memoryview,
+    chunks_per_shard: tuple[int, ...] | int,
+    object_size: int | None = None,
+    *,
+    key: str = "<shard>",
+) -> IndexReading:
+    """Which reading of a shard object's end holds, for a document that does not declare its
+    index codecs (the 2023 generation: zarrita wrote an undeclared CRC32C after every index
+    from 2023-05-09 to 2023-07-15).
+
+    ``tail``: the last ``16·n + 4`` bytes of the object (the whole object when it is
+    shorter); ``chunks_per_shard``: the shard's chunk grid (or ``n``, its number of
+    chunks); ``object_size``: the object's size (default ``len(tail)``: the tail is the
+    whole object). The readings:
+
+    * ``"plain"``: the last ``16·n`` bytes are a valid index for the object (every entry
+      inside ``[0, object_size - 16·n)``, see :meth:`ShardIndex.validate`);
+    * ``"crc32c-hidden"``: the last 4 bytes are the CRC32C (little endian) of the ``16·n``
+      before them, and those are a valid index for the object minus ``16·n + 4`` bytes.
+
+    Never guesses: :class:`ShardCorruptError` naming ``key`` when neither holds, or when
+    both hold and their live ``(offset, nbytes)`` entries differ (when they are equal the
+    chunks are the same either way and the checksum, which verified, is declared).
+    """
+    if isinstance(chunks_per_shard, int):
+        n = chunks_per_shard
+        if not 1 <= n <= MAX_INDEX_ENTRIES:
+            raise UsageError(f"a shard of {n} chunks: expected 1 to {MAX_INDEX_ENTRIES}")
+        cps: tuple[int, ...] = (n,)
+    else:
+        cps = tuple(chunks_per_shard)
+        n = n_entries(cps)
+    size = len(tail) if object_size is None else object_size
+    body_n = ENTRY_NBYTES * n
+    if len(tail) > size:
+        raise UsageError(f"{key}: the tail ({len(tail)} bytes) is longer than the object ({size} bytes)")
+    if len(tail) < min(size, body_n + CHECKSUM_NBYTES):
+        raise UsageError(
+            f"{key}: need the last {body_n + CHECKSUM_NBYTES} bytes of the object (or all {size}), got {len(tail)}"
+        )
+    view = memoryview(tail).cast("B")
+    readings: dict[str, list[tuple[int, int]]] = {}
+    why: dict[str, str] = {}
+    if size >= body_n:
+        try:
+            readings["plain"] = live_entries(view[len(view) - body_n :], cps, key=key, payload_limit=size - body_n)
+        except ShardCorruptError as e:
+            why["plain"] = str(e).removeprefix(f"{key}: ")
+    else:
+        why["plain"] = f"the object ({size} bytes) is shorter than a {body_n}-byte index"
+    if size >= body_n + CHECKSUM_NBYTES:
+        raw = view[len(view) - body_n - CHECKSUM_NBYTES :]
+        stored = int.from_bytes(raw[body_n:], "little")
+        actual = _crc32c.crc32c(raw[:body_n])
+        if stored != actual:
+            why["crc32c-hidden"] = f"the last 4 bytes ({stored:#010x}) are not the CRC32C of the index before them ({actual:#010x})"
+        else:
+            try:
+                readings["crc32c-hidden"] = live_entries(
+                    raw, cps, checksum=True, key=key, payload_limit=size - body_n - CHECKSUM_NBYTES
+                )
+            except ShardCorruptError as e:
+                why["crc32c-hidden"] = str(e).removeprefix(f"{key}: ")
+    else:
+        why["crc32c-hidden"] = f"the object ({size} bytes) is shorter than a {body_n}-byte index and its checksum"
+    if len(readings) == 2:
+        if readings["plain"] == readings["crc32c-hidden"]:
+            return "crc32c-hidden"
+        raise ShardCorruptError(
+            f"{key}: the shard index reads validly both without and with a trailing CRC32C, and the two "
+            "readings point to different chunk bytes: refusing to guess (the document declares no index_codecs)",
+            key=key,
+        )
+    if readings:
+        return next(iter(readings))  # type: ignore[return-value]
+    raise ShardCorruptError(
+        f"{key}: the shard index fits neither reading of an undeclared index: as {n} plain entries, "
+        f"{why['plain']}; as {n} entries followed by a CRC32C, {why['crc32c-hidden']}",
+        key=key,
+    )

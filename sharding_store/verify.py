@@ -205,7 +205,8 @@ def _check_destination(dst: Inner, name: str) -> None:
     generation, _ = detect_generation(dst)
     if generation is Generation.FINAL_V3:
         return
-    if generation is Generation.NONE:
+    # node documents without a root one (DRAFT_2023 by its implicit root): as interrupted
+    if generation is Generation.NONE or (generation is Generation.DRAFT_2023 and not dst.exists(dm.ENTRY_POINT_KEY)):
         keys, prefixes = dst.list_dir("")
         if keys or prefixes:
             return
