@@ -185,7 +185,9 @@ def _entry_point_generation(raw: bytes) -> Generation:
     return Generation.UNKNOWN
 
 
-def detect_generation(inner: Inner, entry_point: bytes | None = _UNREAD) -> tuple[Generation, str | None]:
+def detect_generation(
+    inner: Inner, entry_point: bytes | None = _UNREAD, *, deep: bool = True
+) -> tuple[Generation, str | None]:
     """The store's generation, and the key that told (None for NONE).
 
     ``entry_point``: the ``zarr.json`` bytes when the caller has read them already (None:
@@ -197,11 +199,16 @@ def detect_generation(inner: Inner, entry_point: bytes | None = _UNREAD) -> tupl
     and nodes lie below it (the key: that node's ``zarr.json``), NONE when there is no
     Zarr document at all. A hierarchy mixing generations raises
     :class:`DraftMetadataError` naming the first node of the other one.
+
+    ``deep=False`` decides a v3 root from its own document, without walking the nodes
+    below (for a destination whose every node is compared afterwards anyway). A store
+    holding nothing but a draft (2022) ``meta/root`` tree and ``data/`` is NONE: its
+    ``zarr.json`` entry point is missing (the defect to report), nothing is mixed.
     """
     raw = inner.get(dm.ENTRY_POINT_KEY) if entry_point is _UNREAD else entry_point
     if raw is not None:
         generation = _entry_point_generation(raw)
-        if generation in (Generation.DRAFT_2022, Generation.UNKNOWN):
+        if generation in (Generation.DRAFT_2022, Generation.UNKNOWN) or not deep:
             return generation, dm.ENTRY_POINT_KEY
         walk = walk_v3_nodes(inner, raw)
         key = walk.first_2023()
@@ -209,6 +216,9 @@ def detect_generation(inner: Inner, entry_point: bytes | None = _UNREAD) -> tupl
     for key in V2_ROOT_KEYS:
         if inner.exists(key):
             return Generation.ZARR_V2, key
+    top = set(inner.list_dir("")[1])
+    if "meta/" in top and top <= {"meta/", "data/"} and _draft_2022_tree(inner, *inner.list_dir("meta/")):
+        return Generation.NONE, None  # only a 2022 layout is here: its entry point is missing
     walk = walk_v3_nodes(inner, None)
     if walk.nodes:
         return Generation.DRAFT_2023, walk.nodes[0].key
@@ -245,10 +255,11 @@ def draft_entry_point(inner: Inner, raw: bytes | None, location: str) -> dm.Entr
     raise StoreNotFoundError(message, key=key or dm.ENTRY_POINT_KEY)
 
 
-def require_final_v3(inner: Inner, location: str) -> None:
+def require_final_v3(inner: Inner, location: str, *, deep: bool = True) -> None:
     """Raise :class:`StoreNotFoundError` (exit 7) unless ``inner`` holds a final Zarr v3
-    hierarchy (or array), saying what it holds instead (for a migration's destination)."""
-    generation, key = detect_generation(inner)
+    hierarchy (or array), saying what it holds instead (for a migration's destination;
+    ``deep``: see :func:`detect_generation`)."""
+    generation, key = detect_generation(inner, deep=deep)
     if generation is Generation.FINAL_V3:
         return
     what = {

@@ -372,6 +372,8 @@ class _Normaliser:
             if extra:
                 raise _Damage(efld, f"unknown key {sorted(extra)[0]!r} in a codec")
             name = entry["name"]
+            if not isinstance(name, str):
+                raise _Damage(f"{efld}.name", f"expected a string, got {_text(name)}")
             config = entry.get("configuration", {})
             if not isinstance(config, dict):
                 raise _Damage(f"{efld}.configuration", f"expected an object, got {_text(config)}")
@@ -447,7 +449,7 @@ class _Normaliser:
         extra = set(config) - {"cname", "clevel", "shuffle", "typesize", "blocksize"}
         if extra:
             raise _Damage(cfg, f"unknown key {sorted(extra)[0]!r} for blosc")
-        if config.get("cname") not in BLOSC_CNAMES:
+        if not isinstance(config.get("cname"), str) or config["cname"] not in BLOSC_CNAMES:
             raise _Damage(f"{cfg}.cname", f"expected one of {', '.join(sorted(BLOSC_CNAMES))}, got {_text(config.get('cname'))}")
         clevel = config.get("clevel")
         if not _is_int(clevel) or not 0 <= clevel <= 9:
@@ -457,7 +459,7 @@ class _Normaliser:
         shuffle = config["shuffle"]
         if shuffle is None:
             shuffle_name = "noshuffle"
-        elif isinstance(shuffle, bool):
+        elif isinstance(shuffle, bool) or not isinstance(shuffle, (str, int)):
             shuffle_name = None
         else:
             shuffle_name = shuffle if shuffle in BLOSC_SHUFFLES else _BLOSC_SHUFFLE_OLD.get(shuffle)

@@ -202,7 +202,7 @@ def _check_destination(dst: Inner, name: str) -> None:
     """Refuse (exit 7) a destination that cannot be a migration's: missing or empty, a
     draft-era or Zarr v2 store, a ``zarr.json`` of no known version. One with objects
     but no root document (an interrupted migration) is compared: its gaps are differences."""
-    generation, _ = detect_generation(dst)
+    generation, _ = detect_generation(dst, deep=False)  # every node is compared below
     if generation is Generation.FINAL_V3:
         return
     # node documents without a root one (DRAFT_2023 by its implicit root): as interrupted
@@ -214,7 +214,7 @@ def _check_destination(dst: Inner, name: str) -> None:
             f"{name}: not a Zarr v3 hierarchy: nothing there (missing or empty); nothing was migrated to it",
             key=dm.ENTRY_POINT_KEY,
         )
-    require_final_v3(dst, name)  # raises, saying what the destination is instead
+    require_final_v3(dst, name, deep=False)  # raises, saying what the destination is instead
 
 
 # --------------------------------------------------------------------------- units
