@@ -21,7 +21,7 @@ import numpy as np
 
 from . import draft_metadata as dm
 from .chunk_codec import decode as decode_payload
-from .errors import DraftMetadataError, ShardCorruptError, ShardingStoreError
+from .errors import DraftMetadataError, LinkOutsideStoreError, ShardCorruptError, ShardingStoreError
 from .hierarchy import DraftHierarchy, open_hierarchy
 from .stores import Inner
 from .keys import Coords, format_chunk_suffix, parse_chunk_suffix
@@ -686,16 +686,19 @@ def array_stats(
         check_assumed_layout(inner, meta, keys)
     portable, why = _portability(meta)
     problems: list[ShardingStoreError]
-    if meta.is_sharded:
-        n_chunks, stored, dead, corrupt = _sharded_stats(inner, meta, keys)
-        problems = list(corrupt)
-        n_objects = len(keys)
-    else:
-        sizes = _object_sizes(inner, keys)
-        n_objects = n_chunks = len(sizes)
-        stored, dead = _sum_or_none(s for _, s in sizes), 0
-        lost = _lost_transformer_problem(inner, meta, sorted(keys))
-        problems = [] if lost is None else [lost]
+    try:
+        if meta.is_sharded:
+            n_chunks, stored, dead, corrupt = _sharded_stats(inner, meta, keys)
+            problems = list(corrupt)
+            n_objects = len(keys)
+        else:
+            sizes = _object_sizes(inner, keys)
+            n_objects = n_chunks = len(sizes)
+            stored, dead = _sum_or_none(s for _, s in sizes), 0
+            lost = _lost_transformer_problem(inner, meta, sorted(keys))
+            problems = [] if lost is None else [lost]
+    except LinkOutsideStoreError as e:  # one of its objects links out of the store: its problem only
+        return ArrayStats(meta, len(keys), 0, None, None, tuple(stray), portable, why, (str(e),), e)
     return ArrayStats(meta, n_objects, n_chunks, stored, dead, tuple(stray), portable, why,
                       tuple(str(p) for p in problems), problems[0] if problems else None)
 

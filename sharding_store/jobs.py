@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from . import draft_metadata as dm
-from .errors import DestinationExistsError, DraftMetadataError, ShardingStoreError, UsageError
+from .errors import DestinationExistsError, DraftMetadataError, LinkOutsideStoreError, ShardingStoreError, UsageError
 from .hierarchy import DraftHierarchy, Node
 from .keys import Coords
 from .stores import Inner, as_inner
@@ -188,7 +188,10 @@ def lost_transformer(h: DraftHierarchy, node: Node) -> ShardingStoreError | None
 
     others = other_prefixes(h, node.path)
     keys = [k for k, _ in h.inner.list_sized(dm.data_prefix(node.path)) if not (others and k.startswith(others))]
-    found = detect_lost_transformer(h.inner, node.meta, sorted(keys))
+    try:
+        found = detect_lost_transformer(h.inner, node.meta, sorted(keys))
+    except LinkOutsideStoreError as e:  # one of its objects links out of the store: damaged
+        return e
     return None if found is None else found.error()
 
 

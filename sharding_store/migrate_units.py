@@ -36,7 +36,7 @@ from crc32c import crc32c
 
 from .draft_metadata import DraftArrayMeta
 from .engine import ArrayLayout, ShardEngine, gather, read_shard_index
-from .errors import ChunkDecodeError, ChunkKeyError, DraftMetadataError, ShardCorruptError
+from .errors import ChunkDecodeError, ChunkKeyError, DraftMetadataError, LinkOutsideStoreError, ShardCorruptError
 from .hierarchy import DraftHierarchy, Node
 from .jobs import Source, StoreRef, interleave, other_prefixes, plan_units, resolve_chunks_per_shard
 from .keys import Coords
@@ -53,8 +53,8 @@ MARKER_KEY = ".sharding-store-migration.json"
 NON_PORTABLE_COMPRESSORS = frozenset({"zlib", "bz2", "lz4", "lzma"})
 #: what ``portable=True`` recompresses them to (zstd's own default level)
 PORTABLE_COMPRESSOR: Codec = numcodecs.Zstd(level=3)
-#: errors that describe the source data (not the connection): the array is damaged
-DAMAGE_ERRORS = (ShardCorruptError, ChunkDecodeError, ChunkKeyError, DraftMetadataError)
+#: what damages one array only (reported, or left out with ``skip_damaged``), never the whole run
+DAMAGE_ERRORS = (ShardCorruptError, ChunkDecodeError, ChunkKeyError, DraftMetadataError, LinkOutsideStoreError)
 #: chunk objects per unit when copying an unsharded array chunk by chunk
 CHUNK_BATCH = 256
 #: a destination object that exists, its size unknown (stores whose listing has no sizes)

@@ -34,7 +34,14 @@ import numpy as np
 
 from . import _native
 from . import draft_metadata as dm
-from .errors import DraftMetadataError, ShardCorruptError, ShardingStoreError, StoreNotFoundError, VerificationError
+from .errors import (
+    DraftMetadataError,
+    LinkOutsideStoreError,
+    ShardCorruptError,
+    ShardingStoreError,
+    StoreNotFoundError,
+    VerificationError,
+)
 from .hierarchy import DraftHierarchy, Generation, Node, detect_generation, require_final_v3
 from .jobs import (
     StoreRef,
@@ -403,7 +410,10 @@ def _unmigrated_reason(h: DraftHierarchy, node: Node) -> ShardingStoreError | No
 
     if node.meta is None:
         return None
-    damage = first_shard_damage(h.inner, node.meta, other_prefixes(h, node.path))
+    try:
+        damage = first_shard_damage(h.inner, node.meta, other_prefixes(h, node.path))
+    except LinkOutsideStoreError as e:  # one of its objects links out of the store
+        return e
     if damage is not None:
         return damage
     try:
