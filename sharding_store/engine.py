@@ -10,7 +10,10 @@ reshard. It owns:
   (:mod:`sharding_store.shard_index`: half sentinels, overflow, entries outside the payload
   area — an entry pointing into the index itself included). The object's size, when the
   store knows it, is compared with the index it claims before anything is allocated.
-* **the index cache** (:class:`IndexCache`, LRU), whose entries carry the object's version;
+* **the index cache** (:class:`IndexCache`, LRU), whose entries carry the object's version.
+  Only existing shards are cached, and a cached index is trusted only for the chunks it
+  holds (their range reads check its version): one that says a chunk is absent is read
+  again, since no range read would tell that another writer added the chunk since;
 * **consistent reads** — chunk ranges are read with the version of the index they come
   from, so a writer replacing the shard between the two requests makes the read fail
   with :class:`~sharding_store.errors.ObjectChangedError` instead of returning bytes of
@@ -389,15 +392,27 @@ class ShardEngine:
     def read_index(self, key: str, *, use_cache: bool = True) -> VersionedIndex:
         return self.read_indices([key], use_cache=use_cache)[key]
 
-    def read_indices(self, keys: Sequence[str], *, use_cache: bool = True) -> dict[str, VersionedIndex]:
-        """Indices of several shards: cache hits, then the misses in one inner call."""
+    def read_indices(
+        self, keys: Sequence[str], *, use_cache: bool = True, hits: set[str] | None = None
+    ) -> dict[str, VersionedIndex]:
+        """Indices of several shards: cache hits (their keys added to ``hits``, if given),
+        then the misses in one inner call."""
         keys = list(dict.fromkeys(keys))
-        hits = self.cache.get_many(keys) if use_cache else [None] * len(keys)
-        out = {k: h for k, h in zip(keys, hits) if h is not None}
-        missing = [k for k, h in zip(keys, hits) if h is None]
+        cached = self.cache.get_many(keys) if use_cache else [None] * len(keys)
+        out = {k: h for k, h in zip(keys, cached) if h is not None}
+        if hits is not None:
+            hits.update(out)
+        missing = [k for k, h in zip(keys, cached) if h is None]
         if missing:
             out.update(zip(missing, self._load(missing)))
         return out
+
+    def _refresh(self, found: dict[str, VersionedIndex], stale: Sequence[str]) -> None:
+        """Read again (into ``found``) cached indices that answered "absent" for a chunk: no
+        range read checks such an answer against the shard's version, and another writer
+        may have added the chunk since."""
+        self.cache.drop(stale)
+        found.update(zip(stale, self._load(stale)))
 
     def _load(self, keys: Sequence[str]) -> list[VersionedIndex]:
         """Read (one inner call for all) and validate (in bulk) the indices of ``keys``; cached.
@@ -423,7 +438,8 @@ class ShardEngine:
                 out[i] = VersionedIndex(ShardIndex(rows[j]), version, sizes[j], None if version is not None else bytes(raws[j]))
         if self.cache:
             for k, e in zip(keys, out):
-                self.cache.put(k, e)
+                if e.index is not None:  # "absent" has no version to check later: never cached
+                    self.cache.put(k, e)
         return out
 
     # ------------------------------------------------------------------ chunk reads
@@ -448,14 +464,10 @@ class ShardEngine:
             inverse = flat_local = np.zeros(len(grid), np.int64)
         keys = [layout.shard_key(tuple(sh)) for sh in shard_ids.tolist()]
         n = self.n_entries
-        for attempt in (0, 1):
-            found = self.read_indices(keys, use_cache=attempt == 0)
-            vis = [found[k] for k in keys]
-            present = [j for j, vi in enumerate(vis) if vi.index is not None]
-            if not present:
-                return out
-            # the entries of the shards that exist (an absent one costs nothing: no table is
-            # made for an index that no object backs)
+
+        def lookup(vis: list[VersionedIndex], present: list[int]) -> np.ndarray:
+            """The entries of the requested chunks in the shards that exist (an absent one
+            costs nothing: no table is made for an index that no object backs)."""
             if len(present) == len(keys):
                 at, have = inverse, None
             else:
@@ -468,11 +480,29 @@ class ShardEngine:
             else:
                 table = np.stack([vis[j].index.entries.reshape(n, 2) for j in present])  # type: ignore[union-attr]
             if have is None:
-                entries = table[at if len(present) > 1 else 0, flat_local]
-            else:
-                entries = np.full((len(grid), 2), MAX_UINT64, dtype=np.uint64)
-                entries[have] = table[at[have], flat_local[have]]
-            live = np.flatnonzero(entries[:, 0] != MAX_UINT64)
+                return table[at if len(present) > 1 else 0, flat_local]
+            entries = np.full((len(grid), 2), MAX_UINT64, dtype=np.uint64)
+            entries[have] = table[at[have], flat_local[have]]
+            return entries
+
+        for attempt in (0, 1):
+            hits: set[str] = set()
+            found = self.read_indices(keys, use_cache=attempt == 0, hits=hits)
+            while True:
+                vis = [found[k] for k in keys]
+                present = [j for j, vi in enumerate(vis) if vi.index is not None]
+                if not present:
+                    return out
+                entries = lookup(vis, present)
+                is_live = entries[:, 0] != MAX_UINT64
+                stale = [] if not hits or is_live.all() else [
+                    k for k in (keys[j] for j in np.unique(inverse[~is_live]).tolist()) if k in hits
+                ]
+                if not stale:
+                    break
+                hits.clear()  # "absent" answered from the cache: ask those shards themselves
+                self._refresh(found, stale)
+            live = np.flatnonzero(is_live)
             if not live.size:
                 return out
             try:
@@ -494,7 +524,12 @@ class ShardEngine:
             return []
         keys = list(dict.fromkeys(r.shard_key for r in reads))
         for attempt in (0, 1):
-            indices = self.read_indices(keys, use_cache=attempt == 0)
+            hits: set[str] = set()
+            indices = self.read_indices(keys, use_cache=attempt == 0, hits=hits)
+            if hits:  # "absent" answered from the cache: ask the shards themselves
+                stale = [r.shard_key for r in reads if r.shard_key in hits and indices[r.shard_key].index.get(r.local) is None]  # type: ignore[union-attr]
+                if stale:
+                    self._refresh(indices, list(dict.fromkeys(stale)))
             spans: list[tuple[int, int] | None] = []
             for r in reads:
                 vi = indices[r.shard_key]
@@ -528,8 +563,11 @@ class ShardEngine:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def contains(self, read: ChunkRange) -> bool:
-        """Whether the shard's index holds the chunk (one index read, or none when cached)."""
+        """Whether the shard's index holds the chunk (one index read, or none when cached and
+        holding it: a cached "absent" is read again, as in :meth:`read_ranges`)."""
         vi = self.read_index(read.shard_key)
+        if vi.index is not None and vi.index.get(read.local) is None and self.cache:
+            vi = self.read_index(read.shard_key, use_cache=False)
         return vi.index is not None and vi.index.get(read.local) is not None
 
     def _fetch_spans(
@@ -654,8 +692,7 @@ class ShardEngine:
             blobs = inner.get_ranges([(k, 0, None) for k in keys])
         for key, got in zip(keys, blobs):
             if got is None:
-                self.cache.put(key, ABSENT)
-                yield None
+                yield None  # not cached: "absent" has no version a later read could check
                 continue
             data, version = _data_and_version(got)
             arr = np.frombuffer(data, dtype=np.uint8)
@@ -675,9 +712,14 @@ class ShardEngine:
         return offsets, sizes
 
     def read_shard(self, key: str, size: int | None = None) -> ShardContents | None:
-        """One whole shard object (``size``: as listed; at most that much is read), validated;
+        """One whole shard object (``size``: as listed, to spare a HEAD), validated;
         None when it is missing. For copying shards as they are (migrate, verify, the view)."""
-        blob = self.inner.get(key) if size is None else self.inner.get_ranges([(key, 0, size)])[0]
+        if size is None:
+            blob = self.inner.get(key)
+        else:  # one byte more: an object that grew since it was listed is read whole again
+            blob = self.inner.get_ranges([(key, 0, size + 1)])[0]
+            if blob is not None and len(blob) > size:
+                blob = self.inner.get(key)
         if blob is None:
             return None
         index = read_index(blob, self.cps, key=key)

@@ -335,7 +335,16 @@ def _check_marker(driver: _Driver, current: Mapping[str, Any]) -> None:
     raw = driver.retried(driver.dst.get, MARKER_KEY)
     if raw is None:
         return
-    previous = json.loads(raw)
+    try:
+        previous = json.loads(raw)
+    except (ValueError, RecursionError):
+        previous = None
+    if not isinstance(previous, dict):
+        raise UsageError(
+            f"{MARKER_KEY}: not a migration marker this tool wrote (not a JSON object); nothing to resume: "
+            "start again with --overwrite",
+            key=MARKER_KEY,
+        )
     diff = [k for k in current if k != "src" and previous.get(k) != current[k]]
     if diff:
         raise UsageError(

@@ -260,13 +260,17 @@ def _update_consolidated(inner: Inner, meta_key: str, doc: bytes | None, *, add:
     """Replace (``doc``) or drop (``None``) one array's entry in draft consolidated metadata.
 
     An entry the document does not list is only added with ``add`` (the in-place
-    protocol dropped it itself); a store without consolidated metadata is left alone.
+    protocol dropped it itself); a store without consolidated metadata, or with one that
+    does not parse, is left alone.
     """
     raw = inner.get(dm.CONSOLIDATED_KEY)
     if raw is None:
         return
-    consolidated = json.loads(raw)
-    entries = consolidated.get("metadata")
+    try:
+        consolidated = json.loads(raw)
+    except (ValueError, RecursionError):
+        return  # a damaged document lists nothing (as :func:`_consolidated_lists` says): left alone
+    entries = consolidated.get("metadata") if isinstance(consolidated, dict) else None
     if not isinstance(entries, dict) or (meta_key not in entries and (doc is None or not add)):
         return
     if doc is None:
@@ -279,9 +283,10 @@ def _update_consolidated(inner: Inner, meta_key: str, doc: bytes | None, *, add:
 def _consolidated_lists(inner: Inner, meta_key: str) -> bool:
     raw = inner.get(dm.CONSOLIDATED_KEY)
     try:
-        return raw is not None and meta_key in json.loads(raw).get("metadata", {})
-    except (ValueError, AttributeError):
+        entries = None if raw is None else json.loads(raw).get("metadata")
+    except (ValueError, AttributeError, RecursionError):
         return False
+    return isinstance(entries, dict) and meta_key in entries
 
 
 # --------------------------------------------------------------------------- in place

@@ -192,7 +192,7 @@ class _ArrayReader:
             return contents.blob
         _, start, end = byte_range
         if start < 0 and end is None and -start == engine.index_nbytes:  # zarr reads the index
-            found = engine.read_index(key)
+            found = engine.read_index(key, use_cache=False)  # the cache only links it to the chunk reads
             return None if found.index is None else _naming_index(found.index.entries)
         if end is not None and start >= CHUNK_TOKEN:  # zarr reads a chunk our index named
             n = start - CHUNK_TOKEN

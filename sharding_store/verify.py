@@ -196,7 +196,7 @@ def _array_plan(h: DraftHierarchy, node: Any, src: StoreRef, dst: StoreRef, doc:
         if node.meta.is_sharded and opts.chunks_per_shard is None:
             raise ValueError("the source is sharded, the destination is not")
         plan, _ = plan_array(node, src, dst, opts)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError, ShardingStoreError) as e:
+    except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError, ShardingStoreError) as e:
         check.problem(key, f"{key}: cannot be matched to the source metadata ({e})")
         return None
     if plan.doc != doc:

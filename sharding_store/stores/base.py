@@ -89,6 +89,8 @@ class Location:
             return "inside"
         if _under(other.path, self.path):
             return "contains"
+        if self.kind == "file":
+            return _file_relation(self.path, other.path)
         return None
 
     def __str__(self) -> str:
@@ -103,6 +105,39 @@ def _under(path: str, top: str) -> bool:
     if top in ("", "/"):
         return path not in ("", "/")
     return path.startswith(top + "/")
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _ancestor_ids(path: str) -> set[tuple[int, int]]:
+    """(device, inode) of every existing directory strictly above ``path``."""
+    ids = set()
+    while path not in ("", "/"):
+        path = path.rpartition("/")[0] or "/"
+        found = _file_id(path)
+        if found is not None:
+            ids.add(found)
+    return ids
+
+
+def _file_relation(a: str, b: str) -> Relation:
+    """The relation of two local directories (``realpath`` spellings) that their paths
+    did not show: one directory seen through a bind mount, or a case-insensitive
+    filesystem (``~/Data`` and ``~/data``), is told by its (device, inode)."""
+    ida, idb = _file_id(a), _file_id(b)
+    if ida is not None and ida == idb:
+        return "same"
+    if idb is not None and idb in _ancestor_ids(a):
+        return "inside"
+    if ida is not None and ida in _ancestor_ids(b):
+        return "contains"
+    return None
 
 
 @runtime_checkable
@@ -327,11 +362,20 @@ class CompletedInner(BaseInner):
     def exists(self, key: str) -> bool:
         return self.store.exists(key)
 
+    def create_exclusive(self, key: str, value: bytes) -> bool:
+        """The store's own (it may be atomic where the generic one is not)."""
+        own = getattr(self.store, "create_exclusive", None)
+        return own(key, value) if own is not None else super().create_exclusive(key, value)
+
     def location(self) -> Location:
-        return Location("mapping", str(id(self.store)), "")
+        """The store's own location when it has one (else an in-process identity): a
+        wrapper of a directory is that directory for "same store / nested" decisions."""
+        own = getattr(self.store, "location", None)
+        return own() if own is not None else Location("mapping", str(id(self.store)), "")
 
     def describe(self) -> str:
-        return type(self.store).__name__
+        own = getattr(self.store, "describe", None)
+        return own() if own is not None else type(self.store).__name__
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)

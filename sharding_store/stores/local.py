@@ -35,7 +35,6 @@ import errno
 import itertools
 import os
 import random
-import shutil
 import stat
 import time
 import uuid
@@ -59,7 +58,9 @@ __all__ = [
     "write_local_atomic",
 ]
 
-_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+#: ``O_NONBLOCK``: a named pipe at a key must not block the open (it is no object: its
+#: ``fstat`` says so next); regular files ignore the flag
+_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _O_READ_NOFOLLOW = _O_READ | getattr(os, "O_NOFOLLOW", 0)
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 #: directories checked per store object before the cache is emptied (bounds its memory)
@@ -350,6 +351,10 @@ class LocalInner(BaseInner):
                 os.link(tmp, path)
             except FileExistsError:
                 return False
+            except OSError as e:
+                if e.errno not in _NO_HARD_LINKS:
+                    raise
+                return _create_excl_in_place(path, value)
             return True
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -419,8 +424,8 @@ class LocalInner(BaseInner):
     def tidy(self, prefix: str = "", *, keep_top: bool = True) -> None:
         base = prefix.rstrip("/")
         top = self._path(base) if base else self.root
-        if os.path.islink(top) or not self._inside(os.path.realpath(top)):
-            return
+        if base and (os.path.islink(top) or not self._inside(os.path.realpath(top))):
+            return  # the store's own directory may be spelled through a link; nothing below it
         for dirpath, _, files in os.walk(top, topdown=False):
             for name in files:
                 if TEMP_MARKER in name:
@@ -448,11 +453,15 @@ class LocalInner(BaseInner):
         if fd is None:
             raise FileNotFoundError(errno.ENOENT, f"{key}: not found", self._path(key))
         try:
+            # the size of the very file open (``size`` may be stale: a source rewritten
+            # larger since it was listed must not be copied truncated)
+            st = os.fstat(fd)
+            regular = stat.S_ISREG(st.st_mode)
             if version is not None:
-                st = os.fstat(fd)
-                _check(key, version, fd, st if stat.S_ISREG(st.st_mode) else None)
-                size = st.st_size
-            copy_fd_to(fd, self._path(key), dst_path, append, size)
+                _check(key, version, fd, st if regular else None)
+            if not regular:
+                raise FileNotFoundError(errno.ENOENT, f"{key}: not a file", self._path(key))
+            copy_fd_to(fd, dst_path, append, st.st_size)
         finally:
             os.close(fd)
         return True
@@ -499,6 +508,8 @@ class LocalInner(BaseInner):
                             is_dir, outside = False, True
                         elif is_dir and (real == sub_real or real.startswith(sub_real + "/")):
                             continue  # a link to a directory above it
+                    if not (is_dir or outside or e.is_file()):
+                        continue  # a pipe, socket or device (or a dangling link) is no object
                 except OSError:
                     continue
                 entries.append(((e.name + "/") if is_dir else e.name, e, is_dir, sub_real, outside))
@@ -540,6 +551,10 @@ class LocalInner(BaseInner):
                                 is_dir = False  # a link out of the store: a key that refuses to be read
                             elif here is None or here == target or here.startswith(target + "/"):
                                 continue  # a link to a directory above it: a cycle, not listed
+                        if not (is_dir or e.is_file()) and (
+                            not e.is_symlink() or self._inside(os.path.realpath(e.path))
+                        ):
+                            continue  # a pipe, socket or device (or a dangling link) is no object
                     except OSError:
                         continue
                     (prefixes if is_dir else keys).append(prefix + e.name + ("/" if is_dir else ""))
@@ -582,6 +597,31 @@ def _delete_below(path: str, lead: str, prefix: str) -> None:
         elif key.startswith(prefix):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(e.path)
+
+
+#: what ``link()`` says on filesystems without hard links (exFAT, some FUSE and network mounts)
+_NO_HARD_LINKS = frozenset(
+    getattr(errno, name) for name in ("EPERM", "EOPNOTSUPP", "ENOTSUP", "ENOSYS") if hasattr(errno, name)
+)
+
+
+def _create_excl_in_place(path: str, value: bytes) -> bool:
+    """``create_exclusive`` where ``link()`` is refused: ``O_EXCL`` on the key itself (still
+    atomic against other creators; a reader may see it before it is whole)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except FileExistsError:
+        return False
+    try:
+        write_all(fd, value)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+    return True
 
 
 # ---------------------------------------------------------------------- atomic writes
@@ -712,14 +752,23 @@ def write_local_atomic(path: str, value: bytes) -> None:
 # ---------------------------------------------------------------------- kernel copies
 
 
-def copy_fd_to(src_fd: int, src_path: str, dst_path: str, append: bytes = b"", size: int | None = None) -> None:
+def copy_fd_to(src_fd: int, dst_path: str, append: bytes = b"", size: int | None = None) -> None:
     """The whole file open as ``src_fd`` (plus ``append``) written atomically to
-    ``dst_path``: ``copy_file_range`` where the kernel can, else ``shutil.copyfile``."""
-    with atomic_local_file(dst_path) as (fd, tmp):
+    ``dst_path``: ``copy_file_range`` where the kernel can, else ``pread``/``write`` from
+    that same descriptor (never the path again: it may name another file by now)."""
+    with atomic_local_file(dst_path) as (fd, _):
         if not copy_fd(src_fd, fd, size):  # no kernel copy between these files: the portable way
             os.ftruncate(fd, 0)
-            shutil.copyfile(src_path, tmp)  # sendfile where it can
-            os.lseek(fd, 0, os.SEEK_END)
+            os.lseek(fd, 0, os.SEEK_SET)
+            offset = 0
+            while size is None or offset < size:
+                block = os.pread(src_fd, 1 << 20 if size is None else min(1 << 20, size - offset), offset)
+                if not block:
+                    if size is not None:  # the file shrank after its size was read: never publish half
+                        raise MigrationError(f"source object changed while being copied ({offset} of {size} bytes)")
+                    break
+                write_all(fd, block)
+                offset += len(block)
         write_all(fd, append)
 
 

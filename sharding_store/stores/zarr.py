@@ -2,6 +2,11 @@
 
 Versions: zarr's store API exposes no object identity, so tails carry none (``None``);
 callers fall back to re-reading and comparing.
+
+A zarr ``LocalStore`` follows symbolic links out of its root; its objects are read (and,
+unless it is read-only, written) through a :class:`~.local.LocalInner` of the same
+directory instead, with that store's guarantees (no link out of the root, atomic writes,
+versions).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .base import BaseInner, Location, RangeRequest, Tail, Version
+from .local import LocalInner
 
 __all__ = ["ZarrStoreInner"]
 
@@ -20,6 +26,15 @@ class ZarrStoreInner(BaseInner):
 
         self.store = store
         self._proto = default_buffer_prototype()
+        root = getattr(store, "root", None)
+        #: reads (and writes, unless read-only) of a zarr LocalStore: never through a link out
+        self._local: LocalInner | None = None
+        self._local_writes = False
+        if root is not None and type(store).__name__ == "LocalStore":
+            import os
+
+            self._local = LocalInner(os.fspath(root))
+            self._local_writes = getattr(store, "read_only", True) is False
 
     def __repr__(self) -> str:
         return f"ZarrStoreInner({self.store!r})"
@@ -30,12 +45,16 @@ class ZarrStoreInner(BaseInner):
         return sync(coro)
 
     def get(self, key: str) -> bytes | None:
+        if self._local is not None:
+            return self._local.get(key)
         buf = self._sync(self.store.get(key, self._proto))
         return None if buf is None else buf.to_bytes()
 
     def get_ranges(
         self, requests: Sequence[RangeRequest], versions: Sequence[Version | None] | None = None
     ) -> list[bytes | None]:
+        if self._local is not None:
+            return self._local.get_ranges(requests, versions)
         from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
         def req(start: int, end: int | None) -> Any:
@@ -55,26 +74,38 @@ class ZarrStoreInner(BaseInner):
         return [None if b is None else b.to_bytes() for b in self._sync(run())]
 
     def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        if self._local is not None:
+            return self._local.get_tails(requests)
         out = self.get_ranges([(k, -max(n, 1), None) for k, n in requests])  # -0 would be all of it
         return [None if v is None else Tail(v if n > 0 else b"", None, None) for v, (_, n) in zip(out, requests)]
 
     def set(self, key: str, value: bytes) -> None:
+        if self._local_writes:
+            return self._local.set(key, value)  # type: ignore[union-attr]
         self._sync(self.store.set(key, self._proto.buffer.from_bytes(bytes(value))))
 
     def delete(self, key: str) -> None:
+        if self._local_writes:
+            return self._local.delete(key)  # type: ignore[union-attr]
         self._sync(self.store.delete(key))
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
+        if self._local is not None:
+            return self._local.list_prefix(prefix)
         async def run() -> list[str]:
             return [k async for k in self.store.list_prefix(prefix)]
 
         return iter(sorted(self._sync(run())))
 
     def exists(self, key: str) -> bool:
+        if self._local is not None:
+            return self._local.exists(key)
         return bool(self._sync(self.store.exists(key)))
 
     def create_exclusive(self, key: str, value: bytes) -> bool:
         """zarr's ``set_if_not_exists`` (atomic where the store's is)."""
+        if self._local_writes:
+            return self._local.create_exclusive(key, value)  # type: ignore[union-attr]
         if self.exists(key):
             return False
         self._sync(self.store.set_if_not_exists(key, self._proto.buffer.from_bytes(bytes(value))))
