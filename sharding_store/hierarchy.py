@@ -225,6 +225,16 @@ def detect_generation(
     return Generation.NONE, None
 
 
+def is_draft_2023(inner: Inner) -> bool:
+    """Whether ``inner`` holds a hierarchy of the 2023 intermediate generation (for the drivers'
+    one hook). A 2022 entry point decides at once (one get); otherwise the node documents
+    decide (:func:`detect_generation`; a mixed hierarchy raises :class:`DraftMetadataError`)."""
+    raw = inner.get(dm.ENTRY_POINT_KEY)
+    if raw is not None and _entry_point_generation(raw) in (Generation.DRAFT_2022, Generation.UNKNOWN):
+        return False
+    return detect_generation(inner, raw)[0] is Generation.DRAFT_2023
+
+
 def draft_entry_point(inner: Inner, raw: bytes | None, location: str) -> dm.EntryPoint:
     """The entry point of the draft-era hierarchy in ``inner`` (``raw``: its ``zarr.json``).
 

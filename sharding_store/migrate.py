@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import draft_metadata as dm
+from . import migrate2023
 from .errors import (
     DestinationExistsError,
     DraftMetadataError,
@@ -50,7 +51,7 @@ from .errors import (
     StoreIOError,
     UsageError,
 )
-from .hierarchy import DraftHierarchy
+from .hierarchy import DraftHierarchy, is_draft_2023
 from .jobs import (
     StoreRef,
     check_apart,
@@ -439,6 +440,25 @@ def migrate(
         check_picklable(src_ref, dst_ref)
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
     check_apart(src_inner, dst_inner, src_ref.describe(), dst_ref.describe())
+    if is_draft_2023(src_inner):  # the 2023 intermediate generation: its own driver
+        refused = [name for name, value in (("chunks_per_shard", cps), ("index_location='start'", index_location == "start"),
+                                            ("portable", portable), ("resume", resume), ("executor", executor),
+                                            ("assume_chunks_per_shard", assume_chunks_per_shard)) if value]
+        if refused:
+            raise UsageError(f"{src_ref.describe()}: a 2023-generation store is migrated by copy only; "
+                             f"not supported for it yet: {', '.join(refused)}")
+        jobs = jobs_for(jobs, src_inner, dst_inner, None)
+        report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)
+        _prepare(dst_ref, dst_inner, overwrite=overwrite, resume=False, dry_run=dry_run)
+        migrate2023.migrate_copy(src_inner, dst_inner, report, dst_name=dst_ref.describe(), index_checksum=index_checksum,
+                                 dry_run=dry_run, skip_damaged=skip_damaged, jobs=jobs, retries=retries,
+                                 retry_delay=retry_delay)
+        report.seconds = time.perf_counter() - started
+        if verify and not dry_run:
+            report.verification = run_verify(src_ref, dst_ref, jobs=jobs, progress=progress, retries=retries,
+                                             retry_delay=retry_delay, skip_arrays=report.skipped_paths)
+            report.seconds = time.perf_counter() - started
+        return report
     refuse_interrupted_reshards(src_inner, src_ref.describe())
     jobs = jobs_for(jobs, src_inner, dst_inner, executor)
     h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
