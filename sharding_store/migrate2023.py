@@ -41,14 +41,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from crc32c import crc32c
 
 from . import meta2023
-from .errors import DestinationExistsError, DraftMetadataError, ShardCorruptError, ShardingStoreError
+from .errors import (
+    DestinationExistsError,
+    DraftMetadataError,
+    MigrationError,
+    ShardCorruptError,
+    ShardingStoreError,
+    StoreIOError,
+)
 from .hierarchy import V3Walk, walk_v3_nodes
 from .jobs import with_retries
 from .migrate_units import MARKER_KEY, ArrayReport, UnitResult, json_bytes, node_key
-from .shard_index import CHECKSUM_NBYTES, ENTRY_NBYTES, index_reading
+from .shard_index import CHECKSUM_NBYTES, ENTRY_NBYTES, ShardIndex, index_nbytes, index_reading, read_index
 from .stores import Inner
 
 SKIP_HINT = "--skip-damaged migrates the other nodes and lists the damaged ones"
@@ -81,13 +89,6 @@ def _sharding(doc: dict) -> dict | None:
     return None
 
 
-def index_entries(doc: dict) -> int:
-    """The number of inner chunks of one shard (entries of its index)."""
-    cfg = _sharding(doc)
-    grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
-    return math.prod(g // c for g, c in zip(grid, cfg["chunk_shape"])) if grid else 1
-
-
 @dataclass
 class ArrayPlan2023:
     path: str
@@ -115,6 +116,19 @@ class Plan2023:
     arrays: list[ArrayPlan2023] = field(default_factory=list)
     damaged: dict[str, ShardingStoreError] = field(default_factory=dict)  # path -> error
     warnings: list[str] = field(default_factory=list)
+    #: what a migration changes, per node path (for ``info``); empty: nothing
+    changes: dict[str, list[str]] = field(default_factory=dict)
+    #: node path -> "array" | "group" | "implicit group" (damaged nodes are in ``damaged``)
+    kinds: dict[str, str] = field(default_factory=dict)
+
+
+READING_TEXT = {
+    "crc32c-hidden": "every shard index is followed by an undeclared CRC32C (zarrita, 2023-05 to 2023-07): "
+                     "declared as index_codecs [bytes little, crc32c], shards copied verbatim",
+    "plain": "the shard indices have no checksum: the CRC32C of each index is appended and declared "
+             "(--no-index-checksum: declared as [bytes little], shards copied verbatim)",
+    "none": "no shard stored: index_codecs [bytes little, crc32c] declared",
+}
 
 
 def _tails(src: Inner, keys: list[tuple[str, int | None]], n: int) -> Iterator[tuple[str, bytes, int]]:
@@ -142,6 +156,45 @@ def decide_reading(src: Inner, path: str, objects: list[tuple[str, int | None]],
     return next(iter(first)) if first else "none"
 
 
+def shard_grid(doc: dict) -> tuple[int, ...]:
+    """Chunks per shard of a sharded final array document."""
+    cfg = _sharding(doc)
+    grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
+    return tuple(g // c for g, c in zip(grid, cfg["chunk_shape"]))
+
+
+def check_declared_indices(src: Inner, doc: dict, objects: list[tuple[str, int | None]]) -> None:
+    """Validate the declared index of every shard (one tail or head read each) when its
+    ``index_codecs`` are the plain little-endian entries (with or without a CRC32C): a shard
+    whose index is corrupt is refused (:class:`ShardCorruptError`), never copied as valid."""
+    cfg = _sharding(doc)
+    codecs = cfg["index_codecs"]
+    names = [c.get("name") for c in codecs]
+    if names not in (["bytes"], ["bytes", "crc32c"]):
+        return  # another index chain: copied verbatim, the reader checks it
+    if (codecs[0].get("configuration") or {}).get("endian", "little") != "little":
+        return
+    checksum = names[-1] == "crc32c"
+    cps = shard_grid(doc)
+    nbytes = index_nbytes(cps, checksum)
+    if cfg["index_location"] == "end":
+        tails = src.get_tails([(k, nbytes) for k, _ in objects])
+        for (key, size), tail in zip(objects, tails):
+            if tail is None:
+                raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
+            total = tail.size if tail.size is not None else size
+            if total is None or total < nbytes or len(tail.data) < nbytes:
+                raise ShardCorruptError(f"{key}: shorter than its {nbytes}-byte shard index", key=key)
+            ShardIndex.from_bytes(tail.data[-nbytes:], cps, checksum=checksum, key=key,
+                                  payload_limit=total - nbytes, payload_start=0)
+        return
+    for key, _ in objects:
+        data = src.get(key)
+        if data is None:
+            raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
+        read_index(data, cps, checksum=checksum, index_location="start", key=key)
+
+
 def plan_hierarchy(src: Inner, walk: V3Walk | None = None) -> Plan2023:
     """Every node of the 2023 hierarchy in ``src``: documents normalised, each array's chunk
     objects listed and its undeclared index decided. Damage is recorded, not raised."""
@@ -151,12 +204,16 @@ def plan_hierarchy(src: Inner, walk: V3Walk | None = None) -> Plan2023:
     for path in walk.implicit:
         if path not in documented:
             plan.groups.append((path, dict(GROUP_DOCUMENT)))
+            plan.kinds[path] = "implicit group"
+            plan.changes[path] = ["no zarr.json (an implicit group): an explicit group document is written"]
     for node in walk.nodes:
         try:
             norm = meta2023.normalise_node(node.raw, node.key)
         except DraftMetadataError as e:
             plan.damaged[node.path] = e
             continue
+        plan.kinds[node.path] = norm.node_type
+        plan.changes[node.path] = list(norm.changes)
         if norm.node_type == "group":
             plan.groups.append((node.path, norm.document))
             continue
@@ -178,15 +235,55 @@ def plan_hierarchy(src: Inner, walk: V3Walk | None = None) -> Plan2023:
                 plan.damaged[node.path] = DraftMetadataError(
                     f"{node.key}: an undeclared shard index must be at the end to be decided from the bytes", key=node.key)
                 continue
-            a.n_entries = index_entries(norm.document)
+            a.n_entries = math.prod(shard_grid(norm.document))
             try:
                 a.reading = decide_reading(src, node.path, objects, a.n_entries)
             except ShardCorruptError as e:
                 plan.damaged[node.path] = e
                 continue
+            plan.changes[node.path].append(f"shard index: {READING_TEXT[a.reading]}")
+        elif _sharding(norm.document) is not None:
+            try:
+                check_declared_indices(src, norm.document, objects)
+            except ShardCorruptError as e:
+                plan.damaged[node.path] = e
+                continue
         plan.arrays.append(a)
+    _leave_out_below_damage(plan)
     plan.groups.sort(key=lambda g: (g[0] == "", -g[0].count("/"), g[0]))  # deepest first, the root last
     return plan
+
+
+def _below(path: str, root: str) -> bool:
+    return path != root and (root == "" or path.startswith(root + "/"))
+
+
+def _leave_out_below_damage(plan: Plan2023) -> None:
+    """Nodes below a damaged node (a group whose document is damaged) are left out too: the
+    destination would otherwise hold them under a group without a document, which final v3
+    does not have. Each is reported as damaged, naming the group."""
+    roots = sorted(plan.damaged, key=lambda p: (p.count("/"), p))
+    if not roots:
+        return
+
+    def top(path: str) -> str | None:
+        return next((r for r in roots if _below(path, r)), None)
+
+    for path, _ in list(plan.groups):
+        r = top(path)
+        if r is not None:
+            plan.damaged[path] = DraftMetadataError(
+                f"{node_key(path)}: below the damaged node '{r or '/'}' ({plan.damaged[r].key})", key=node_key(path))
+    for a in plan.arrays:
+        r = top(a.path)
+        if r is not None:
+            plan.damaged[a.path] = DraftMetadataError(
+                f"{node_key(a.path)}: below the damaged node '{r or '/'}' ({plan.damaged[r].key})", key=node_key(a.path))
+    plan.groups = [g for g in plan.groups if g[0] not in plan.damaged]
+    plan.arrays = [a for a in plan.arrays if a.path not in plan.damaged]
+    for path in list(plan.kinds):
+        if path in plan.damaged:
+            del plan.kinds[path]
 
 
 # --------------------------------------------------------------------------- migrate
@@ -258,6 +355,28 @@ def migrate_copy(
         raise DestinationExistsError(
             f"{dst_name}: another migration is writing into this destination (its {MARKER_KEY} appeared "
             "after the destination was found empty); wait for it, or use another destination", key=MARKER_KEY)
+    try:
+        _write_all(plan, src, dst, report, index_checksum=index_checksum, jobs=jobs, retried=retried)
+    except Exception as e:
+        raise incomplete(e) from e
+    return plan
+
+
+def incomplete(error: BaseException) -> ShardingStoreError:
+    """The error a copy migration stops with once it has written: the destination is
+    incomplete and (no ``resume`` for this generation yet) must be written again."""
+    again = "the destination is incomplete: run again with --overwrite"
+    if isinstance(error, ShardingStoreError):
+        return type(error)(f"{error}; {again}", key=error.key)
+    if isinstance(error, OSError):
+        cause = error.strerror or str(error) or type(error).__name__
+        name = error.filename or "a write"
+        return StoreIOError(f"{name}: {type(error).__name__}: {cause}; {again}", key=str(name))
+    return MigrationError(f"{type(error).__name__}: {error}; {again}")
+
+
+def _write_all(plan: Plan2023, src: Inner, dst: Inner, report: Any, *, index_checksum: bool, jobs: int,
+               retried: Any) -> None:
     root_doc: dict | None = None
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="migrate2023") as pool:
         for a in plan.arrays:
@@ -276,7 +395,6 @@ def migrate_copy(
     if root_doc is not None:
         retried(dst.set, node_key(""), json_bytes(root_doc))
     retried(dst.delete, MARKER_KEY)
-    return plan
 
 
 # --------------------------------------------------------------------------- verify
@@ -292,22 +410,45 @@ def _load(dst: Inner, key: str) -> Any:
         return {"<invalid JSON>": True}
 
 
-def _check_object(src: Inner, dst: Inner, key: str, n_entries: int, appended: bool) -> tuple[int, list[tuple[str, str]]]:
+def live_chunks(doc: dict, data: bytes) -> int:
+    """The chunks one object of a final array document holds: 1 unsharded, else the live
+    entries of its index (0 when the index is not the plain little-endian one)."""
+    cfg = _sharding(doc)
+    if cfg is None:
+        return 1
+    names = [c.get("name") for c in cfg["index_codecs"]]
+    if names not in (["bytes"], ["bytes", "crc32c"]) or (cfg["index_codecs"][0].get("configuration") or {}).get("endian", "little") != "little":
+        return 0
+    n = math.prod(shard_grid(doc))
+    nbytes = ENTRY_NBYTES * n + (CHECKSUM_NBYTES if names[-1] == "crc32c" else 0)
+    if len(data) < nbytes:
+        return 0
+    raw = data[:nbytes] if cfg["index_location"] == "start" else data[len(data) - nbytes:]
+    table = np.frombuffer(raw[: ENTRY_NBYTES * n], dtype="<u8").reshape(-1, 2)
+    return int(np.count_nonzero(~((table[:, 0] == EMPTY) & (table[:, 1] == EMPTY))))
+
+
+EMPTY = 2**64 - 1
+
+
+def _check_object(src: Inner, dst: Inner, key: str, n_entries: int, appended: bool,
+                  doc: dict) -> tuple[int, int, list[tuple[str, str]]]:
+    """(bytes, chunks, problems) of one destination object against its source."""
     a = src.get(key)
     b = dst.get(key)
     if a is None:
-        return 0, []
+        return 0, 0, []
     if b is None:
-        return 0, [(key, f"{key}: missing")]
+        return 0, 0, [(key, f"{key}: missing")]
     expected = bytes(a)
     if appended:
         expected += crc32c(expected[len(expected) - ENTRY_NBYTES * n_entries:]).to_bytes(CHECKSUM_NBYTES, "little")
     if bytes(b) != expected:
         if len(b) != len(expected):
-            return len(b), [(key, f"{key}: {len(b)} bytes, expected {len(expected)}")]
+            return len(b), 0, [(key, f"{key}: {len(b)} bytes, expected {len(expected)}")]
         at = next(i for i, (x, y) in enumerate(zip(bytes(b), expected)) if x != y)
-        return len(b), [(key, f"{key}: differs from the source at byte {at}")]
-    return len(b), []
+        return len(b), 0, [(key, f"{key}: differs from the source at byte {at}")]
+    return len(b), live_chunks(doc, expected), []
 
 
 def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = False,
@@ -343,11 +484,12 @@ def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = Fal
                 check.problem(key, f"{key}: not the normalised document of the source array")
                 continue
             appended = a.appends(match[0])
-            results = [pool.submit(_check_object, src, dst, k, a.n_entries, appended) for k, _ in a.objects]
+            results = [pool.submit(_check_object, src, dst, k, a.n_entries, appended, actual) for k, _ in a.objects]
             for f in results:
-                nbytes, problems = f.result()
+                nbytes, chunks, problems = f.result()
                 check.objects += 1
                 check.bytes += nbytes
+                check.chunks += chunks
                 for k, m in problems:
                     check.problem(k, m)
             pattern = chunk_key_pattern(actual)
@@ -358,9 +500,4 @@ def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = Fal
                     check.problem(k, f"{k}: not in the source")
 
 
-def options_refused(**given: Any) -> list[str]:
-    """The options given that a 2023 copy migration does not take yet."""
-    return [name for name, value in given.items() if value]
-
-
-__all__: Sequence[str] = ["migrate_copy", "verify_copy", "plan_hierarchy", "decide_reading", "chunk_key_pattern"]
+__all__: Sequence[str] = ["migrate_copy", "verify_copy", "plan_hierarchy", "decide_reading", "chunk_key_pattern", "live_chunks"]

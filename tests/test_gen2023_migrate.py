@@ -294,3 +294,53 @@ def test_verify_finds_a_flipped_byte_and_a_changed_document(tmp_path, capsys):
     doc_path.write_text(json.dumps(doc))
     report = verify(str(src), str(dst), raise_on_error=False)
     assert [k for k, _ in report.check.problems] == [doc_path.relative_to(dst).as_posix()]
+
+
+# --------------------------------------------------------------------------- info
+
+
+def test_info_says_the_generation_and_what_will_change(tmp_path, capsys):
+    src = tmp_path / "src"
+    _copy(fixtures.require(fixtures.ZARRJS_ZARRITA_2023) / SHARDED, src)
+    assert main(["info", str(src)]) == 0
+    out = capsys.readouterr().out
+    assert "2023 intermediate" in out and "/  implicit group" in out
+    assert "undeclared CRC32C" in out and "'bytes' (little endian) inserted" in out
+    assert main(["info", str(src), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (a,) = [n for n in doc["nodes"] if n["kind"] == "array"]
+    assert a["path"] == "a" and a["index_reading"] == "crc32c-hidden" and a["changes"]
+    (src / "a" / NODE_KEY).write_text('{"zarr_format": 3, "node_type": "array", "codecs": [{"name": "endian"}]}')
+    assert main(["info", str(src)]) == 0
+    assert "damaged (DraftMetadataError)" in capsys.readouterr().out
+    assert main(["info", str(src), "--strict"]) == DraftMetadataError.exit_code
+
+
+def test_nodes_below_a_damaged_group_are_left_out_and_reported(tmp_path, capsys):
+    src = _endian_copy(tmp_path)
+    arrays = _array_paths(src)
+    (src / "sub").mkdir()
+    (src / "sub" / NODE_KEY).write_text('{"zarr_format": 3, "node_type": "group", "attributes": 5}')
+    shutil.move(str(src / arrays[0]), str(src / "sub" / arrays[0]))
+    assert main(["migrate", str(src), str(tmp_path / "dst")]) == DraftMetadataError.exit_code
+    assert "sub/zarr.json" in capsys.readouterr().err
+    assert main(["migrate", str(src), str(tmp_path / "dst"), "--skip-damaged", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert sorted(s["path"] for s in report["skipped"]["arrays"]) == ["sub", f"sub/{arrays[0]}"]
+    assert not (tmp_path / "dst" / "sub").exists()
+    assert main(["verify", str(src), str(tmp_path / "dst"), "--skip-damaged"]) == 0
+
+
+def test_a_corrupt_declared_shard_index_is_refused(tmp_path, capsys):
+    src = _endian_copy(tmp_path)
+    sharded = next(p for p in _array_paths(src) if "shard" in p)
+    victim = next(p for p in sorted((src / sharded).rglob("*")) if p.is_file() and p.name != NODE_KEY)
+    data = bytearray(victim.read_bytes())
+    data[-6] ^= 0xFF  # inside the index: its declared CRC32C no longer matches
+    victim.write_bytes(bytes(data))
+    assert main(["migrate", str(src), str(tmp_path / "dst")]) == ShardCorruptError.exit_code
+    err = capsys.readouterr().err
+    assert victim.relative_to(src).as_posix() in err and len(err.strip().splitlines()) == 1
+    assert main(["migrate", str(src), str(tmp_path / "dst2"), "--skip-damaged", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [s["path"] for s in report["skipped"]["arrays"]] == [sharded]
