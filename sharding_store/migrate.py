@@ -440,16 +440,15 @@ def migrate(
         check_picklable(src_ref, dst_ref)
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
     check_apart(src_inner, dst_inner, src_ref.describe(), dst_ref.describe())
-    if is_draft_2023(src_inner):  # the 2023 intermediate generation: its own driver
-        refused = [name for name, value in (("chunks_per_shard", cps), ("index_location='start'", index_location == "start"),
-                                            ("portable", portable), ("resume", resume), ("executor", executor),
-                                            ("assume_chunks_per_shard", assume_chunks_per_shard)) if value]
-        if refused:
-            raise UsageError(f"{src_ref.describe()}: a 2023-generation store is migrated by copy only; "
-                             f"not supported for it yet: {', '.join(refused)}")
+    root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
+    if is_draft_2023(src_inner, root_raw):  # the 2023 intermediate generation: its own driver
+        migrate2023.refuse_options(src_ref.describe(), chunks_per_shard=cps, index_location=index_location == "start",
+                                   portable=portable, resume=resume, executor=executor,
+                                   assume_chunks_per_shard=assume_chunks_per_shard)
         jobs = jobs_for(jobs, src_inner, dst_inner, None)
         report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)
-        _prepare(dst_ref, dst_inner, overwrite=overwrite, resume=False, dry_run=dry_run)
+        if not (dry_run and overwrite):
+            prepare_destination(dst_inner, dst_ref.describe(), overwrite=overwrite, hint="use --overwrite")
         migrate2023.migrate_copy(src_inner, dst_inner, report, dst_name=dst_ref.describe(), index_checksum=index_checksum,
                                  dry_run=dry_run, skip_damaged=skip_damaged, jobs=jobs, retries=retries,
                                  retry_delay=retry_delay)
@@ -461,7 +460,7 @@ def migrate(
         return report
     refuse_interrupted_reshards(src_inner, src_ref.describe())
     jobs = jobs_for(jobs, src_inner, dst_inner, executor)
-    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
+    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False, entry_point=root_raw)
     h.assume_sharded(assume_chunks_per_shard)
     check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
     report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)

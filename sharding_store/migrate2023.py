@@ -52,6 +52,7 @@ from .errors import (
     ShardCorruptError,
     ShardingStoreError,
     StoreIOError,
+    UsageError,
 )
 from .hierarchy import V3Walk, walk_v3_nodes
 from .jobs import with_retries
@@ -314,6 +315,14 @@ def _copy_object(src: Inner, dst: Inner, key: str, size: int | None, n_entries: 
         raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
     dst.set(key, bytes(data))
     return UnitResult(written=1, bytes_read=len(data), bytes_written=len(data))
+
+
+def refuse_options(location: str, **given: Any) -> None:
+    """:class:`UsageError` naming the options given (true) that a 2023 copy migration does not take yet."""
+    refused = [name for name, value in given.items() if value]
+    if refused:
+        raise UsageError(f"{location}: a 2023-generation store is migrated by copy only; "
+                         f"not supported for it yet: {', '.join(refused)}")
 
 
 def refuse_damage(plan: Plan2023, skip_damaged: bool, consequence: str) -> None:

@@ -458,7 +458,8 @@ def verify(
     refuse_interrupted_reshards(src_inner, src_ref.describe())
     _check_destination(dst_inner, dst_ref.describe())
     jobs = jobs_for(jobs, src_inner, dst_inner, executor)
-    if is_draft_2023(src_inner):  # the 2023 intermediate generation: compared object by object
+    root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
+    if is_draft_2023(src_inner, root_raw):  # the 2023 intermediate generation: compared object by object
         if assume_chunks_per_shard:
             raise UsageError(f"{src_ref.describe()}: --assume-chunks-per-shard does not apply to a 2023-generation store")
         report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=max(1, max_differences)))
@@ -468,7 +469,7 @@ def verify(
         if raise_on_error and not report.ok:
             raise report.error()
         return report
-    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
+    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False, entry_point=root_raw)
     h.assume_sharded(assume_chunks_per_shard)
     check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
     report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=max(1, max_differences)))

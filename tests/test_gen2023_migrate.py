@@ -344,3 +344,24 @@ def test_a_corrupt_declared_shard_index_is_refused(tmp_path, capsys):
     assert main(["migrate", str(src), str(tmp_path / "dst2"), "--skip-damaged", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [s["path"] for s in report["skipped"]["arrays"]] == [sharded]
+
+
+@pytest.mark.parametrize("no_checksum", [False, True])
+def test_mapping_stores_read_and_write_when_no_copy_capability(tmp_path, no_checksum):
+    """Stores without ``copy_to`` (here: dicts) get every object read and written, the
+    CRC32C appended by this process."""
+    src_dir = _plain_copy(tmp_path)
+    src = {p.relative_to(src_dir).as_posix(): p.read_bytes() for p in src_dir.rglob("*") if p.is_file()}
+    frozen = dict(src)
+    dst: dict[str, bytes] = {}
+    report = migrate(src, dst, index_checksum=not no_checksum)
+    assert report.verification.ok and src == frozen
+    out = tmp_path / "out"
+    for key, value in dst.items():
+        (out / key).parent.mkdir(parents=True, exist_ok=True)
+        (out / key).write_bytes(value)
+    want = _expected(fixtures.ZARRJS_ZARRITA_2023.name, SHARDED, "a")
+    _same(_read_zarr(out, "a"), want)
+    _same(_read_ts(out, "a"), want)
+    appended = {k: v for k, v in dst.items() if k.startswith("a/c")}
+    assert all(len(v) == len(src[k]) + (0 if no_checksum else 4) for k, v in appended.items())
