@@ -446,7 +446,7 @@ def _check_object(src: Inner, dst: Inner, key: str, n_entries: int, appended: bo
     a = src.get(key)
     b = dst.get(key)
     if a is None:
-        return 0, 0, []
+        return 0, 0, [(key, f"{key}: vanished from the source while it was verified")]
     if b is None:
         return 0, 0, [(key, f"{key}: missing")]
     expected = bytes(a)

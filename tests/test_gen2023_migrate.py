@@ -365,3 +365,20 @@ def test_mapping_stores_read_and_write_when_no_copy_capability(tmp_path, no_chec
     _same(_read_ts(out, "a"), want)
     appended = {k: v for k, v in dst.items() if k.startswith("a/c")}
     assert all(len(v) == len(src[k]) + (0 if no_checksum else 4) for k, v in appended.items())
+
+
+def test_verify_finds_missing_and_extra_objects_and_groups(tmp_path):
+    src = tmp_path / "src"
+    _copy(fixtures.require(fixtures.ZARRJS_ZARRITA_2023) / TWO_SHARDS, src)
+    dst = tmp_path / "dst"
+    migrate(str(src), str(dst))
+    shards = sorted(p for p in (dst / "a").rglob("*") if p.is_file() and p.name != NODE_KEY)
+    shards[0].unlink()
+    (dst / "a" / "c" / "9" / "9").mkdir(parents=True)
+    (dst / "a" / "c" / "9" / "9" / "9").write_bytes(b"extra")
+    report = verify(str(src), str(dst), raise_on_error=False)
+    problems = dict(report.check.problems)
+    assert set(problems) == {shards[0].relative_to(dst).as_posix(), "a/c/9/9/9"}
+    (dst / NODE_KEY).unlink()  # the implicit root's explicit document
+    report = verify(str(src), str(dst), raise_on_error=False)
+    assert NODE_KEY in dict(report.check.problems) and report.check.n_problems == 3
