@@ -225,6 +225,18 @@ def detect_generation(
     return Generation.NONE, None
 
 
+def is_draft_2023(inner: Inner, raw: bytes | None = _UNREAD) -> bool:
+    """Whether ``inner`` holds a hierarchy of the 2023 intermediate generation (for the drivers'
+    one hook; ``raw``: the root ``zarr.json`` when the caller has read it, None: absent). A
+    2022 entry point decides at once; otherwise the node documents decide
+    (:func:`detect_generation`; a mixed hierarchy raises :class:`DraftMetadataError`)."""
+    if raw is _UNREAD:
+        raw = inner.get(dm.ENTRY_POINT_KEY)
+    if raw is not None and _entry_point_generation(raw) in (Generation.DRAFT_2022, Generation.UNKNOWN):
+        return False
+    return detect_generation(inner, raw)[0] is Generation.DRAFT_2023
+
+
 def draft_entry_point(inner: Inner, raw: bytes | None, location: str) -> dm.EntryPoint:
     """The entry point of the draft-era hierarchy in ``inner`` (``raw``: its ``zarr.json``).
 
@@ -304,11 +316,13 @@ class DraftHierarchy:
     under the path as written (never used to build another key).
     """
 
-    def __init__(self, inner: Inner, *, location: str = "store", strict: bool = True) -> None:
+    def __init__(self, inner: Inner, *, location: str = "store", strict: bool = True, entry_point: bytes | None = _UNREAD) -> None:
+        """``entry_point``: the ``zarr.json`` bytes when the caller has read them (None: absent)."""
         self.inner = inner
         self.strict = strict
         self.damaged: dict[str, ShardingStoreError] = {}
-        self.entry_point = draft_entry_point(inner, inner.get(dm.ENTRY_POINT_KEY), location)
+        raw = inner.get(dm.ENTRY_POINT_KEY) if entry_point is _UNREAD else entry_point
+        self.entry_point = draft_entry_point(inner, raw, location)
         self.suffix = self.entry_point.metadata_key_suffix
         self.nodes: dict[str, Node] = self._read_nodes()
 

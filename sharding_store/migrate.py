@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import draft_metadata as dm
+from . import migrate2023
 from .errors import (
     DestinationExistsError,
     DraftMetadataError,
@@ -50,7 +51,7 @@ from .errors import (
     StoreIOError,
     UsageError,
 )
-from .hierarchy import DraftHierarchy
+from .hierarchy import DraftHierarchy, is_draft_2023
 from .jobs import (
     StoreRef,
     check_apart,
@@ -448,9 +449,27 @@ def migrate(
         check_picklable(src_ref, dst_ref)
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
     check_apart(src_inner, dst_inner, src_ref.describe(), dst_ref.describe())
+    root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
+    if is_draft_2023(src_inner, root_raw):  # the 2023 intermediate generation: its own driver
+        migrate2023.refuse_options(src_ref.describe(), chunks_per_shard=cps, index_location=index_location == "start",
+                                   portable=portable, resume=resume, executor=executor,
+                                   assume_chunks_per_shard=assume_chunks_per_shard)
+        jobs = jobs_for(jobs, src_inner, dst_inner, None)
+        report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)
+        if not (dry_run and overwrite):
+            prepare_destination(dst_inner, dst_ref.describe(), overwrite=overwrite, hint="use --overwrite")
+        migrate2023.migrate_copy(src_inner, dst_inner, report, dst_name=dst_ref.describe(), index_checksum=index_checksum,
+                                 dry_run=dry_run, skip_damaged=skip_damaged, jobs=jobs, retries=retries,
+                                 retry_delay=retry_delay)
+        report.seconds = time.perf_counter() - started
+        if verify and not dry_run:
+            report.verification = run_verify(src_ref, dst_ref, jobs=jobs, progress=progress, retries=retries,
+                                             retry_delay=retry_delay, skip_arrays=report.skipped_paths)
+            report.seconds = time.perf_counter() - started
+        return report
     refuse_interrupted_reshards(src_inner, src_ref.describe())
     jobs = jobs_for(jobs, src_inner, dst_inner, executor)
-    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
+    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False, entry_point=root_raw)
     h.assume_sharded(assume_chunks_per_shard)
     check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
     report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)

@@ -40,9 +40,10 @@ from .errors import (
     ShardCorruptError,
     ShardingStoreError,
     StoreNotFoundError,
+    UsageError,
     VerificationError,
 )
-from .hierarchy import DraftHierarchy, Generation, Node, detect_generation, require_final_v3
+from .hierarchy import DraftHierarchy, Generation, Node, detect_generation, is_draft_2023, require_final_v3
 from .jobs import (
     StoreRef,
     check_apart,
@@ -56,6 +57,7 @@ from .jobs import (
 )
 from .inspect import check_assumed_layouts
 from .journal import refuse_interrupted_reshards
+from .migrate2023 import verify_copy
 from .migrate_units import (
     DAMAGE_ERRORS,
     ArrayJob,
@@ -467,7 +469,18 @@ def verify(
     refuse_interrupted_reshards(src_inner, src_ref.describe())
     _check_destination(dst_inner, dst_ref.describe())
     jobs = jobs_for(jobs, src_inner, dst_inner, executor)
-    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False)
+    root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
+    if is_draft_2023(src_inner, root_raw):  # the 2023 intermediate generation: compared object by object
+        if assume_chunks_per_shard:
+            raise UsageError(f"{src_ref.describe()}: --assume-chunks-per-shard does not apply to a 2023-generation store")
+        report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=max(1, max_differences)))
+        verify_copy(src_inner, dst_inner, report, skip_damaged=skip_damaged, skip_arrays=dict(skip_arrays or {}), jobs=jobs)
+        report.check.problems.sort()
+        report.seconds = time.perf_counter() - started
+        if raise_on_error and not report.ok:
+            raise report.error()
+        return report
+    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False, entry_point=root_raw)
     h.assume_sharded(assume_chunks_per_shard)
     check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
     report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=max(1, max_differences)))

@@ -47,7 +47,7 @@ LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     4: ("shard engine", ("engine", "store")),
     5: ("hierarchy and arrays", ("hierarchy", "array", "v3view", "inspect")),
     6: ("jobs", ("jobs", "progress")),
-    7: ("drivers", ("migrate", "migrate_units", "verify", "reshard")),
+    7: ("drivers", ("migrate", "migrate2023", "migrate_units", "verify", "reshard")),
     8: ("package facade (lazy re-exports of the public names)", ("",)),
     9: ("command line", ("cli", "cli.*")),
     10: ("test support (never imported by the package)", ("testing",)),

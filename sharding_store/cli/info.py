@@ -163,6 +163,64 @@ def info_document(
 # --------------------------------------------------------------------------- commands
 
 
+def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: Any) -> bool:
+    """``info`` of a store of the 2023 intermediate generation: the generation, every node and
+    what ``migrate`` changes in it (the shard index decided from the shards' tails), damaged
+    nodes; False (nothing printed) for any other generation."""
+    from ..draft_metadata import normalize_path
+    from ..errors import StoreNotFoundError, UsageError
+    from ..hierarchy import Generation, inner_of, is_draft_2023
+    from ..migrate2023 import plan_hierarchy
+
+    inner = inner_of(args.store, opts)
+    if not is_draft_2023(inner):
+        return False
+    if assume:
+        raise UsageError("--assume-chunks-per-shard does not apply to a 2023-generation store")
+    root = normalize_path(args.path)
+    plan = plan_hierarchy(inner)
+    kinds = {p: k for p, k in plan.kinds.items() if _in_subtree(p, root)}
+    damaged = {p: e for p, e in plan.damaged.items() if _in_subtree(p, root)}
+    if not kinds and not damaged:
+        raise StoreNotFoundError(f"{args.store}: no node at '{root}'", key=root)
+    arrays = {a.path: a for a in plan.arrays}
+    if args.json:
+        doc = {
+            "store": args.store,
+            "generation": Generation.DRAFT_2023.value,
+            "nodes": [
+                {"path": p, "kind": k, "changes": plan.changes.get(p, []),
+                 **({"shape": arrays[p].normalised.document["shape"], "data_type": arrays[p].normalised.document["data_type"],
+                     "objects": len(arrays[p].objects), "index_reading": arrays[p].reading} if p in arrays else {})}
+                for p, k in sorted(kinds.items())
+            ],
+            "damaged": [{"path": p, "key": e.key, "error": type(e).__name__, "reason": str(e)} for p, e in damaged.items()],
+            "warnings": plan.warnings,
+        }
+        json.dump(doc, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(f"{args.store}: {Generation.DRAFT_2023.value}; `sharding-store migrate` rewrites it as final Zarr v3 "
+              "(documents respelled, chunks and shards copied verbatim)")
+        for p, k in sorted(kinds.items()):
+            print()
+            head = f"{display_path(p)}  {k}"
+            if p in arrays:
+                d = arrays[p].normalised.document
+                head += f"  shape {_dims(tuple(d['shape']))}  {d['data_type']}  {len(arrays[p].objects)} objects"
+            print(head)
+            changes = plan.changes.get(p, [])
+            print("  unchanged (already final v1.0)" if not changes else "\n".join(f"  will change: {c}" for c in changes))
+        for p, e in damaged.items():
+            print()
+            print(f"{display_path(p)}\n  damaged ({type(e).__name__}): {e}")
+        for w in plan.warnings:
+            print(f"warning: {w}")
+    if args.strict and damaged:
+        raise next(iter(damaged.values()))
+    return True
+
+
 def run_info(args: argparse.Namespace) -> int:
     from ..draft_metadata import normalize_path
     from ..hierarchy import open_hierarchy
@@ -171,6 +229,8 @@ def run_info(args: argparse.Namespace) -> int:
 
     opts = storage_options(args.storage_options)
     assume = assumed(args)
+    if _info_2023(args, opts, assume):
+        return 0
     h = open_hierarchy(args.store, storage_options=opts, strict=False, assume_chunks_per_shard=assume)
     root = normalize_path(args.path)
     unreadable: list[ShardingStoreError] = []

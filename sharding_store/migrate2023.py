@@ -1,0 +1,512 @@
+"""``migrate`` and ``verify`` for a store of the 2023 intermediate generation (copy mode).
+
+A 2023 store already has the final layout: per-node ``zarr.json`` documents, chunk keys as
+the array's ``chunk_key_encoding`` says, shards in the v1.0 binary format. Migrating it:
+
+* every node's document is rewritten in the final spelling (:func:`meta2023.normalise_node`);
+  an implicit group (no document, nodes below it; the root included) gets an explicit group
+  document with no attributes;
+* chunk and shard objects are copied verbatim under the same keys, by the stores when they
+  can (:meth:`Inner.copy_to`: a kernel copy locally, a server-side copy on S3), else read
+  and written. Only objects whose key is a chunk key of the array are copied; anything else
+  in an array's directory is left out with a warning;
+* a ``sharding_indexed`` without ``index_codecs``: every shard's tail is read and
+  :func:`shard_index.index_reading` decides (all shards of an array must agree, else the
+  array is refused naming two shards, :class:`ShardCorruptError`). ``crc32c-hidden``:
+  ``index_codecs = [bytes little, crc32c]`` is declared and the shards are copied verbatim;
+  ``plain``: the CRC32C of each index is appended to its shard and declared, unless
+  ``index_checksum=False`` (then ``[bytes little]`` is declared, shards verbatim). An array
+  without any shard declares the checksum (nothing to append);
+* the destination is claimed exclusively (the migration marker, as the 2022 path does); an
+  array's ``zarr.json`` is written after its objects, groups after every array, deepest
+  first, the root's document last, then the marker is removed. The source is only read.
+
+Verification compares the destination with the source object by object: each document
+equal to the normalised one (with the reading the shards decide), each chunk object equal
+byte for byte to the source's (plus the CRC32C of its index where one was appended), no
+chunk object missing or extra.
+
+Not yet for this generation: ``resume``, ``chunks_per_shard``, ``index_location="start"``,
+``portable``, ``assume_chunks_per_shard``, an executor (the drivers refuse them with a
+:class:`UsageError`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from crc32c import crc32c
+
+from . import meta2023
+from .errors import (
+    DestinationExistsError,
+    DraftMetadataError,
+    MigrationError,
+    ShardCorruptError,
+    ShardingStoreError,
+    StoreIOError,
+    UsageError,
+)
+from .hierarchy import V3Walk, walk_v3_nodes
+from .jobs import with_retries
+from .migrate_units import MARKER_KEY, ArrayReport, UnitResult, json_bytes, node_key
+from .shard_index import CHECKSUM_NBYTES, ENTRY_NBYTES, ShardIndex, index_nbytes, index_reading, read_index
+from .stores import Inner
+
+SKIP_HINT = "--skip-damaged migrates the other nodes and lists the damaged ones"
+GROUP_DOCUMENT = {"zarr_format": 3, "node_type": "group", "attributes": {}}
+#: "declared": the document declares its index codecs (nothing to decide or append)
+Reading = str  # "declared" | "plain" | "crc32c-hidden" | "none" (no shard to read)
+
+
+def _prefix(path: str) -> str:
+    return f"{path}/" if path else ""
+
+
+def chunk_key_pattern(doc: dict) -> re.Pattern[str]:
+    """The chunk keys (relative to the array's directory) of a final array document."""
+    cke = doc["chunk_key_encoding"]
+    name = cke["name"]
+    ndim = len(doc["shape"])
+    sep = (cke.get("configuration") or {}).get("separator", "/" if name == "default" else ".")
+    s = re.escape(sep)
+    coords = s.join([r"(0|[1-9][0-9]*)"] * ndim)
+    if name == "default":
+        return re.compile("c" + (s + coords if ndim else ""))
+    return re.compile(coords if ndim else "0")
+
+
+def _sharding(doc: dict) -> dict | None:
+    for c in doc.get("codecs", []):
+        if isinstance(c, dict) and c.get("name") == "sharding_indexed":
+            return c["configuration"]
+    return None
+
+
+@dataclass
+class ArrayPlan2023:
+    path: str
+    normalised: meta2023.Normalised
+    objects: list[tuple[str, int | None]]  # chunk keys (full) and sizes
+    reading: Reading = "declared"
+    n_entries: int = 0
+
+    def document(self, index_checksum: bool) -> dict:
+        """The final document once the reading is known."""
+        if self.reading == "declared":
+            return self.normalised.document
+        if self.reading == "crc32c-hidden" or (self.reading in ("plain", "none") and index_checksum):
+            return self.normalised.document_for("crc32c-hidden")
+        return self.normalised.document_for("plain")
+
+    def appends(self, index_checksum: bool) -> bool:
+        """Whether each shard gets the CRC32C of its index appended."""
+        return self.reading == "plain" and index_checksum
+
+
+@dataclass
+class Plan2023:
+    groups: list[tuple[str, dict]] = field(default_factory=list)  # (path, final document)
+    arrays: list[ArrayPlan2023] = field(default_factory=list)
+    damaged: dict[str, ShardingStoreError] = field(default_factory=dict)  # path -> error
+    warnings: list[str] = field(default_factory=list)
+    #: what a migration changes, per node path (for ``info``); empty: nothing
+    changes: dict[str, list[str]] = field(default_factory=dict)
+    #: node path -> "array" | "group" | "implicit group" (damaged nodes are in ``damaged``)
+    kinds: dict[str, str] = field(default_factory=dict)
+
+
+READING_TEXT = {
+    "crc32c-hidden": "every shard index is followed by an undeclared CRC32C (zarrita, 2023-05 to 2023-07): "
+                     "declared as index_codecs [bytes little, crc32c], shards copied verbatim",
+    "plain": "the shard indices have no checksum: the CRC32C of each index is appended and declared "
+             "(--no-index-checksum: declared as [bytes little], shards copied verbatim)",
+    "none": "no shard stored: index_codecs [bytes little, crc32c] declared",
+}
+
+
+def _tails(src: Inner, keys: list[tuple[str, int | None]], n: int) -> Iterator[tuple[str, bytes, int]]:
+    want = ENTRY_NBYTES * n + CHECKSUM_NBYTES
+    for (key, size), tail in zip(keys, src.get_tails([(k, want) for k, _ in keys])):
+        if tail is None:
+            raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
+        yield key, tail.data, tail.size if tail.size is not None else (size if size is not None else len(tail.data))
+
+
+def decide_reading(src: Inner, path: str, objects: list[tuple[str, int | None]], n: int) -> Reading:
+    """The one reading of every shard's undeclared index (they must agree); ``"none"``
+    when the array has no shard."""
+    first: dict[str, str] = {}
+    for key, data, size in _tails(src, objects, n):
+        reading = index_reading(data, n, size, key=key)
+        first.setdefault(reading, key)
+        if len(first) == 2:
+            plain, hidden = first["plain"], first["crc32c-hidden"]
+            raise ShardCorruptError(
+                f"{plain}: array '{path or '/'}' declares no index_codecs and its shards disagree: {plain} has a "
+                f"plain index, {hidden} an index followed by its CRC32C; refusing to guess",
+                key=plain,
+            )
+    return next(iter(first)) if first else "none"
+
+
+def shard_grid(doc: dict) -> tuple[int, ...]:
+    """Chunks per shard of a sharded final array document."""
+    cfg = _sharding(doc)
+    grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
+    return tuple(g // c for g, c in zip(grid, cfg["chunk_shape"]))
+
+
+def check_declared_indices(src: Inner, doc: dict, objects: list[tuple[str, int | None]]) -> None:
+    """Validate the declared index of every shard (one tail or head read each) when its
+    ``index_codecs`` are the plain little-endian entries (with or without a CRC32C): a shard
+    whose index is corrupt is refused (:class:`ShardCorruptError`), never copied as valid."""
+    cfg = _sharding(doc)
+    codecs = cfg["index_codecs"]
+    names = [c.get("name") for c in codecs]
+    if names not in (["bytes"], ["bytes", "crc32c"]):
+        return  # another index chain: copied verbatim, the reader checks it
+    if (codecs[0].get("configuration") or {}).get("endian", "little") != "little":
+        return
+    checksum = names[-1] == "crc32c"
+    cps = shard_grid(doc)
+    nbytes = index_nbytes(cps, checksum)
+    if cfg["index_location"] == "end":
+        tails = src.get_tails([(k, nbytes) for k, _ in objects])
+        for (key, size), tail in zip(objects, tails):
+            if tail is None:
+                raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
+            total = tail.size if tail.size is not None else size
+            if total is None or total < nbytes or len(tail.data) < nbytes:
+                raise ShardCorruptError(f"{key}: shorter than its {nbytes}-byte shard index", key=key)
+            ShardIndex.from_bytes(tail.data[-nbytes:], cps, checksum=checksum, key=key,
+                                  payload_limit=total - nbytes, payload_start=0)
+        return
+    for key, _ in objects:
+        data = src.get(key)
+        if data is None:
+            raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
+        read_index(data, cps, checksum=checksum, index_location="start", key=key)
+
+
+def plan_hierarchy(src: Inner, walk: V3Walk | None = None) -> Plan2023:
+    """Every node of the 2023 hierarchy in ``src``: documents normalised, each array's chunk
+    objects listed and its undeclared index decided. Damage is recorded, not raised."""
+    walk = walk if walk is not None else walk_v3_nodes(src)
+    plan = Plan2023()
+    documented = {n.path for n in walk.nodes}
+    for path in walk.implicit:
+        if path not in documented:
+            plan.groups.append((path, dict(GROUP_DOCUMENT)))
+            plan.kinds[path] = "implicit group"
+            plan.changes[path] = ["no zarr.json (an implicit group): an explicit group document is written"]
+    for node in walk.nodes:
+        try:
+            norm = meta2023.normalise_node(node.raw, node.key)
+        except DraftMetadataError as e:
+            plan.damaged[node.path] = e
+            continue
+        plan.kinds[node.path] = norm.node_type
+        plan.changes[node.path] = list(norm.changes)
+        if norm.node_type == "group":
+            plan.groups.append((node.path, norm.document))
+            continue
+        prefix = _prefix(node.path)
+        pattern = chunk_key_pattern(norm.document)
+        objects = []
+        for key, size in sorted(src.list_sized(prefix)):
+            rest = key[len(prefix):]
+            if rest == meta2023.NODE_KEY:
+                continue
+            if pattern.fullmatch(rest):
+                objects.append((key, size))
+            else:
+                plan.warnings.append(f"{key}: not a chunk key of array '{node.path or '/'}': not copied")
+        a = ArrayPlan2023(node.path, norm, objects)
+        if norm.hidden_checksum is None:
+            cfg = _sharding(norm.document)
+            if cfg is None or cfg.get("index_location") != "end":
+                plan.damaged[node.path] = DraftMetadataError(
+                    f"{node.key}: an undeclared shard index must be at the end to be decided from the bytes", key=node.key)
+                continue
+            a.n_entries = math.prod(shard_grid(norm.document))
+            try:
+                a.reading = decide_reading(src, node.path, objects, a.n_entries)
+            except ShardCorruptError as e:
+                plan.damaged[node.path] = e
+                continue
+            plan.changes[node.path].append(f"shard index: {READING_TEXT[a.reading]}")
+        elif _sharding(norm.document) is not None:
+            try:
+                check_declared_indices(src, norm.document, objects)
+            except ShardCorruptError as e:
+                plan.damaged[node.path] = e
+                continue
+        plan.arrays.append(a)
+    _leave_out_below_damage(plan)
+    plan.groups.sort(key=lambda g: (g[0] == "", -g[0].count("/"), g[0]))  # deepest first, the root last
+    return plan
+
+
+def _below(path: str, root: str) -> bool:
+    return path != root and (root == "" or path.startswith(root + "/"))
+
+
+def _leave_out_below_damage(plan: Plan2023) -> None:
+    """Nodes below a damaged node (a group whose document is damaged) are left out too: the
+    destination would otherwise hold them under a group without a document, which final v3
+    does not have. Each is reported as damaged, naming the group."""
+    roots = sorted(plan.damaged, key=lambda p: (p.count("/"), p))
+    if not roots:
+        return
+
+    def top(path: str) -> str | None:
+        return next((r for r in roots if _below(path, r)), None)
+
+    for path, _ in list(plan.groups):
+        r = top(path)
+        if r is not None:
+            plan.damaged[path] = DraftMetadataError(
+                f"{node_key(path)}: below the damaged node '{r or '/'}' ({plan.damaged[r].key})", key=node_key(path))
+    for a in plan.arrays:
+        r = top(a.path)
+        if r is not None:
+            plan.damaged[a.path] = DraftMetadataError(
+                f"{node_key(a.path)}: below the damaged node '{r or '/'}' ({plan.damaged[r].key})", key=node_key(a.path))
+    plan.groups = [g for g in plan.groups if g[0] not in plan.damaged]
+    plan.arrays = [a for a in plan.arrays if a.path not in plan.damaged]
+    for path in list(plan.kinds):
+        if path in plan.damaged:
+            del plan.kinds[path]
+
+
+# --------------------------------------------------------------------------- migrate
+
+
+def _copy_object(src: Inner, dst: Inner, key: str, size: int | None, n_entries: int, append_crc: bool) -> UnitResult:
+    if append_crc:
+        tail = src.get_tails([(key, ENTRY_NBYTES * n_entries)])[0]
+        if tail is None:
+            raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
+        if len(tail.data) < ENTRY_NBYTES * n_entries:
+            raise ShardCorruptError(f"{key}: shorter than its index", key=key)
+        suffix = crc32c(tail.data).to_bytes(CHECKSUM_NBYTES, "little")
+        if src.can_copy_to(dst, append=True) and src.copy_to(key, dst, key, size=tail.size, append=suffix,
+                                                               version=tail.version):
+            return UnitResult(copied=1, bytes_copied=tail.size or 0, bytes_written=CHECKSUM_NBYTES)
+        data = src.get(key)
+        if data is None:
+            raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
+        if crc32c(data[len(data) - ENTRY_NBYTES * n_entries:]).to_bytes(CHECKSUM_NBYTES, "little") != suffix:
+            raise ShardCorruptError(f"{key}: changed while the migration read it", key=key)
+        dst.set(key, bytes(data) + suffix)
+        return UnitResult(written=1, bytes_read=len(data), bytes_written=len(data) + CHECKSUM_NBYTES)
+    if src.can_copy_to(dst) and src.copy_to(key, dst, key, size=size):
+        return UnitResult(copied=1, bytes_copied=size or 0)
+    data = src.get(key)
+    if data is None:
+        raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
+    dst.set(key, bytes(data))
+    return UnitResult(written=1, bytes_read=len(data), bytes_written=len(data))
+
+
+def refuse_options(location: str, **given: Any) -> None:
+    """:class:`UsageError` naming the options given (true) that a 2023 copy migration does not take yet."""
+    refused = [name for name, value in given.items() if value]
+    if refused:
+        raise UsageError(f"{location}: a 2023-generation store is migrated by copy only; "
+                         f"not supported for it yet: {', '.join(refused)}")
+
+
+def refuse_damage(plan: Plan2023, skip_damaged: bool, consequence: str) -> None:
+    """Raise the first damage (its own class, naming its key) unless ``skip_damaged``."""
+    if plan.damaged and not skip_damaged:
+        path, error = next(iter(plan.damaged.items()))
+        raise type(error)(f"{error} (node '{path or '/'}'; {consequence}; {SKIP_HINT})", key=error.key)
+
+
+def migrate_copy(
+    src: Inner, dst: Inner, report: Any, *, dst_name: str, index_checksum: bool = True, dry_run: bool = False,
+    skip_damaged: bool = False, jobs: int = 4, retries: int = 4, retry_delay: float = 0.2,
+    walk: V3Walk | None = None,
+) -> Plan2023:
+    """Copy-migrate the 2023 hierarchy in ``src`` into ``dst`` (found empty or emptied by the
+    caller), filling ``report`` (a :class:`~sharding_store.migrate.MigrationReport`)."""
+    plan = plan_hierarchy(src, walk)
+    refuse_damage(plan, skip_damaged, "nothing was written")
+    for path, error in plan.damaged.items():
+        report.skipped_arrays.append({"path": path, "kind": "damaged", "error": type(error).__name__, "reason": str(error)})
+    report.warnings += plan.warnings
+    report.groups = len(plan.groups)
+    for a in plan.arrays:
+        cfg = _sharding(a.document(index_checksum))
+        cps = None
+        if cfg is not None:
+            grid = a.normalised.document["chunk_grid"]["configuration"]["chunk_shape"]
+            cps = [g // c for g, c in zip(grid, cfg["chunk_shape"])]
+        report.arrays.append(ArrayReport(a.path, shards=len(a.objects), bytes=sum(s or 0 for _, s in a.objects),
+                                         chunks_per_shard=cps))
+    if dry_run:
+        return plan
+
+    def retried(fn: Any, *args: Any) -> Any:
+        return with_retries(fn, *args, attempts=retries, base_delay=retry_delay)
+
+    marker = json_bytes({"generation": "2023", "index_checksum": index_checksum, "src": report.src})
+    if not retried(dst.create_exclusive, MARKER_KEY, marker):
+        raise DestinationExistsError(
+            f"{dst_name}: another migration is writing into this destination (its {MARKER_KEY} appeared "
+            "after the destination was found empty); wait for it, or use another destination", key=MARKER_KEY)
+    try:
+        _write_all(plan, src, dst, report, index_checksum=index_checksum, jobs=jobs, retried=retried)
+    except Exception as e:
+        raise incomplete(e) from e
+    return plan
+
+
+def incomplete(error: BaseException) -> ShardingStoreError:
+    """The error a copy migration stops with once it has written: the destination is
+    incomplete and (no ``resume`` for this generation yet) must be written again."""
+    again = "the destination is incomplete: run again with --overwrite"
+    if isinstance(error, ShardingStoreError):
+        return type(error)(f"{error}; {again}", key=error.key)
+    if isinstance(error, OSError):
+        cause = error.strerror or str(error) or type(error).__name__
+        name = error.filename or "a write"
+        return StoreIOError(f"{name}: {type(error).__name__}: {cause}; {again}", key=str(name))
+    return MigrationError(f"{type(error).__name__}: {error}; {again}")
+
+
+def _write_all(plan: Plan2023, src: Inner, dst: Inner, report: Any, *, index_checksum: bool, jobs: int,
+               retried: Any) -> None:
+    root_doc: dict | None = None
+    with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="migrate2023") as pool:
+        for a in plan.arrays:
+            append = a.appends(index_checksum)
+            futures = [pool.submit(retried, _copy_object, src, dst, key, size, a.n_entries, append)
+                       for key, size in a.objects]
+            for f in futures:
+                report.totals.add(f.result())
+            doc = a.document(index_checksum)
+            if a.path == "":
+                root_doc = doc
+            else:
+                retried(dst.set, node_key(a.path), json_bytes(doc))
+    for path, doc in plan.groups:
+        retried(dst.set, node_key(path), json_bytes(doc))
+    if root_doc is not None:
+        retried(dst.set, node_key(""), json_bytes(root_doc))
+    retried(dst.delete, MARKER_KEY)
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def _load(dst: Inner, key: str) -> Any:
+    raw = dst.get(key)
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return {"<invalid JSON>": True}
+
+
+def live_chunks(doc: dict, data: bytes) -> int:
+    """The chunks one object of a final array document holds: 1 unsharded, else the live
+    entries of its index (0 when the index is not the plain little-endian one)."""
+    cfg = _sharding(doc)
+    if cfg is None:
+        return 1
+    names = [c.get("name") for c in cfg["index_codecs"]]
+    if names not in (["bytes"], ["bytes", "crc32c"]) or (cfg["index_codecs"][0].get("configuration") or {}).get("endian", "little") != "little":
+        return 0
+    n = math.prod(shard_grid(doc))
+    nbytes = ENTRY_NBYTES * n + (CHECKSUM_NBYTES if names[-1] == "crc32c" else 0)
+    if len(data) < nbytes:
+        return 0
+    raw = data[:nbytes] if cfg["index_location"] == "start" else data[len(data) - nbytes:]
+    table = np.frombuffer(raw[: ENTRY_NBYTES * n], dtype="<u8").reshape(-1, 2)
+    return int(np.count_nonzero(~((table[:, 0] == EMPTY) & (table[:, 1] == EMPTY))))
+
+
+EMPTY = 2**64 - 1
+
+
+def _check_object(src: Inner, dst: Inner, key: str, n_entries: int, appended: bool,
+                  doc: dict) -> tuple[int, int, list[tuple[str, str]]]:
+    """(bytes, chunks, problems) of one destination object against its source."""
+    a = src.get(key)
+    b = dst.get(key)
+    if a is None:
+        return 0, 0, [(key, f"{key}: vanished from the source while it was verified")]
+    if b is None:
+        return 0, 0, [(key, f"{key}: missing")]
+    expected = bytes(a)
+    if appended:
+        expected += crc32c(expected[len(expected) - ENTRY_NBYTES * n_entries:]).to_bytes(CHECKSUM_NBYTES, "little")
+    if bytes(b) != expected:
+        if len(b) != len(expected):
+            return len(b), 0, [(key, f"{key}: {len(b)} bytes, expected {len(expected)}")]
+        at = next(i for i, (x, y) in enumerate(zip(bytes(b), expected)) if x != y)
+        return len(b), 0, [(key, f"{key}: differs from the source at byte {at}")]
+    return len(b), live_chunks(doc, expected), []
+
+
+def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = False,
+                skip_arrays: dict[str, str] | None = None, jobs: int = 4, walk: V3Walk | None = None) -> None:
+    """Compare the migrated ``dst`` with the 2023 hierarchy in ``src``, filling ``report`` (a
+    :class:`~sharding_store.verify.VerifyReport`)."""
+    plan = plan_hierarchy(src, walk)
+    known = dict(skip_arrays or {})
+    refuse_damage(plan, skip_damaged or set(plan.damaged) <= set(known), "it was not migrated")
+    check = report.check
+    for path, error in plan.damaged.items():
+        report.skip(path, known.get(path, str(error)), dst)
+    for path, expected in plan.groups:
+        report.groups += 1
+        key = node_key(path)
+        actual = _load(dst, key)
+        if actual != expected:
+            check.problem(key, f"{key}: missing" if actual is None else f"{key}: not the normalised group document")
+    with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="verify2023") as pool:
+        for a in plan.arrays:
+            report.arrays += 1
+            key = node_key(a.path)
+            if a.path in known:
+                report.skip(a.path, known[a.path], dst)
+                continue
+            actual = _load(dst, key)
+            if actual is None:
+                check.problem(key, f"{key}: missing (array '{a.path or '/'}' was not migrated)")
+                continue
+            candidates = [True, False] if a.reading in ("plain", "none") else [True]
+            match = [c for c in candidates if a.document(c) == actual]
+            if not match:
+                check.problem(key, f"{key}: not the normalised document of the source array")
+                continue
+            appended = a.appends(match[0])
+            results = [pool.submit(_check_object, src, dst, k, a.n_entries, appended, actual) for k, _ in a.objects]
+            for f in results:
+                nbytes, chunks, problems = f.result()
+                check.objects += 1
+                check.bytes += nbytes
+                check.chunks += chunks
+                for k, m in problems:
+                    check.problem(k, m)
+            pattern = chunk_key_pattern(actual)
+            prefix = _prefix(a.path)
+            src_keys = {k for k, _ in a.objects}
+            for k, _ in dst.list_sized(prefix):
+                if k not in src_keys and pattern.fullmatch(k[len(prefix):]):
+                    check.problem(k, f"{k}: not in the source")
+
+
+__all__: Sequence[str] = ["migrate_copy", "verify_copy", "plan_hierarchy", "decide_reading", "chunk_key_pattern", "live_chunks"]
