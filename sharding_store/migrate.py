@@ -346,7 +346,17 @@ def _check_marker(driver: _Driver, current: Mapping[str, Any]) -> None:
             "start again with --overwrite",
             key=MARKER_KEY,
         )
-    diff = [k for k in current if k != "src" and previous.get(k) != current[k]]
+    # in-process objects ("mapping", "zarr") are identified by id(): no identity across runs
+    before, now = previous.get("source"), current["source"]
+    if isinstance(before, list) and before and before[0] not in ("mapping", "zarr") and now[0] not in ("mapping", "zarr") and before != now:
+        raise UsageError(
+            f"{MARKER_KEY}: the interrupted migration read another source ({previous.get('src')!r}, at "
+            f"{':'.join(map(str, previous['source']))}), not {current['src']!r}: resuming would mix two "
+            "sources' shards; resume with that source, or start again with --overwrite",
+            key=MARKER_KEY,
+        )
+    # "src" is the source as spelled; "source" its canonical location (compared above)
+    diff = [k for k in current if k not in ("src", "source") and previous.get(k) != current[k]]
     if diff:
         raise UsageError(
             f"{MARKER_KEY}: the interrupted migration used other options ({', '.join(f'{k}={previous.get(k)!r}' for k in diff)}); "
@@ -482,7 +492,9 @@ def migrate(
             report.warnings += array_units(plan, h, src_inner)[1]
         report.seconds = time.perf_counter() - started
         return report
-    marker = {**opts.marker(src_ref.describe()), "assume_chunks_per_shard": assume_marker(assume_chunks_per_shard)}
+    source = src_inner.location()
+    marker = {**opts.marker(src_ref.describe()), "assume_chunks_per_shard": assume_marker(assume_chunks_per_shard),
+              "source": [source.kind, source.authority, source.path]}
     driver = _Driver(h, plans, src_inner, dst_inner, report, resume=resume, attempts=retries, delay=retry_delay,
                      progress=progress, skip_damaged=skip_damaged)
     if resume:
