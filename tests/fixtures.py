@@ -24,6 +24,8 @@ fixture, and ``needs()`` / ``needs_zarr_js`` as a decorator.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -80,3 +82,13 @@ def stores(root: Path = ZARR_JS, pattern: str = "*.zarr", *, names: bool = False
         return [pytest.param(None, marks=pytest.mark.skip(reason=missing(root)), id="fixtures-absent")]
     found = store_paths(root, pattern)
     return [p.name for p in found] if names else found
+
+
+def copy_writable(src: Path, dst: Path) -> None:
+    """Copy a read-only fixture store to ``dst`` as writable files (tests never write into
+    ``../shared``)."""
+    for dirpath, _dirs, files in os.walk(src):
+        target = dst / Path(dirpath).relative_to(src)
+        target.mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copyfile(Path(dirpath) / f, target / f)

@@ -22,6 +22,8 @@ import threading
 import numpy as np
 import pytest
 
+from tests.draft_factory import PartialMapping
+
 from sharding_store import ShardingStore, errors
 from sharding_store.array import DraftArray, create_draft_array, open_draft
 
@@ -33,20 +35,6 @@ WRITERS = 2
 KEY3 = "data/root/a/c3"
 
 
-class PartialMapping(dict):
-    """A zarr-python 2 style store (``get_partial_values``): its tails tell no version, so the
-    engine compares a second read of the index instead."""
-
-    def get_partial_values(self, key_ranges):
-        out = []
-        for key, (start, length) in key_ranges:
-            data = dict.get(self, key)
-            if data is None:
-                out.append(None)
-                continue
-            lo = max(0, len(data) + start) if start < 0 else start
-            out.append(data[lo:] if length is None else data[lo : lo + length])
-        return out
 
 
 def _base(where: str, tmp_path) -> object:

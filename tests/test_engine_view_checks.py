@@ -24,6 +24,9 @@ import numcodecs
 import numpy as np
 import pytest
 
+from tests.draft_factory import PartialMapping
+
+
 from sharding_store import ShardingStore
 from sharding_store import draft_metadata as dm
 from sharding_store.array import create_draft_array, open_draft
@@ -82,17 +85,7 @@ def test_an_index_entry_into_the_index_is_refused_when_the_size_is_unknown(tmp_p
     """A store whose tail reads do not tell the object's size (a zarr-python 2 style mapping
     with get_partial_values): the chunk range is read a little longer and comes back short."""
 
-    class Partial(dict):
-        def get_partial_values(self, key_ranges):
-            out = []
-            for key, (start, length) in key_ranges:
-                data = dict.get(self, key)
-                if data is None:
-                    out.append(None)
-                    continue
-                lo = max(0, len(data) + start) if start < 0 else start
-                out.append(data[lo:] if length is None else data[lo : lo + length])
-            return out
+    Partial = PartialMapping
 
     inner = Partial()
     store = ShardingStore(inner, chunks_per_shard=(2, 2), array_path="h")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -44,13 +42,7 @@ def _arrays() -> list:
 ARRAYS = _arrays()
 
 
-def _copy(src: Path, dst: Path) -> None:
-    """Copy a read-only fixture store as writable files."""
-    for dirpath, _dirs, files in os.walk(src):
-        target = dst / Path(dirpath).relative_to(src)
-        target.mkdir(parents=True, exist_ok=True)
-        for f in files:
-            shutil.copyfile(Path(dirpath) / f, target / f)
+_copy = fixtures.copy_writable
 
 
 def _shards(array_dir: Path) -> list[Path]:

@@ -12,7 +12,6 @@ byte found by ``verify``.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -35,13 +34,7 @@ SHARDED = "1d.contiguous.compressed.i4.shards.zarr"  # zarrita June 2023: undecl
 TWO_SHARDS = "3d.chunked.mixed.compressed.i4.shards.zarr"
 
 
-def _copy(src: Path, dst: Path) -> None:
-    """Copy a read-only fixture store as writable files."""
-    for dirpath, _dirs, files in os.walk(src):
-        target = dst / Path(dirpath).relative_to(src)
-        target.mkdir(parents=True, exist_ok=True)
-        for f in files:
-            shutil.copyfile(Path(dirpath) / f, target / f)
+_copy = fixtures.copy_writable
 
 
 def _array_paths(store: Path) -> list[str]:
