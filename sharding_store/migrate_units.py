@@ -29,9 +29,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numcodecs
 from crc32c import crc32c
 
 from .draft_metadata import DraftArrayMeta
@@ -42,17 +41,10 @@ from .jobs import Source, StoreRef, interleave, other_prefixes, plan_units, reso
 from .keys import Coords
 from .shard_index import CHECKSUM_NBYTES, IndexLocation, encode_shard, index_nbytes, live_entries, tiles
 from .stores import Inner
-from .v3_metadata import portability_problems, v3_array_document, v3_chunk_key
-
-if TYPE_CHECKING:
-    from numcodecs.abc import Codec
+from .v3_metadata import portability_problems, portable_target, v3_array_document, v3_chunk_key
 
 #: the object that marks a destination as a migration in progress (and records its options)
 MARKER_KEY = ".sharding-store-migration.json"
-#: compressors that exist only as zarr-python's ``numcodecs.*`` codecs
-NON_PORTABLE_COMPRESSORS = frozenset({"zlib", "bz2", "lz4", "lzma"})
-#: what ``portable=True`` recompresses them to (zstd's own default level)
-PORTABLE_COMPRESSOR: Codec = numcodecs.Zstd(level=3)
 #: what damages one array only (reported, or left out with ``skip_damaged``), never the whole run
 DAMAGE_ERRORS = (ShardCorruptError, ChunkDecodeError, ChunkKeyError, DraftMetadataError, LinkOutsideStoreError)
 #: chunk objects per unit when copying an unsharded array chunk by chunk
@@ -129,7 +121,8 @@ class ArrayJob:
     checksum: bool = True
     index_location: IndexLocation = "end"
     meta: DraftArrayMeta | None = None  # only needed to decode/re-encode chunks
-    compressor: Codec | None = None  # recompress payloads with this codec; None: verbatim
+    #: re-encode payloads as this array (``--portable``: filters applied, zstd); None: verbatim
+    target: DraftArrayMeta | None = None
 
     @property
     def same_grid(self) -> bool:
@@ -137,7 +130,7 @@ class ArrayJob:
 
     @property
     def recompress(self) -> bool:
-        return self.compressor is not None
+        return self.target is not None
 
     @property
     def can_copy_shards(self) -> bool:
@@ -161,13 +154,6 @@ class ArrayPlan:
     report: ArrayReport
 
 
-def portable_compressor(meta: DraftArrayMeta) -> Codec | None:
-    """The codec ``portable=True`` recompresses this array with, or None to keep its own."""
-    if meta.compressor is not None and meta.compressor.codec_id in NON_PORTABLE_COMPRESSORS:
-        return PORTABLE_COMPRESSOR
-    return None
-
-
 def plan_array(node: Node, src: StoreRef, dst: StoreRef, opts: Options) -> tuple[ArrayPlan, list[str]]:
     """Translate one array's metadata and describe its job; returns warnings too."""
     meta = node.meta
@@ -177,18 +163,18 @@ def plan_array(node: Node, src: StoreRef, dst: StoreRef, opts: Options) -> tuple
         target = ()  # a 0-d array's one chunk, whatever was asked for the others
     elif opts.chunks_per_shard is not None:
         target = resolve_chunks_per_shard(meta, opts.chunks_per_shard)
-    compressor = portable_compressor(meta) if opts.portable else None
+    portable = portable_target(meta)
+    target_meta = portable if opts.portable else None
     doc = v3_array_document(
-        meta,
+        target_meta or meta,
         chunks_per_shard=target,
         index_codecs_checksum=opts.index_checksum,
         index_location=opts.index_location,
-        compressor_override=compressor,
     )
-    problems = portability_problems(meta, compressor) if compressor is not None else portability_problems(meta)
+    problems = portability_problems(target_meta or meta)
     warnings = []
     if problems:
-        hint = "; --portable recompresses it to zstd" if portable_compressor(meta) and not opts.portable else ""
+        hint = "; --portable makes it readable by every v3 reader" if portable is not None and not opts.portable else ""
         warnings.append(f"{node.path or '/'}: only zarr-python will read it ({'; '.join(problems)}){hint}")
     job = ArrayJob(
         path=node.path,
@@ -199,11 +185,11 @@ def plan_array(node: Node, src: StoreRef, dst: StoreRef, opts: Options) -> tuple
         dst_cps=target,
         checksum=opts.index_checksum,
         index_location=opts.index_location,
-        meta=meta if compressor is not None else None,
-        compressor=compressor,
+        meta=meta if target_meta is not None else None,
+        target=target_meta,
     )
     report = ArrayReport(node.path, chunks_per_shard=None if target is None else list(target),
-                         recompressed=compressor is not None, portable=not problems)
+                         recompressed=target_meta is not None, portable=not problems)
     return ArrayPlan(node, doc, job, report), warnings
 
 
@@ -352,11 +338,11 @@ def read_source_chunks(job: ArrayJob, unit: Unit, src: Inner) -> SourceChunks:
 
 
 def recompress(job: ArrayJob, payload: bytes | memoryview, key: str) -> bytes:
-    """Decode a draft payload and encode it again with ``job.compressor`` (``--portable``)."""
+    """Decode a draft payload and encode it again as ``job.target`` (``--portable``)."""
     from .chunk_codec import decode_chunk_payload, encode_chunk_payload
 
-    assert job.meta is not None
-    return encode_chunk_payload(job.meta, decode_chunk_payload(job.meta, payload, key=key), compressor=job.compressor)
+    assert job.meta is not None and job.target is not None
+    return encode_chunk_payload(job.target, decode_chunk_payload(job.meta, payload, key=key))
 
 
 # --------------------------------------------------------------------------- running

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from dataclasses import replace
 from typing import Any, Literal
 
 import numcodecs
@@ -38,6 +39,7 @@ __all__ = [
     "inner_codecs",
     "is_portable",
     "portability_problems",
+    "portable_target",
     "v3_chunk_key",
 ]
 
@@ -538,6 +540,42 @@ def portability_problems(meta: DraftArrayMeta, compressor: Codec | None = _KEEP)
             role = "compressor" if compressor is not None and i == len(codecs) - 1 else "filter"
             problems.append(f"{role} codec {c['name']!r} is only known to zarr-python")
     return problems
+
+
+#: compressors that exist only as zarr-python's ``numcodecs.*`` codecs; ``--portable``
+#: recompresses them to zstd
+NON_PORTABLE_COMPRESSORS = frozenset({"zlib", "bz2", "lz4", "lzma"})
+#: the level ``--portable`` recompresses with (zstd's own default)
+PORTABLE_ZSTD_LEVEL = 3
+
+
+def portable_target(meta: DraftArrayMeta) -> DraftArrayMeta | None:
+    """The array as ``--portable`` writes it, or None when it stays as it is.
+
+    Filters some v3 reader does not know (``numcodecs.delta``, ``fixedscaleoffset``,
+    ``quantize``...) are applied once and dropped: the target chunk holds the values a
+    reader of the source gets. A compressor only zarr-python knows becomes zstd. None when
+    the array is portable already, or when no codec change makes it portable (its data
+    type: :func:`portability_problems` names it), so such an array is copied verbatim.
+    """
+    if not portability_problems(meta):
+        return None
+    compressor, filters = meta.compressor, meta.filters
+    if compressor is not None and compressor.codec_id in NON_PORTABLE_COMPRESSORS:
+        from numcodecs import Zstd
+
+        compressor = Zstd(level=PORTABLE_ZSTD_LEVEL)
+    if filters:
+        try:
+            unknown = any(c["name"] not in PORTABLE_CODECS for c in inner_codecs(meta, None))
+        except DraftMetadataError:
+            unknown = True
+        if unknown:
+            filters = ()
+    if compressor is meta.compressor and filters is meta.filters:
+        return None
+    target = replace(meta, compressor=compressor, filters=filters)
+    return None if portability_problems(target) else target
 
 
 def is_portable(meta: DraftArrayMeta) -> bool:

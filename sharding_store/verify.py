@@ -198,6 +198,9 @@ def _array_plan(h: DraftHierarchy, node: Any, src: StoreRef, dst: StoreRef, doc:
         if node.meta.is_sharded and opts.chunks_per_shard is None:
             raise ValueError("the source is sharded, the destination is not")
         plan, _ = plan_array(node, src, dst, opts)
+        if plan.doc != doc:  # the last codec does not tell whether --portable was given
+            other, _ = plan_array(node, src, dst, replace(opts, portable=not opts.portable))
+            plan = other if other.doc == doc else plan
     except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError, ShardingStoreError) as e:
         check.problem(key, f"{key}: cannot be matched to the source metadata ({e})")
         return None
@@ -231,20 +234,20 @@ def _check_destination(dst: Inner, name: str) -> None:
 
 def _same_values(job: ArrayJob, expected: bytes | memoryview, actual: bytes | memoryview, key: str) -> bool:
     """Equal payloads, or (recompressed arrays) payloads that decode to the same bits."""
-    if job.compressor is None:
+    if job.target is None:
         return bytes(expected) == bytes(actual)
     from .chunk_codec import decode_chunk_payload
 
     assert job.meta is not None
     a = decode_chunk_payload(job.meta, expected, key=key)
-    b = decode_chunk_payload(replace(job.meta, compressor=job.compressor), actual, key=key)
+    b = decode_chunk_payload(job.target, actual, key=key)
     return a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
 def _as_migrated(job: ArrayJob, got: SourceChunks, blob: bytes) -> bool:
     """True when ``blob`` (whose index parsed and checksummed) is byte for byte what the
     migrator copies (the source shard, then its index CRC) or builds; one comparison."""
-    if job.compressor is not None:
+    if job.target is not None:
         return False
     if got.blob is not None and job.can_copy_shards and len(blob) == len(got.blob) + (CHECKSUM_NBYTES if job.checksum else 0):
         if blob.startswith(got.blob):
