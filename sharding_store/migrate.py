@@ -87,7 +87,7 @@ from .migrate_units import (
 )
 from .progress import progress_bar
 from .stores import Inner
-from .v3_metadata import v3_group_document
+from .v3_metadata import consolidated_metadata, v3_group_document
 from .verify import verify as run_verify
 
 RETRY_ATTEMPTS = 4
@@ -404,6 +404,26 @@ def _plan_all(
     return plans
 
 
+def _dimension_names_option(given: Mapping[str, Sequence[str | None]] | None) -> dict[str, tuple[str | None, ...]] | None:
+    """``dimension_names`` with normalised paths ("/a/b/" -> "a/b")."""
+    if not given:
+        return None
+    out: dict[str, tuple[str | None, ...]] = {}
+    for path, names in given.items():
+        if isinstance(names, str) or not isinstance(names, Sequence):
+            raise UsageError(f"dimension names for '{path}': a list of names, got {names!r}")
+        out[dm.normalize_path(path)] = tuple(names)
+    return out
+
+
+def _check_named_arrays(h: DraftHierarchy, names: Mapping[str, Any] | None) -> None:
+    """Every path given dimension names is an array of the source (before anything is written)."""
+    arrays = {n.path for n in h.arrays()}
+    unknown = sorted(set(names or ()) - arrays)
+    if unknown:
+        raise UsageError(f"--dimension-names: no array at {', '.join(repr('/' + p) for p in unknown)} in the source")
+
+
 def migrate(
     src: Any,
     dst: Any,
@@ -427,6 +447,8 @@ def migrate(
     progress: bool | None = None,
     retries: int = RETRY_ATTEMPTS,
     retry_delay: float = RETRY_DELAY,
+    dimension_names: Mapping[str, Sequence[str | None]] | None = None,
+    consolidate: bool = True,
 ) -> MigrationReport:
     """Migrate the draft-era hierarchy at ``src`` into a new Zarr v3 hierarchy at ``dst``.
 
@@ -437,7 +459,9 @@ def migrate(
     arrays that are damaged or that v3 cannot express instead of failing;
     ``skip_untranslatable`` is its older name. ``assume_chunks_per_shard`` (path ->
     chunks per shard) migrates arrays whose metadata lost its storage transformer as
-    the shards they are. Raises the damage's own error class (e.g.
+    the shards they are. ``dimension_names`` (path -> names) names the dimensions of
+    arrays that have none (``--dimension-names``). A root group gets zarr-python 3's inline
+    consolidated metadata unless ``consolidate=False``. Raises the damage's own error class (e.g.
     :class:`ShardCorruptError`) naming the array, :class:`UsageError` (the destination is
     the source, inside it or contains it), :class:`DestinationExistsError` (not empty,
     or another migration claimed it), :class:`MigrationError` (untranslatable array; an
@@ -452,7 +476,8 @@ def migrate(
     if index_location not in ("start", "end"):
         raise UsageError(f"index_location must be 'start' or 'end', got {index_location!r}")
     cps = tuple(chunks_per_shard) if isinstance(chunks_per_shard, Sequence) else chunks_per_shard
-    opts = Options(cps, index_checksum, index_location, portable)
+    names = _dimension_names_option(dimension_names)
+    opts = Options(cps, index_checksum, index_location, portable, names)
     src_ref = StoreRef.of(src, src_storage_options if src_storage_options is not None else storage_options)
     dst_ref = StoreRef.of(dst, dst_storage_options if dst_storage_options is not None else storage_options)
     if executor is not None:
@@ -462,7 +487,7 @@ def migrate(
     root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
     if is_draft_2023(src_inner, root_raw):  # the 2023 intermediate generation: its own driver
         migrate2023.refuse_options(src_ref.describe(), chunks_per_shard=cps, index_location=index_location == "start",
-                                   portable=portable, resume=resume, executor=executor,
+                                   portable=portable, resume=resume, executor=executor, dimension_names=names,
                                    assume_chunks_per_shard=assume_chunks_per_shard)
         jobs = jobs_for(jobs, src_inner, dst_inner, None)
         report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)
@@ -484,6 +509,7 @@ def migrate(
     check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
     report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)
     plans = _plan_all(h, src_ref, dst_ref, opts, report, skip_damaged=skip_damaged)
+    _check_named_arrays(h, names)
     groups = [n for n in h.groups()]
     report.groups = len(groups)
     _prepare(dst_ref, dst_inner, overwrite=overwrite, resume=resume, dry_run=dry_run)
@@ -508,8 +534,12 @@ def migrate(
     else:
         driver.run(executor, window=4 * jobs)
     driver.remove_damaged()
+    docs = {p.node.path: p.doc for p in plans if p.node.path not in driver.damaged}
     for node in sorted(groups, key=lambda n: (n.path == "", -n.path.count("/"))):  # the root last
-        driver.set(node_key(node.path), json_bytes(v3_group_document(node.attributes)))
+        doc = docs[node.path] = v3_group_document(node.attributes)
+        if node.path == "" and consolidate:
+            doc = {**doc, "consolidated_metadata": consolidated_metadata(docs)}
+        driver.set(node_key(node.path), json_bytes(doc))
     if driver.root_doc is not None:
         driver.set(node_key(""), json_bytes(driver.root_doc))
     driver.retried(dst_inner.delete, MARKER_KEY)

@@ -85,6 +85,8 @@ class Options:
     index_checksum: bool = True
     index_location: IndexLocation = "end"
     portable: bool = False
+    #: array path -> names for its dimensions (``--dimension-names``), for arrays without them
+    dimension_names: Mapping[str, tuple[str | None, ...]] | None = None
 
     def marker(self, src: str) -> dict[str, Any]:
         cps = self.chunks_per_shard
@@ -95,6 +97,8 @@ class Options:
             "index_checksum": self.index_checksum,
             "index_location": self.index_location,
             "portable": self.portable,
+            **({"dimension_names": {p: list(n) for p, n in sorted(self.dimension_names.items())}}
+               if self.dimension_names else {}),
         }
 
 
@@ -170,6 +174,8 @@ def plan_array(node: Node, src: StoreRef, dst: StoreRef, opts: Options) -> tuple
         chunks_per_shard=target,
         index_codecs_checksum=opts.index_checksum,
         index_location=opts.index_location,
+        dimension_names=None if not opts.dimension_names or node.path not in opts.dimension_names
+        else list(opts.dimension_names[node.path]),
     )
     problems = portability_problems(target_meta or meta)
     warnings = []

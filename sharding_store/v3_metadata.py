@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -36,6 +37,7 @@ from .errors import DraftMetadataError, UsageError
 __all__ = [
     "v3_array_document",
     "v3_group_document",
+    "consolidated_metadata",
     "inner_codecs",
     "is_portable",
     "portability_problems",
@@ -457,6 +459,7 @@ def v3_array_document(
     index_location: Literal["start", "end"] = "end",
     compressor_override: Codec | None = None,
     portable: bool = False,
+    dimension_names: list[str | None] | None = None,
 ) -> dict:
     """The v3.0 ``zarr.json`` for a draft array.
 
@@ -464,6 +467,9 @@ def v3_array_document(
     inner chunks); otherwise the grid is the shard shape and everything sits inside
     ``sharding_indexed``. ``portable=True`` refuses (UsageError) a document some v3
     reader could not open; pass a ``compressor_override`` to make it portable.
+    ``dimension_names`` names the dimensions of an array that has none (a draft array
+    written by xarray has them already, from ``_ARRAY_DIMENSIONS``: giving other names
+    is refused).
     """
     if chunks_per_shard is not _KEEP:
         meta = meta.with_chunks_per_shard(chunks_per_shard)
@@ -497,7 +503,11 @@ def v3_array_document(
                 },
             }
         ]
-    dimension_names, attributes = _dimension_names(meta.attributes, meta.ndim)
+    own_names, attributes = _dimension_names(meta.attributes, meta.ndim)
+    if dimension_names is not None:
+        dimension_names = _given_dimension_names(meta, dimension_names, own_names)
+    else:
+        dimension_names = own_names
     doc: dict[str, Any] = {
         "zarr_format": 3,
         "node_type": "array",
@@ -514,6 +524,35 @@ def v3_array_document(
     if dimension_names is not None:
         doc["dimension_names"] = dimension_names
     return json.loads(json.dumps(doc))  # plain JSON types only (zarr returns tuples)
+
+
+def _given_dimension_names(meta: DraftArrayMeta, names: Any, own: list | None) -> list[str | None]:
+    key = array_meta_key(meta.path)
+    if not isinstance(names, (list, tuple)) or not all(n is None or isinstance(n, str) for n in names):
+        raise UsageError(f"'/{meta.path}': dimension names must be a list of strings, got {names!r}", key=key)
+    names = list(names)
+    if len(names) != meta.ndim:
+        raise UsageError(f"'/{meta.path}': {len(names)} dimension name(s) {names} for an array of "
+                         f"{meta.ndim} dimension(s)", key=key)
+    if own is not None and own != names:
+        raise UsageError(f"'/{meta.path}': the array names its dimensions {own} already (_ARRAY_DIMENSIONS); "
+                         f"refusing to rename them {names}", key=key)
+    return names
+
+
+def consolidated_metadata(docs: Mapping[str, Mapping[str, Any]]) -> dict:
+    """zarr-python 3's inline consolidated metadata for a root group: the document of every
+    node below the root by path, as ``zarr.consolidate_metadata`` writes it (a nested
+    group carries an empty one of its own). ``docs``: path -> ``zarr.json`` document."""
+    inner: dict[str, Any] = {}
+    for path in sorted(docs):
+        if path == "":
+            continue
+        doc = dict(docs[path])
+        if doc.get("node_type") == "group":
+            doc["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": {}}
+        inner[path] = doc
+    return {"kind": "inline", "must_understand": False, "metadata": inner}
 
 
 def v3_group_document(attributes: dict) -> dict:

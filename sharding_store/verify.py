@@ -74,6 +74,7 @@ from .migrate_units import (
 )
 from .shard_index import CHECKSUM_NBYTES, encode_shard, index_nbytes, live_entries, read_index
 from .stores import Inner
+from .v3_metadata import consolidated_metadata
 
 #: differences kept in full by default (all are counted); ``max_differences`` changes it
 MAX_KEPT = 20
@@ -198,6 +199,9 @@ def _array_plan(h: DraftHierarchy, node: Any, src: StoreRef, dst: StoreRef, doc:
         if node.meta.is_sharded and opts.chunks_per_shard is None:
             raise ValueError("the source is sharded, the destination is not")
         plan, _ = plan_array(node, src, dst, opts)
+        if "dimension_names" in doc and "dimension_names" not in plan.doc:  # given to migrate
+            opts = replace(opts, dimension_names={node.path: tuple(doc["dimension_names"])})
+            plan, _ = plan_array(node, src, dst, opts)
         if plan.doc != doc:  # the last codec does not tell whether --portable was given
             other, _ = plan_array(node, src, dst, replace(opts, portable=not opts.portable))
             plan = other if other.doc == doc else plan
@@ -494,6 +498,7 @@ def verify(
             checker.run(pool, 2 * jobs)
     else:
         checker.run(executor, 4 * jobs)
+    checker.consolidation()
     report.check.problems.sort()  # units finish in any order: report the first keys in key order
     report.seconds = time.perf_counter() - started
     if raise_on_error and not report.ok:
@@ -509,6 +514,11 @@ class _Checker:
         self.h, self.src, self.dst, self.dst_inner, self.report = h, src, dst, dst_inner, report
         self.check = report.check
         self.known, self.skip_damaged, self.retries, self.retry_delay = known, skip_damaged, retries, retry_delay
+        self.consolidated: Any = None  # the root group's consolidated metadata, if it has one
+        #: documents found right (path -> document) and paths whose document is not: what the
+        #: consolidated metadata is compared with, without reading any document twice
+        self.docs: dict[str, Any] = {}
+        self.bad: set[str] = set()
         for path, error in h.damaged.items():
             if path not in known and not skip_damaged:
                 raise damage_error(error, path, SKIP_HINT)
@@ -523,8 +533,40 @@ class _Checker:
             key = node_key(node.path)
             expected = {"zarr_format": 3, "node_type": "group", "attributes": dict(node.attributes)}
             actual = _load(self.dst_inner, key)
+            if node.path == "" and actual is not None and "consolidated_metadata" in actual:
+                actual = dict(actual)
+                self.consolidated = actual.pop("consolidated_metadata")
             if actual != expected:
+                self.bad.add(node.path)
                 self.check.problem(key, f"{key}: missing" if actual is None else f"{key}: {_first_difference(expected, actual)}")
+            elif node.path:
+                self.docs[node.path] = actual
+
+    def consolidation(self) -> None:
+        """The root's consolidated metadata is exactly the documents the destination holds
+        (each of which the other checks compare with the source)."""
+        if self.consolidated is None:
+            return
+        expected = consolidated_metadata(self.docs)
+        actual = self.consolidated if isinstance(self.consolidated, dict) else {"<not an object>": True}
+        got = actual.get("metadata")
+        if isinstance(got, dict) and self.bad:  # those documents are reported already
+            actual = {**actual, "metadata": {p: d for p, d in got.items() if p not in self.bad}}
+            got = actual["metadata"]
+        if actual != expected:
+            key = node_key("")
+            want = expected["metadata"]
+            where = ""
+            if isinstance(got, dict):
+                for path in sorted(set(got) | set(want)):
+                    if got.get(path) != want.get(path):
+                        a, b = got.get(path), want.get(path)
+                        what = _first_difference(b, a) if isinstance(a, dict) and isinstance(b, dict) else (
+                            "missing" if a is None else "not a node of the destination")
+                        where = f"its entry for '{path}': {what}"
+                        break
+            self.check.problem(key, f"{key}: consolidated_metadata is not the destination's documents: "
+                                    f"{where or _first_difference(expected, actual)}")
 
     def plan(self, node: Node) -> ArrayPlan | None:
         """The plan of one array, or None when it is left out (skipped, damaged, missing:
@@ -551,10 +593,15 @@ class _Checker:
             self.check.problem(key, f"{key}: missing (array '{node.path or '/'}' was not migrated)")
             return None
         try:
-            return _array_plan(self.h, node, self.src, self.dst, doc, self.check)
+            plan = _array_plan(self.h, node, self.src, self.dst, doc, self.check)
         except DraftMetadataError as e:  # an array migrate could not translate (skipped there)
             self.check.problem(key, f"{key}: {e}")
-            return None
+            plan = None
+        if plan is None:
+            self.bad.add(node.path)
+        elif node.path:
+            self.docs[node.path] = doc
+        return plan
 
     def items(self) -> Iterator[tuple[Any, ...]]:
         for node in self.h.arrays():

@@ -135,7 +135,10 @@ def test_hierarchy_groups_become_explicit_with_attributes(hierarchy, tmp_path):
     src, values = hierarchy
     migrate(src, tmp_path / "out", progress=False)
     docs = zarr_json_docs(tmp_path / "out")
-    assert docs["zarr.json"] == {"zarr_format": 3, "node_type": "group", "attributes": {"title": "root"}}
+    root = dict(docs["zarr.json"])
+    consolidated = root.pop("consolidated_metadata")  # by default (issue 16); --no-consolidate: none
+    assert root == {"zarr_format": 3, "node_type": "group", "attributes": {"title": "root"}}
+    assert consolidated["metadata"]["imgs"]["attributes"] == {"kind": "images"}
     assert docs["imgs/zarr.json"]["attributes"] == {"kind": "images"}
     for implicit in ("tab", "lone", "lone/deep"):
         assert docs[f"{implicit}/zarr.json"] == {"zarr_format": 3, "node_type": "group", "attributes": {}}

@@ -45,7 +45,13 @@ def register(subparsers: Any) -> None:
                    help="no crc32c after the shard index: compact draft shards are then copied byte for byte")
     p.add_argument("--index-location", choices=("start", "end"), default="end", help="where the shard index goes (default end)")
     p.add_argument("--portable", action="store_true",
-                   help="recompress zlib/bz2/lz4/lzma chunks to zstd so that every v3 reader opens the arrays")
+                   help="make every numeric array readable by every v3 reader (zarr-python 3, tensorstore, zarrs): "
+                        "filters they do not know (delta, fixedscaleoffset, quantize...) are applied and dropped, "
+                        "zlib/bz2/lz4/lzma chunks are recompressed to zstd")
+    p.add_argument("--dimension-names", action="append", type=dimension_names_arg, metavar="PATH=NAME,NAME...",
+                   help="name the dimensions of the array at PATH (for arrays without _ARRAY_DIMENSIONS; repeatable)")
+    p.add_argument("--no-consolidate", action="store_true",
+                   help="no consolidated metadata in the root zarr.json (written by default, as zarr-python 3 does)")
     p.add_argument("--overwrite", action="store_true", help="remove a non-empty DST first")
     p.add_argument("--resume", action="store_true", help="finish an interrupted migration into DST")
     p.add_argument("--dry-run", action="store_true", help="print the plan (arrays, shards, bytes); write nothing")
@@ -62,6 +68,15 @@ def register(subparsers: Any) -> None:
                    help="differences listed in full (all are counted; default 20); with --json the report "
                         "lists them and the exit code is 9 when there are any")
     v.set_defaults(func=run_verify)
+
+
+def dimension_names_arg(text: str) -> tuple[str, list[str]]:
+    """``PATH=t,y,x`` -> ("PATH", ["t", "y", "x"])."""
+    path, sep, names = text.partition("=")
+    parts = names.split(",")
+    if not sep or not names or any(not n.strip() for n in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PATH=NAME,NAME... (e.g. images/raw=t,y,x)")
+    return path.strip(), [n.strip() for n in parts]
 
 
 def _common(args: argparse.Namespace) -> dict[str, Any]:
@@ -100,6 +115,8 @@ def run_migrate(args: argparse.Namespace) -> int:
             index_checksum=not args.no_index_checksum,
             index_location=args.index_location,
             portable=args.portable,
+            dimension_names=dict(args.dimension_names) if args.dimension_names else None,
+            consolidate=not args.no_consolidate,
             overwrite=args.overwrite,
             resume=args.resume,
             dry_run=args.dry_run,
