@@ -1,7 +1,9 @@
 """Draft-era arrays and groups with numpy-style reads and writes.
 
 ``open_draft`` gives a :class:`DraftArray` or :class:`DraftGroup` for any store our API
-accepts. An array reads a selection by computing the chunk keys it needs, fetching
+accepts: the 2022 draft layout (read and write) and the 2023 intermediate generation
+(read; its arrays come as :class:`~sharding_store.v3_layout.V3ArrayMeta`, whose chunk keys
+and shard index layout :class:`~sharding_store.engine.ArrayLayout` carries). An array reads a selection by computing the chunk keys it needs, fetching
 them with **one** batched call per batch (for a sharded array one
 ``ShardEngine.read_chunks``: each shard's index once, then coalesced ranges; a shard
 whose every chunk is selected is read whole in one request, its index taken from its
@@ -1067,6 +1069,13 @@ def open_draft(
     ``"r+"``/``"a"`` (read-write; nothing is created). An unsharded array whose objects
     are really shards (the zarr-python 2.x ``resize()`` defect) is refused with a
     ``DraftMetadataError``; ``assume_chunks_per_shard`` reads it as sharded.
+
+    A hierarchy of the 2023 intermediate generation (per-node ``zarr.json`` spelled as
+    before v1.0, see ``meta2023``) is read too, through the same read path
+    (:mod:`~sharding_store.v3_layout` maps each array's final-v3 document onto it), and only
+    read: ``mode`` other than ``"r"`` raises :class:`UsageError`. Its groups list their
+    children from one walk of the hierarchy; an array whose layout cannot be mapped raises
+    ``DraftMetadataError`` naming its ``zarr.json`` and the field (``open_v3`` reads it).
     """
     read_only = _check_mode(mode)
     inner = inner_of(store_or_url, storage_options)

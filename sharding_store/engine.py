@@ -5,6 +5,12 @@ objects goes through it: :class:`~sharding_store.ShardingStore` (the public mapp
 :class:`~sharding_store.array.DraftArray`, the zarr-python 3 view, migrate, verify and
 reshard. It owns:
 
+* **index layouts** — the draft one (a plain index at the end: the fast paths below) and,
+  for final-v3 layouts (the 2023 generation), an index followed by a CRC32C (checked on
+  every read), at the start of the object, or *undeclared*: each shard's last ``16·n + 4``
+  bytes decide whether a CRC32C follows its index
+  (:func:`~sharding_store.shard_index.index_reading`, which never guesses) and every shard
+  of the array must agree, so a hidden checksum can never be read as index entries;
 * **index reads** — a shard's index is the last ``16 * n`` bytes of its object, read
   with one suffix request (all shards of a batch in one inner call) and validated in full
   (:mod:`sharding_store.shard_index`: half sentinels, overflow, entries outside the payload

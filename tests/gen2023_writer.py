@@ -77,7 +77,6 @@ def write_2023(
     ``spelling``: the array->bytes codec as ``endian`` (before 2023-08-23), ``bytes``, or
     ``none`` (no array->bytes codec; little endian only). ``absent``: chunk coordinates
     not written (they read as the fill value)."""
-    ndim = data.ndim
     dtype = data.dtype
     stored = dtype.newbyteorder(">" if endian == "big" else "<") if dtype.itemsize > 1 else dtype
     ab: list[dict] = []

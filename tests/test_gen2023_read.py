@@ -390,3 +390,26 @@ def test_random_2023_stores_read_back_equal(case):
     g = open_draft(store, "g")
     assert isinstance(g, DraftGroup) and list(g) == ["arr"]
     assert re.search(r"arr \(", g.tree())
+
+
+@pytest.mark.parametrize(
+    "data_type, endian, fill, want",
+    [
+        ("float32", "little", "0x3fc00000", np.float32(1.5)),
+        ("float32", "big", "0x3fc00000", np.float32(1.5)),
+        ("float16", "little", "0x7c00", np.float16(np.inf)),
+        ("float64", "little", "-Infinity", -np.inf),
+        ("complex64", "big", ["NaN", "0x40000000"], complex(np.nan, 2.0)),
+        ("int16", "big", -7, -7),
+        ("bool", None, True, True),
+    ],
+)
+def test_fill_values_in_every_final_spelling(data_type, endian, fill, want):
+    bytes_codec: dict = {"name": "bytes", "configuration": {"endian": endian}} if endian else {"name": "bytes"}
+    doc = {"zarr_format": 3, "node_type": "array", "shape": [3], "data_type": data_type,
+           "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
+           "chunk_key_encoding": {"name": "v2"}, "fill_value": fill, "codecs": [bytes_codec]}
+    meta = layout_from_v3(doc, "p", key="p/zarr.json")
+    assert meta.dtype.byteorder in ("|", ">" if endian == "big" else "<")
+    np.testing.assert_array_equal(np.asarray(meta.fill_value, dtype=meta.dtype), np.asarray(want, dtype=meta.dtype))
+    assert meta.key_encoding == "v2" and meta.separator == "."
