@@ -712,7 +712,15 @@ class DraftArray:
     def _key_in(self, combo: tuple[_DimGroup, ...], i: int) -> str:
         """The chunk key of the ``i``-th touched chunk of a shard (C order of ``combo``)."""
         local = np.unravel_index(i, tuple(len(g.ks) for g in combo))
-        return self._chunk_key(tuple(int(g.ks[j]) for g, j in zip(combo, local)))
+        return self._chunk_name(tuple(int(g.ks[j]) for g, j in zip(combo, local)))
+
+    def _chunk_name(self, coords: Coords) -> str:
+        """How an error names a chunk: its key (2022: the transformer's chunk key); in a v3
+        shard, which has no key of its own, the shard's key and its place in the shard."""
+        if self.engine is None or self.layout.encoding == "draft":
+            return self._chunk_key(coords)
+        shard, local = chunk_to_shard(coords, self.engine.cps)
+        return f"{self.layout.shard_key(shard)} (chunk {list(local)} of the shard)"
 
     def _fill_segments(self, out: np.ndarray, combo: tuple[_DimGroup, ...]) -> None:
         for seg in itertools.product(*(g.segments for g in combo)):
@@ -751,7 +759,7 @@ class DraftArray:
             try:
                 decode_into(p, base + i * cnb)
             except ChunkDecodeError:  # again, naming the chunk (its key is made only when needed)
-                decode_into(p, rows[i], key=self._chunk_key(tuple(coords[i].tolist())))
+                decode_into(p, rows[i], key=self._chunk_name(tuple(coords[i].tolist())))
         if missing:
             chunks[missing] = self._fill_flat
         return chunks

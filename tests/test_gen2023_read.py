@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from sharding_store import open_draft
 from sharding_store.array import DraftArray, DraftGroup
-from sharding_store.errors import DraftMetadataError, ShardCorruptError, StoreNotFoundError, UsageError
+from sharding_store.errors import ChunkDecodeError, DraftMetadataError, ShardCorruptError, StoreNotFoundError, UsageError
 from sharding_store.stores import as_inner
 from sharding_store.v3_layout import layout_from_v3
 
@@ -413,3 +413,16 @@ def test_fill_values_in_every_final_spelling(data_type, endian, fill, want):
     assert meta.dtype.byteorder in ("|", ">" if endian == "big" else "<")
     np.testing.assert_array_equal(np.asarray(meta.fill_value, dtype=meta.dtype), np.asarray(want, dtype=meta.dtype))
     assert meta.key_encoding == "v2" and meta.separator == "."
+
+
+def test_a_chunk_that_does_not_decode_is_named_by_its_shard_and_place(tmp_path):
+    data = np.arange(64, dtype="<i2").reshape(8, 8)
+    write_2023(tmp_path, "a", data, chunks=(2, 2), cps=(2, 2), index="crc", b2b=("gzip",))
+    blob = bytearray((tmp_path / "a/c/1/0").read_bytes())
+    blob[12] ^= 0xFF  # inside the first payload (the last chunk written first, see write_2023)
+    (tmp_path / "a/c/1/0").write_bytes(bytes(blob))
+    a = open_draft(str(tmp_path), "a")
+    _same(a[:4], data[:4])
+    for sel in ((slice(None), slice(None)), (slice(6, 8), slice(0, 4)), (7, 3)):  # chunk (3, 1)
+        with pytest.raises(ChunkDecodeError, match=r"a/c/1/0 \(chunk \[1, 1\] of the shard\)"):
+            a[sel]
