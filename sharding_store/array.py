@@ -1,7 +1,9 @@
 """Draft-era arrays and groups with numpy-style reads and writes.
 
 ``open_draft`` gives a :class:`DraftArray` or :class:`DraftGroup` for any store our API
-accepts. An array reads a selection by computing the chunk keys it needs, fetching
+accepts: the 2022 draft layout (read and write) and the 2023 intermediate generation
+(read; its arrays come as :class:`~sharding_store.v3_layout.V3ArrayMeta`, whose chunk keys
+and shard index layout :class:`~sharding_store.engine.ArrayLayout` carries). An array reads a selection by computing the chunk keys it needs, fetching
 them with **one** batched call per batch (for a sharded array one
 ``ShardEngine.read_chunks``: each shard's index once, then coalesced ranges; a shard
 whose every chunk is selected is read whole in one request, its index taken from its
@@ -37,8 +39,8 @@ from . import _native
 from . import draft_metadata as dm
 from .chunk_codec import ChunkCodec, decode_chunk_payload, encode_chunk_payload, fill_chunk
 from .errors import ChunkDecodeError, DestinationExistsError, ReadOnlyError, StoreNotFoundError, UsageError
-from .hierarchy import DraftHierarchy, draft_entry_point, inner_of
-from .keys import Coords, chunk_to_shard, format_chunk_suffix
+from .hierarchy import DraftHierarchy, Hierarchy2023, draft_entry_point, hierarchy_2023, inner_of
+from .keys import Coords, chunk_to_shard
 from .shard_index import MAX_UINT64
 from .engine import ArrayLayout, ChunkRange, ShardEngine
 from .stores import Inner
@@ -414,13 +416,15 @@ class DraftArray:
         self.meta = meta
         self.read_only = read_only
         self.write_empty_chunks = write_empty_chunks
-        self._prefix = dm.data_prefix(meta.path)
+        #: how chunks map to keys and objects (the 2022 draft layout, or a final-v3 one)
+        self.layout = ArrayLayout.from_meta(meta)
+        self._prefix = self.layout.prefix
         #: the shard engine of a sharded array (None: one object per chunk)
         self.engine: ShardEngine | None = None
         if meta.is_sharded:
             self.engine = ShardEngine(
                 inner,
-                ArrayLayout.from_meta(meta),
+                self.layout,
                 index_cache_size=index_cache_size,
                 coalesce_gap=coalesce_gap,
             )
@@ -500,7 +504,7 @@ class DraftArray:
 
     # ------------------------------------------------------------ planning
     def _chunk_key(self, coords: Coords) -> str:
-        return self._prefix + format_chunk_suffix(coords, self.meta.separator)
+        return self.layout.chunk_key(coords)
 
     def _plan(self, sels: tuple[DimSelection, ...]) -> Iterator[list[_Piece]]:
         """The chunks a selection touches, one list per shard (per chunk when unsharded),
@@ -513,7 +517,7 @@ class DraftArray:
             [list(g) for _, g in itertools.groupby(dim_pieces(s, c, extent), key=lambda piece, k=k: piece[0] // k)]
             for s, c, extent, k in zip(sels, self.chunks, self.shape, cps)
         ]
-        head = self._prefix + "c"
+        head = self.layout.head
         sep = self.meta.separator
         for shard in itertools.product(*per_dim):
             pieces = []
@@ -540,7 +544,7 @@ class DraftArray:
             return self._fetch_sharded(pieces)
         keys = [p.key for p in pieces]
         found = self._chunks.getitems(keys)
-        if self.ndim == 0 and not found and not self.meta.is_sharded:
+        if self.ndim == 0 and not found and not self.meta.is_sharded and self.layout.encoding == "draft":
             # the spec draft spells a 0-d chunk key "c"; zarr-python 2.x wrote "c0"
             found = {keys[0]: v for v in self._chunks.getitems([self._prefix + "c"]).values()}
         return found
@@ -708,7 +712,15 @@ class DraftArray:
     def _key_in(self, combo: tuple[_DimGroup, ...], i: int) -> str:
         """The chunk key of the ``i``-th touched chunk of a shard (C order of ``combo``)."""
         local = np.unravel_index(i, tuple(len(g.ks) for g in combo))
-        return self._chunk_key(tuple(int(g.ks[j]) for g, j in zip(combo, local)))
+        return self._chunk_name(tuple(int(g.ks[j]) for g, j in zip(combo, local)))
+
+    def _chunk_name(self, coords: Coords) -> str:
+        """How an error names a chunk: its key (2022: the transformer's chunk key); in a v3
+        shard, which has no key of its own, the shard's key and its place in the shard."""
+        if self.engine is None or self.layout.encoding == "draft":
+            return self._chunk_key(coords)
+        shard, local = chunk_to_shard(coords, self.engine.cps)
+        return f"{self.layout.shard_key(shard)} (chunk {list(local)} of the shard)"
 
     def _fill_segments(self, out: np.ndarray, combo: tuple[_DimGroup, ...]) -> None:
         for seg in itertools.product(*(g.segments for g in combo)):
@@ -747,7 +759,7 @@ class DraftArray:
             try:
                 decode_into(p, base + i * cnb)
             except ChunkDecodeError:  # again, naming the chunk (its key is made only when needed)
-                decode_into(p, rows[i], key=self._chunk_key(tuple(coords[i].tolist())))
+                decode_into(p, rows[i], key=self._chunk_name(tuple(coords[i].tolist())))
         if missing:
             chunks[missing] = self._fill_flat
         return chunks
@@ -876,13 +888,23 @@ class DraftArray:
 class DraftGroup:
     """A draft-era group (explicit or implicit): member access, attributes, the tree."""
 
-    def __init__(self, inner: Inner, path: str, attributes: dict, *, explicit: bool, read_only: bool) -> None:
+    def __init__(
+        self,
+        inner: Inner,
+        path: str,
+        attributes: dict,
+        *,
+        explicit: bool,
+        read_only: bool,
+        hierarchy: DraftHierarchy | None = None,
+    ) -> None:
         self.inner = inner
         self.path = path
         self.explicit = explicit
         self.read_only = read_only
         self._attributes = attributes
-        self._hierarchy: DraftHierarchy | None = None
+        #: given for a 2023 hierarchy (walked once when opened; its nodes are opened from it)
+        self._hierarchy: DraftHierarchy | None = hierarchy
 
     @property
     def attrs(self) -> Mapping[str, Any]:
@@ -900,6 +922,8 @@ class DraftGroup:
         return f"{self.path}/{name}" if self.path and name else (self.path or name)
 
     def __getitem__(self, name: str) -> DraftArray | DraftGroup:
+        if isinstance(self._hierarchy, Hierarchy2023):
+            return _open_2023(self._hierarchy, self._join(name), read_only=self.read_only)
         return _open_node(self.inner, self._join(name), read_only=self.read_only)
 
     def __contains__(self, name: object) -> bool:
@@ -922,9 +946,12 @@ class DraftGroup:
                 yield n.name, DraftArray(self.inner, n.meta, read_only=self.read_only)
 
     def groups(self) -> Iterator[tuple[str, DraftGroup]]:
+        h = self._hierarchy if isinstance(self._hierarchy, Hierarchy2023) else None
         for n in self.hierarchy.children(self.path):
             if n.kind == "group":
-                yield n.name, DraftGroup(self.inner, n.path, n.attributes, explicit=n.explicit, read_only=self.read_only)
+                yield n.name, DraftGroup(
+                    self.inner, n.path, n.attributes, explicit=n.explicit, read_only=self.read_only, hierarchy=h
+                )
 
     def tree(self) -> str:
         """The subtree below this group, one node per line (the hierarchy's own format)."""
@@ -957,6 +984,11 @@ def _open_node(
     path = dm.normalize_path(path)
     keys = [dm.ENTRY_POINT_KEY, dm.array_meta_key(path), dm.group_meta_key(path)]
     docs = _get_many(inner, keys)
+    h2023 = hierarchy_2023(inner, docs[dm.ENTRY_POINT_KEY])
+    if h2023 is not None:
+        if assume_chunks_per_shard is not None:
+            raise UsageError(f"{location}: assume_chunks_per_shard is for 2022 draft arrays that lost their transformer")
+        return _open_2023(h2023, path, read_only=read_only, location=location)
     suffix = draft_entry_point(inner, docs[dm.ENTRY_POINT_KEY], location).metadata_key_suffix
     if suffix != ".json":
         keys = [dm.array_meta_key(path, suffix), dm.group_meta_key(path, suffix)]
@@ -975,6 +1007,24 @@ def _open_node(
     if path == "" or _has_children(inner, path):
         return DraftGroup(inner, path, {}, explicit=False, read_only=read_only)
     raise StoreNotFoundError(f"{location}: no array or group at '/{path}'", key=path)
+
+
+def _open_2023(h: Hierarchy2023, path: str, *, read_only: bool, location: str = "store") -> DraftArray | DraftGroup:
+    """A node of a 2023 intermediate hierarchy (read-only: writing that generation is not
+    supported; migrate it to final Zarr v3 first)."""
+    if not read_only:
+        raise UsageError(
+            f"{location}: '/{path}' belongs to a draft-era Zarr v3 hierarchy of the 2023 intermediate generation, "
+            "which open_draft reads but does not write: open it with mode='r' (or migrate it, then write "
+            "the final Zarr v3 copy)",
+            key=path,
+        )
+    node = h.node(path)  # a damaged node raises its error; a missing one StoreNotFoundError
+    if node.kind == "array":
+        if node.meta is None:
+            raise h.unreadable[node.path]
+        return DraftArray(h.inner, node.meta, read_only=True)
+    return DraftGroup(h.inner, node.path, node.attributes, explicit=node.explicit, read_only=True, hierarchy=h)
 
 
 def _refuse_lost_transformer(inner: Inner, meta: dm.DraftArrayMeta) -> None:
@@ -1027,6 +1077,13 @@ def open_draft(
     ``"r+"``/``"a"`` (read-write; nothing is created). An unsharded array whose objects
     are really shards (the zarr-python 2.x ``resize()`` defect) is refused with a
     ``DraftMetadataError``; ``assume_chunks_per_shard`` reads it as sharded.
+
+    A hierarchy of the 2023 intermediate generation (per-node ``zarr.json`` spelled as
+    before v1.0, see ``meta2023``) is read too, through the same read path
+    (:mod:`~sharding_store.v3_layout` maps each array's final-v3 document onto it), and only
+    read: ``mode`` other than ``"r"`` raises :class:`UsageError`. Its groups list their
+    children from one walk of the hierarchy; an array whose layout cannot be mapped raises
+    ``DraftMetadataError`` naming its ``zarr.json`` and the field (``open_v3`` reads it).
     """
     read_only = _check_mode(mode)
     inner = inner_of(store_or_url, storage_options)

@@ -5,6 +5,12 @@ objects goes through it: :class:`~sharding_store.ShardingStore` (the public mapp
 :class:`~sharding_store.array.DraftArray`, the zarr-python 3 view, migrate, verify and
 reshard. It owns:
 
+* **index layouts** — the draft one (a plain index at the end: the fast paths below) and,
+  for final-v3 layouts (the 2023 generation), an index followed by a CRC32C (checked on
+  every read), at the start of the object, or *undeclared*: each shard's last ``16·n + 4``
+  bytes decide whether a CRC32C follows its index
+  (:func:`~sharding_store.shard_index.index_reading`, which never guesses) and every shard
+  of the array must agree, so a hidden checksum can never be read as index entries;
 * **index reads** — a shard's index is the last ``16 * n`` bytes of its object, read
   with one suffix request (all shards of a batch in one inner call) and validated in full
   (:mod:`sharding_store.shard_index`: half sentinels, overflow, entries outside the payload
@@ -50,20 +56,34 @@ import numpy as np
 
 from . import draft_metadata as dm
 from .errors import ObjectChangedError, ShardCorruptError, UsageError
-from .keys import Coords, chunk_to_shard, format_chunk_suffix, local_to_global, parse_chunk_suffix, shard_chunks
+from .keys import (
+    ZERO_D_KEYS,
+    Coords,
+    chunk_to_shard,
+    format_chunk_suffix,
+    format_key_suffix,
+    key_head,
+    local_to_global,
+    parse_chunk_suffix,
+    parse_key_suffix,
+    shard_chunks,
+)
 from .shard_index import (
+    CHECKSUM_NBYTES,
     MAX_UINT64,
     IndexLocation,
     ShardIndex,
     encode_shard_and_index,
     entry_lists,
     index_nbytes,
+    index_reading,
     n_entries,
     parse_indices,
     payload_bounds,
     read_index,
 )
 from .stores import Inner
+from .v3_layout import KeyEncoding, V3ArrayMeta
 
 __all__ = [
     "ArrayLayout",
@@ -115,20 +135,42 @@ class ArrayLayout:
     chunks_per_shard: Coords | None  # None: not sharded, one object per chunk
     grid_shape: Coords | None = None  # chunk grid, when the array's shape is known
     zero_d: str = "c0"
+    #: the key spelling: the 2022 drafts' ``c1/0``, or final v3 ``default`` / ``v2``
+    encoding: KeyEncoding = "draft"
+    #: where each shard's index lies, and whether a CRC32C follows it (None: undeclared,
+    #: each shard's bytes decide; see :func:`~sharding_store.shard_index.index_reading`)
+    index_location: IndexLocation = "end"
+    index_checksum: bool | None = False
 
     @property
     def sharded(self) -> bool:
         return self.chunks_per_shard is not None
 
+    @property
+    def plain_index(self) -> bool:
+        """The draft shard format: a plain index at the end (the engine's fast paths)."""
+        return self.index_location == "end" and self.index_checksum is False
+
+    @property
+    def head(self) -> str:
+        """What every chunk key of an ``ndim >= 1`` array starts with (prefix included)."""
+        return self.prefix + key_head(self.encoding, self.separator)
+
     def chunk_key(self, coords: Coords) -> str:
+        if self.encoding != "draft":
+            return self.prefix + format_key_suffix(coords, self.encoding, self.separator)
         return self.prefix + format_chunk_suffix(coords, self.separator, zero_d=self.zero_d)
 
     def shard_key(self, shard: Coords, zero_d: str | None = None) -> str:
+        if self.encoding != "draft":
+            return self.prefix + format_key_suffix(shard, self.encoding, self.separator)
         return self.prefix + format_chunk_suffix(shard, self.separator, zero_d=zero_d or self.zero_d)
 
     def parse(self, key: str) -> Coords | None:
         if not key.startswith(self.prefix):
             return None
+        if self.encoding != "draft":
+            return parse_key_suffix(key[len(self.prefix) :], self.encoding, self.separator, self.ndim)
         return parse_chunk_suffix(key[len(self.prefix) :], self.separator, self.ndim)
 
     def shard_is_full(self, shard: Coords, given: Iterable[Coords]) -> bool:
@@ -151,6 +193,19 @@ class ArrayLayout:
 
     @classmethod
     def from_meta(cls, meta: dm.DraftArrayMeta | dm.DraftArrayGeometry) -> ArrayLayout:
+        if isinstance(meta, V3ArrayMeta):
+            return cls(
+                path=meta.path,
+                prefix=meta.data_prefix,
+                ndim=meta.ndim,
+                separator=meta.separator,
+                chunks_per_shard=meta.chunks_per_shard,
+                grid_shape=meta.chunk_grid_shape,
+                zero_d=ZERO_D_KEYS[meta.key_encoding],
+                encoding=meta.key_encoding,
+                index_location=meta.index_location,
+                index_checksum=meta.index_checksum,
+            )
         return cls(
             path=meta.path,
             prefix=dm.data_prefix(meta.path),
@@ -375,7 +430,17 @@ class ShardEngine:
         self.layout = layout
         self.cps: Coords = tuple(layout.chunks_per_shard)
         self.n_entries = n_entries(self.cps)  # validates without allocating an index
-        self.index_nbytes = index_nbytes(self.cps)
+        #: the draft format (plain index at the end): the fast paths below; anything else
+        #: (v3: a CRC32C, an index at the start, an undeclared index) takes the general ones
+        self._plain = layout.plain_index
+        checksum = layout.index_checksum
+        self.index_nbytes = index_nbytes(self.cps, bool(checksum))
+        #: bytes read at an object's end for its index (an undeclared one: room for a CRC32C)
+        self._tail_nbytes = self.index_nbytes + (CHECKSUM_NBYTES if checksum is None else 0)
+        #: a range read of an object of unknown size asks for this much more (see _fetch_spans)
+        self._extend = self.index_nbytes if layout.index_location == "end" else 0
+        #: an undeclared index: reading -> the first shard read that way (all must agree)
+        self._decided: dict[str, str] = {}
         self.cache = cache if cache is not None else IndexCache(index_cache_size)
         self.coalesce_gap = coalesce_gap
         self.locks = locks if locks is not None else ShardLocks(lock)
@@ -419,6 +484,8 @@ class ShardEngine:
 
         Nothing proportional to the index is allocated before the store has returned it: an
         object shorter than the index it claims is refused by its length alone."""
+        if not self._plain:
+            return self._cached(keys, self._load_general(keys))
         n = self.index_nbytes
         tails = self.inner.get_tails([(k, n) for k in keys])
         present = [(i, t) for i, t in enumerate(tails) if t is not None]
@@ -436,11 +503,86 @@ class ShardEngine:
             for j, (i, t) in enumerate(present):
                 version = getattr(t, "version", None)
                 out[i] = VersionedIndex(ShardIndex(rows[j]), version, sizes[j], None if version is not None else bytes(raws[j]))
+        return self._cached(keys, out)
+
+    def _cached(self, keys: Sequence[str], out: list[VersionedIndex]) -> list[VersionedIndex]:
         if self.cache:
             for k, e in zip(keys, out):
                 if e.index is not None:  # "absent" has no version to check later: never cached
                     self.cache.put(k, e)
         return out
+
+    # ------------------------------------------------------------------ other index layouts (v3)
+    def _load_general(self, keys: Sequence[str]) -> list[VersionedIndex]:
+        """:meth:`_load` for an index at the start, followed by a CRC32C (checked), or
+        undeclared (each shard's bytes decide, and every shard must agree)."""
+        out = [ABSENT] * len(keys)
+        if self.layout.index_location == "start":
+            nb = self.index_nbytes
+            for i, (key, head) in enumerate(zip(keys, self.inner.get_ranges([(k, 0, nb) for k in keys]))):
+                if head is None:
+                    continue
+                if len(head) < nb:
+                    raise ShardCorruptError(f"{key}: object is {len(head)} bytes, shorter than its {nb}-byte shard index", key=key)
+                index = ShardIndex.from_bytes(
+                    head[:nb], self.cps, checksum=bool(self.layout.index_checksum), key=key, payload_start=nb
+                )
+                out[i] = VersionedIndex(index, None, None, bytes(head[:nb]))
+            return out
+        tails = self.inner.get_tails([(k, self._tail_nbytes) for k in keys])
+        for i, (key, t) in enumerate(zip(keys, tails)):
+            if t is None:
+                continue
+            data, size, version = t[0], t[1], getattr(t, "version", None)
+            if size is None and len(data) < self._tail_nbytes:
+                size = len(data)  # the tail is the whole object
+            if size is None and self.layout.index_checksum is None:
+                whole = self.inner.get(key)  # only the object's size can decide an undeclared index
+                if whole is None:
+                    continue
+                data, size, version = whole[-self._tail_nbytes :], len(whole), None
+            checksum = self._checksum(key, data, size)
+            nb = index_nbytes(self.cps, checksum)
+            if len(data) < nb:
+                raise ShardCorruptError(f"{key}: object is {len(data)} bytes, shorter than its {nb}-byte shard index", key=key)
+            index = ShardIndex.from_bytes(
+                data[len(data) - nb :], self.cps, checksum=checksum, key=key,
+                payload_limit=None if size is None else size - nb,
+            )
+            out[i] = VersionedIndex(index, version, size, None if version is not None else bytes(data))
+        return out
+
+    def _checksum(self, key: str, tail: Any, size: int | None) -> bool:
+        """Whether a CRC32C follows this shard's index (at the end): as declared, or, when
+        undeclared, as its bytes say (``tail``: its last ``16·n + 4`` bytes; never guessed,
+        see :func:`index_reading`), which must be what every other shard said."""
+        declared = self.layout.index_checksum
+        if declared is not None:
+            return declared
+        reading = index_reading(tail, self.cps, size, key=key)
+        self._decided.setdefault(reading, key)
+        if len(self._decided) > 1:
+            plain, hidden = self._decided["plain"], self._decided["crc32c-hidden"]
+            raise ShardCorruptError(
+                f"{key}: array '/{self.layout.path}' declares no index_codecs and its shards disagree: {plain} has a "
+                f"plain index, {hidden} an index followed by its CRC32C; refusing to guess",
+                key=key,
+            )
+        return reading == "crc32c-hidden"
+
+    def _object_index(self, key: str, data: Any) -> tuple[list[int], list[int], int]:
+        """``(offsets, sizes, index bytes)`` of a whole object of another index layout."""
+        n = len(data)
+        if self.layout.index_location == "start":
+            nb = self.index_nbytes
+            checksum = bool(self.layout.index_checksum)
+            raw, start, limit = data[:nb], nb, n
+        else:
+            checksum = self._checksum(key, data[max(0, n - self._tail_nbytes) :], n)
+            nb = index_nbytes(self.cps, checksum)
+            raw, start, limit = data[max(0, n - nb) :], 0, max(0, n - nb)
+        offsets, sizes = entry_lists(raw, self.cps, checksum=checksum, key=key, payload_limit=limit, payload_start=start)
+        return offsets, sizes, nb
 
     # ------------------------------------------------------------------ chunk reads
     def read_chunks(self, coords: Sequence[Coords] | np.ndarray) -> list[memoryview | None]:
@@ -608,7 +750,7 @@ class ShardEngine:
                 if s in unsized:
                     last[s] = j  # spans are sorted by shard then offset: the last one ends furthest
             for j in last.values():
-                extend[j] = self.index_nbytes
+                extend[j] = self._extend
         requests = [(keys[s], a, b + x) for s, a, b, x in zip(seg_list, lo_list, hi_list, extend)]
         versions = [indices[s].version for s in seg_list]
         try:
@@ -638,7 +780,11 @@ class ShardEngine:
     def _reread(self, keys: Sequence[str], indices: Sequence[VersionedIndex], segs: Sequence[int]) -> None:
         """A store that gives no versions: the index read again (one call for all these shards)
         must be the one the ranges were read with, else the object changed in between."""
-        tails = self.inner.get_tails([(keys[s], self.index_nbytes) for s in segs])
+        if self.layout.index_location == "start":
+            heads = self.inner.get_ranges([(keys[s], 0, self.index_nbytes) for s in segs])
+            tails: list[Any] = [None if h is None else (h,) for h in heads]
+        else:
+            tails = self.inner.get_tails([(keys[s], self._tail_nbytes) for s in segs])
         for s, t in zip(segs, tails):
             if t is None or bytes(t[0]) != indices[s].raw:
                 raise _Changed(keys[s], "its index changed")
@@ -703,9 +849,12 @@ class ShardEngine:
         """The index of a whole shard object as ``(offsets, sizes)`` lists, validated against
         the object's size; cached when the read's version is known (an entry without one
         could not be checked by later range reads)."""
-        n = self.index_nbytes
-        limit = len(data) - n
-        offsets, sizes = entry_lists(data[max(0, limit) :], self.cps, key=key, payload_limit=max(0, limit))
+        if self._plain:
+            n = self.index_nbytes
+            limit = len(data) - n
+            offsets, sizes = entry_lists(data[max(0, limit) :], self.cps, key=key, payload_limit=max(0, limit))
+        else:
+            offsets, sizes, _ = self._object_index(key, data)
         if self.cache and version is not None:
             table = np.array([offsets, sizes], dtype=np.uint64).T
             self.cache.put(key, VersionedIndex(ShardIndex(table.reshape(*self.cps, 2)), version, len(data)))
@@ -722,10 +871,16 @@ class ShardEngine:
                 blob = self.inner.get(key)
         if blob is None:
             return None
-        index = read_index(blob, self.cps, key=key)
+        n_index = self.index_nbytes
+        if self._plain:
+            index = read_index(blob, self.cps, key=key)
+        else:
+            offsets, sizes, n_index = self._object_index(key, blob)
+            table = np.array([offsets, sizes], dtype=np.uint64).T
+            index = ShardIndex(table.reshape(*self.cps, 2))
         view = memoryview(blob)
         chunks = {c: view[o : o + nb] for c, o, nb in index.live()}
-        dead = len(blob) - self.index_nbytes - index.live_nbytes()
+        dead = len(blob) - n_index - index.live_nbytes()
         return ShardContents(chunks, blob, max(0, dead), index)
 
     # ------------------------------------------------------------------ rewrites
@@ -734,6 +889,8 @@ class ShardEngine:
         once under its lock: a shard whose every chunk is given is built without reading it;
         otherwise its index and surviving chunks are read (consistently) first. The result is
         compact; a shard left without chunks is deleted."""
+        if not self._plain:
+            raise UsageError(f"'/{self.layout.path}': shards of this index layout are read-only here", key=self.layout.path)
         skey = key or self.layout.shard_key(shard)
         sets = {c: v for c, v in changes.items() if v is not None}
         erases = [c for c, v in changes.items() if v is None]

@@ -24,6 +24,7 @@ from . import draft_metadata as dm
 from . import meta2023
 from .errors import DraftMetadataError, ShardingStoreError, StoreNotFoundError, UsageError
 from .stores import Inner, as_inner
+from .v3_layout import layout_from_v3
 
 CONSOLIDATED_PATH = "consolidated"
 #: Root documents of a Zarr v2 store, in the order they are looked for.
@@ -441,6 +442,69 @@ class DraftHierarchy:
             else:
                 lines.append(f"{indent}{name}{'' if n.explicit else ' (implicit)'}")
         return "\n".join(lines)
+
+
+class Hierarchy2023(DraftHierarchy):
+    """The nodes of a 2023 intermediate hierarchy, from one walk (:func:`walk_v3_nodes`).
+
+    Each document is respelled in the final v1.0 spelling (:func:`meta2023.normalise_node`)
+    and each array's translated for our reader (:func:`~sharding_store.v3_layout.layout_from_v3`).
+    A damaged document damages its own node (``damaged``: not listed, opening it raises);
+    an array whose valid layout the reader cannot map is listed with ``meta`` None and its
+    error in ``unreadable`` (opening it raises, naming the field). Documentless directories
+    with nodes below them are implicit groups (the root too)."""
+
+    def __init__(self, inner: Inner, walk: V3Walk) -> None:
+        self.inner = inner
+        self.strict = False
+        self.damaged = {}
+        self.unreadable: dict[str, ShardingStoreError] = {}
+        self.walk = walk
+        self.entry_point = None  # type: ignore[assignment]
+        self.suffix = meta2023.NODE_KEY
+        nodes: dict[str, Node] = {}
+        for n in walk.nodes:
+            try:
+                norm = meta2023.normalise_node(n.raw, n.key)
+            except ShardingStoreError as e:
+                self.damaged[n.path] = e
+                continue
+            attributes = dict(norm.document.get("attributes") or {})
+            if norm.node_type != "array":
+                nodes[n.path] = Node(n.path, "group", True, attributes)
+                continue
+            try:
+                meta = layout_from_v3(norm.document, n.path, key=n.key, hidden_checksum=norm.hidden_checksum)
+            except ShardingStoreError as e:
+                self.unreadable[n.path] = e
+                meta = None
+            nodes[n.path] = Node(n.path, "array", True, attributes, meta)
+        for path in walk.implicit:
+            nodes.setdefault(path, Node(path, "group", explicit=False))
+        self.nodes = dict(sorted(nodes.items(), key=lambda kv: (kv[0].count("/") if kv[0] else -1, kv[0])))
+
+    def node(self, path: str) -> Node:
+        path = path.strip("/")
+        if path in self.damaged:
+            raise self.damaged[path]
+        return super().node(path)
+
+
+def hierarchy_2023(inner: Inner, raw: bytes | None = _UNREAD) -> Hierarchy2023 | None:
+    """The 2023 intermediate hierarchy in ``inner`` (``raw``: the root ``zarr.json`` when the
+    caller has read it, None: absent); None when the store is of another generation (the
+    caller reports it). A 2022 entry point decides at once; a hierarchy mixing generations
+    raises :class:`DraftMetadataError` naming the first node of the other one."""
+    if raw is _UNREAD:
+        raw = inner.get(dm.ENTRY_POINT_KEY)
+    if raw is not None:
+        if _entry_point_generation(raw) not in (Generation.DRAFT_2023, Generation.FINAL_V3):
+            return None
+        walk = walk_v3_nodes(inner, raw)
+        return Hierarchy2023(inner, walk) if walk.first_2023() is not None else None
+    if detect_generation(inner, None)[0] is not Generation.DRAFT_2023:
+        return None
+    return Hierarchy2023(inner, walk_v3_nodes(inner, None))
 
 
 def in_subtree(path: str, root: str) -> bool:

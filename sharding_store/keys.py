@@ -85,3 +85,44 @@ def prefix_coords(rest: str, separator: str) -> tuple[Coords, bool] | None:
     if tail and not (tail.isascii() and tail.isdigit()):
         return None
     return tuple(coords), tail == ""
+
+
+# --------------------------------------------------------------------------- v3 key encodings
+#: how a chunk key spells its coordinates after the array's prefix: the 2022 drafts' ``c1/0``
+#: (0-d ``c0``, see above), final v3 ``default`` (``c/1/0``, 0-d ``c``) and ``v2`` (``1.0``, 0-d ``0``)
+KEY_HEADS = {"draft": "c", "default": "c{sep}", "v2": ""}
+ZERO_D_KEYS = {"draft": "c0", "default": "c", "v2": "0"}
+
+
+def key_head(encoding: str, separator: str) -> str:
+    """What every key of an ``ndim >= 1`` array starts with after its prefix."""
+    return KEY_HEADS[encoding].format(sep=separator)
+
+
+def format_key_suffix(coords: Coords, encoding: str, separator: str) -> str:
+    """Chunk key suffix of ``coords`` in ``encoding`` (``"draft"``: :func:`format_chunk_suffix`)."""
+    if encoding == "draft":
+        return format_chunk_suffix(coords, separator)
+    if not coords:
+        return ZERO_D_KEYS[encoding]
+    return key_head(encoding, separator) + separator.join(str(int(c)) for c in coords)
+
+
+def parse_key_suffix(suffix: str, encoding: str, separator: str, ndim: int) -> Coords | None:
+    """Inverse of :func:`format_key_suffix`; ``None`` if ``suffix`` is not such a key."""
+    if encoding == "draft":
+        return parse_chunk_suffix(suffix, separator, ndim)
+    if ndim == 0:
+        return () if suffix == ZERO_D_KEYS[encoding] else None
+    head = key_head(encoding, separator)
+    if not suffix.startswith(head):
+        return None
+    parts = suffix[len(head) :].split(separator)
+    if len(parts) != ndim:
+        return None
+    coords = []
+    for p in parts:
+        if not p.isascii() or not p.isdigit() or (len(p) > 1 and p[0] == "0"):
+            return None
+        coords.append(int(p))
+    return tuple(coords)

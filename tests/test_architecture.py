@@ -41,7 +41,7 @@ ROOT = Path(importlib.util.find_spec(PACKAGE).origin).parent  # the package unde
 #: own layer or lower ones. ``stores.*`` / ``cli.*`` stand for every module of the package.
 LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     1: ("format (pure, no I/O)",
-        ("errors", "keys", "shard_index", "draft_metadata", "v3_metadata", "meta2023", "journal")),
+        ("errors", "keys", "shard_index", "draft_metadata", "v3_metadata", "meta2023", "v3_layout", "journal")),
     2: ("stores", ("stores", "stores.*", "locks")),
     3: ("codecs", ("chunk_codec", "_native")),
     4: ("shard engine", ("engine", "store")),

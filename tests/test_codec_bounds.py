@@ -172,6 +172,29 @@ def test_a_bomb_in_a_shard_is_refused_by_open_draft_without_the_memory(tmp_path,
     assert got["maxrss_mb"] < RSS_LIMIT_MB, got
 
 
+@pytest.mark.parametrize("chain", [("zstd",), ("zstd", "crc32c")])
+def test_a_bomb_in_a_2023_shard_is_refused_by_open_draft_without_the_memory(tmp_path, chain):
+    """The 2023 generation goes through the same bounded path: a June-2023 zarrita array
+    (no array->bytes codec, an undeclared CRC32C after each index) whose shard ``a/c/1``
+    holds a zstd bomb announcing 2 GiB; with ``crc32c`` after zstd, zstd is a filter
+    (bounded by the filters' growth) and the bomb's checksum is valid."""
+    from .gen2023_writer import shard_blob, write_2023
+
+    root = tmp_path / "store"
+    n = 1024
+    write_2023(root, "a", np.arange(4 * n, dtype="<f4"), chunks=(n,), cps=(1,), b2b=chain, index="hidden", spelling="none")
+    payload = zstd_bomb(16384)
+    if "crc32c" in chain:
+        import crc32c
+
+        payload += crc32c.crc32c(payload).to_bytes(4, "little")
+    (root / "a/c/1").write_bytes(shard_blob({0: payload}, 1, hidden_crc=True))
+    got = run_child(tmp_path, "read", str(root), "a")
+    assert got["outcome"] == "ChunkDecodeError", got
+    assert "a/c/1" in got["message"], got
+    assert got["maxrss_mb"] < RSS_LIMIT_MB, got
+
+
 @pytest.mark.parametrize("name", ["zlib-4MB-to-4GB", "zstd-66KB-to-2GB"])
 def test_the_lost_transformer_probe_of_info_decodes_a_bomb_within_bounds(tmp_path, name):
     """``info`` on an unsharded array whose first object looks like a shard (a payload, then

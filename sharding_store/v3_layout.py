@@ -1,0 +1,323 @@
+"""A final-v3 array document as what our reader needs (pure, no I/O).
+
+The 2023 generation is read through the same path as the 2022 one: ``meta2023`` respells a
+node document in the final v1.0 spelling, and :func:`layout_from_v3` turns that final
+document into a :class:`V3ArrayMeta` — a :class:`~sharding_store.draft_metadata.DraftArrayMeta`
+(inner chunk shape, numpy dtype with its byte order, ``order`` C/F, compressor and filters as
+numcodecs objects, ``chunks_per_shard``) plus what the 2022 layout fixes and v3 declares:
+the chunk key encoding, where the shard index lies and whether a CRC32C follows it.
+
+What it maps (and nothing else; the rest is refused, never approximated):
+
+* codecs ``[transpose...] bytes [b2b...]`` or ``[sharding_indexed]`` whose inner chain is
+  that; ``transpose`` compositions that are the identity (C) or reversed axes (F);
+  ``bytes`` little or big endian (1-byte types: no endian); bytes->bytes ``gzip``, ``zstd``,
+  ``blosc``, ``crc32c``: the last is the compressor, the others filters, which is the order
+  ``chunk_codec`` applies them in (its bounded reference path decodes them);
+* ``sharding_indexed`` with ``index_codecs`` ``[bytes little]`` or ``[bytes little, crc32c]``
+  at the start or end, or undeclared (``hidden_checksum`` None: each shard's bytes decide,
+  see :func:`~sharding_store.shard_index.index_reading`);
+* chunk keys ``default`` (``c/0/0``, ``c.0.0``, 0-d ``c``) and ``v2`` (``0.0``, 0-d ``0``);
+* the v1.0 core data types; fill values as numbers, ``"NaN"``/``"Infinity"``/
+  ``"-Infinity"``, ``"0x..."`` bit patterns, ``[re, im]``, booleans.
+
+A document outside this (nested sharding, a codec after ``sharding_indexed``, other index
+codecs, other transposes, unknown codecs or data types) raises
+:class:`~sharding_store.errors.DraftMetadataError` naming the node's key and the field, and
+pointing to ``open_v3`` (whose final-v3 view zarr-python 3 reads).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numcodecs
+import numpy as np
+from numcodecs.abc import Codec
+
+from .draft_metadata import MAX_CHUNK_ELEMENTS, DraftArrayMeta
+from .errors import DraftMetadataError
+
+__all__ = ["V3ArrayMeta", "layout_from_v3", "data_prefix_v3", "KeyEncoding"]
+
+KeyEncoding = Literal["draft", "default", "v2"]
+
+#: v1.0 core data type -> numpy type (byte order from the ``bytes`` codec)
+_DTYPES = {
+    "bool": "?", "int8": "i1", "uint8": "u1",
+    "int16": "i2", "uint16": "u2", "float16": "f2",
+    "int32": "i4", "uint32": "u4", "float32": "f4",
+    "int64": "i8", "uint64": "u8", "float64": "f8",
+    "complex64": "c8", "complex128": "c16",
+}
+_FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+@dataclass(frozen=True)
+class V3ArrayMeta(DraftArrayMeta):
+    """A final-v3 array read through the draft reader: :class:`DraftArrayMeta` plus the
+    layout facts v3 declares. ``index_checksum``: ``True`` a CRC32C follows each index
+    (checked), ``False`` none, ``None`` undeclared (decided from each shard's bytes)."""
+
+    key_encoding: KeyEncoding = "default"
+    index_location: Literal["start", "end"] = "end"
+    index_checksum: bool | None = False
+    node_key: str = "zarr.json"
+
+    @property
+    def data_prefix(self) -> str:
+        return data_prefix_v3(self.path)
+
+
+def data_prefix_v3(path: str) -> str:
+    """Where a v3 array's chunk keys start: its directory (``""`` for the root array)."""
+    return f"{path}/" if path else ""
+
+
+class _Unmappable(Exception):
+    def __init__(self, fld: str, message: str) -> None:
+        super().__init__(message)
+        self.fld = fld
+        self.message = message
+
+
+def _refuse(key: str, fld: str, message: str) -> DraftMetadataError:
+    return DraftMetadataError(
+        f"{key}: {fld}: {message}; open_draft cannot read this array (open it with open_v3, whose "
+        "final-v3 view zarr-python 3 reads)",
+        key=key,
+    )
+
+
+def _name(codec: Any) -> str:
+    return codec.get("name") if isinstance(codec, dict) else str(codec)
+
+
+def _config(codec: dict) -> dict:
+    return codec.get("configuration") or {}
+
+
+@dataclass
+class _Chain:
+    """One codec chain, mapped: order, byte order, compressor and filters."""
+
+    order: str
+    endian: str | None
+    compressor: Codec | None
+    filters: tuple[Codec, ...]
+    sharding: dict | None = None
+
+
+def _permutation_order(perms: list[list[int]], ndim: int, fld: str) -> str:
+    """The composed transposes as a memory order: identity C, reversed axes F."""
+    axes = list(range(ndim))
+    for p in perms:
+        if sorted(p) != list(range(ndim)):
+            raise _Unmappable(fld, f"transpose order {p} is not a permutation of {ndim} axes")
+        axes = [axes[i] for i in p]
+    if axes == list(range(ndim)):
+        return "C"
+    if axes == list(range(ndim))[::-1]:
+        return "F"
+    raise _Unmappable(fld, f"transpose to axes {axes}: only the identity (C) or reversed axes (F) are read")
+
+
+def _bytes_codec(codec: dict, fld: str) -> Codec:
+    name, cfg = _name(codec), _config(codec)
+    try:
+        if name == "gzip":
+            return numcodecs.GZip(level=int(cfg.get("level", 5)))
+        if name == "zstd":
+            return numcodecs.Zstd(level=int(cfg.get("level", 0)))
+        if name == "blosc":
+            shuffle = cfg.get("shuffle", "noshuffle")
+            return numcodecs.Blosc(
+                cname=cfg.get("cname", "lz4"), clevel=int(cfg.get("clevel", 5)),
+                shuffle=_BLOSC_SHUFFLE[shuffle], blocksize=int(cfg.get("blocksize", 0) or 0),
+            )
+        if name == "crc32c":
+            return numcodecs.CRC32C()
+    except (KeyError, TypeError, ValueError) as e:
+        raise _Unmappable(fld, f"{name} configuration {cfg} cannot be read ({type(e).__name__}: {e})") from None
+    raise _Unmappable(fld, f"codec {name!r} is not one open_draft reads (bytes->bytes: gzip, zstd, blosc, crc32c)")
+
+
+def _chain(codecs: Any, fld: str, ndim: int, *, nested: bool) -> _Chain:
+    if not isinstance(codecs, list):
+        raise _Unmappable(fld, "expected a list of codecs")
+    perms: list[list[int]] = []
+    i = 0
+    while i < len(codecs) and _name(codecs[i]) == "transpose":
+        order = _config(codecs[i]).get("order")
+        if not isinstance(order, list):
+            raise _Unmappable(f"{fld}[{i}].configuration.order", f"expected a permutation, got {order!r}")
+        perms.append(order)
+        i += 1
+    if i >= len(codecs):
+        raise _Unmappable(fld, "no array->bytes codec")
+    ab = codecs[i]
+    at = f"{fld}[{i}]"
+    rest = codecs[i + 1 :]
+    if _name(ab) == "sharding_indexed":
+        if nested:
+            raise _Unmappable(at, "nested sharding_indexed")
+        if perms:
+            raise _Unmappable(f"{fld}[0]", "a transpose before sharding_indexed")
+        if rest:
+            raise _Unmappable(f"{fld}[{i + 1}]", f"codec {_name(rest[0])!r} after sharding_indexed (applied to whole shards)")
+        return _Chain("C", None, None, (), sharding=_config(ab))
+    if _name(ab) != "bytes":
+        raise _Unmappable(at, f"array->bytes codec {_name(ab)!r} is not one open_draft reads (bytes, sharding_indexed)")
+    endian = _config(ab).get("endian")
+    if endian not in (None, "little", "big"):
+        raise _Unmappable(f"{at}.configuration.endian", f"expected 'little' or 'big', got {endian!r}")
+    order = _permutation_order(perms, ndim, f"{fld}[0].configuration.order")
+    b2b = [_bytes_codec(c, f"{fld}[{i + 1 + j}]") for j, c in enumerate(rest)]
+    compressor = b2b[-1] if b2b else None
+    return _Chain(order, endian, compressor, tuple(b2b[:-1]))
+
+
+def _index(config: dict, fld: str) -> tuple[Literal["start", "end"], bool]:
+    """``(index_location, checksum)`` of a declared ``index_codecs``."""
+    location = config.get("index_location", "end")
+    if location not in ("start", "end"):
+        raise _Unmappable(f"{fld}.index_location", f"expected 'start' or 'end', got {location!r}")
+    codecs = config.get("index_codecs")
+    names = [_name(c) for c in codecs] if isinstance(codecs, list) else None
+    if names not in (["bytes"], ["bytes", "crc32c"]) or _config(codecs[0]).get("endian", "little") != "little":
+        raise _Unmappable(
+            f"{fld}.index_codecs",
+            f"{codecs} is not an index open_draft reads ([bytes little] or [bytes little, crc32c])",
+        )
+    return location, names == ["bytes", "crc32c"]
+
+
+def _float(v: Any, dtype: np.dtype) -> Any:
+    if isinstance(v, str) and v in _FLOAT_WORDS:
+        return dtype.type(_FLOAT_WORDS[v])
+    if isinstance(v, str) and v.startswith("0x"):
+        bits = int(v, 16)
+        raw = np.array(bits, dtype=f"<u{dtype.itemsize}")
+        return raw.view(dtype.newbyteorder("<"))[()].astype(dtype)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected a number, 'NaN', 'Infinity', '-Infinity' or '0x...', got {v!r}")
+    return dtype.type(v)
+
+
+def _fill_value(v: Any, dtype: np.dtype) -> Any:
+    kind = dtype.kind
+    if kind == "b":
+        if not isinstance(v, bool):
+            raise ValueError(f"expected true or false, got {v!r}")
+        return np.bool_(v)
+    if kind in "iu":
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"expected an integer, got {v!r}")
+        info = np.iinfo(dtype)
+        if not info.min <= v <= info.max:
+            raise ValueError(f"{v} is out of range for {dtype}")
+        return dtype.type(v)
+    if kind == "f":
+        return _float(v, dtype)
+    if kind == "c":
+        if not isinstance(v, list) or len(v) != 2:
+            raise ValueError(f"expected [real, imaginary], got {v!r}")
+        part = np.dtype(f"{dtype.byteorder if dtype.byteorder in '<>' else '='}f{dtype.itemsize // 2}")
+        re_, im = (_float(x, part) for x in v)
+        return dtype.type(complex(float(re_), float(im)))
+    raise ValueError(f"unsupported data type {dtype}")  # pragma: no cover (checked before)
+
+
+def _regular_shape(value: Any, fld: str, ndim: int) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) != ndim or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
+    ):
+        raise _Unmappable(fld, f"expected {ndim} integers >= 1, got {value!r}")
+    return tuple(value)
+
+
+def layout_from_v3(document: dict, path: str, *, key: str, hidden_checksum: bool | None = False) -> V3ArrayMeta:
+    """The final-v3 array ``document`` of the node at ``path`` (its ``zarr.json`` is ``key``)
+    as a :class:`V3ArrayMeta`. ``hidden_checksum``: :attr:`meta2023.Normalised.hidden_checksum`
+    (None: the outer index codecs are undeclared, each shard's bytes decide). Refuses what it
+    cannot map with :class:`DraftMetadataError` (see the module docstring)."""
+    try:
+        return _layout(document, path, key, hidden_checksum)
+    except _Unmappable as e:
+        raise _refuse(key, e.fld, e.message) from None
+
+
+def _layout(doc: dict, path: str, key: str, hidden_checksum: bool | None) -> V3ArrayMeta:
+    shape = doc.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+        raise _Unmappable("shape", f"expected a list of integers >= 0, got {shape!r}")
+    ndim = len(shape)
+    grid = doc.get("chunk_grid") or {}
+    if _name(grid) != "regular":
+        raise _Unmappable("chunk_grid.name", f"{_name(grid)!r}: only 'regular' is read")
+    grid_shape = _regular_shape(_config(grid).get("chunk_shape"), "chunk_grid.configuration.chunk_shape", ndim)
+    cke = doc.get("chunk_key_encoding") or {}
+    encoding = _name(cke)
+    if encoding not in ("default", "v2"):
+        raise _Unmappable("chunk_key_encoding.name", f"{encoding!r}: only 'default' and 'v2' are read")
+    separator = _config(cke).get("separator", "/" if encoding == "default" else ".")
+    if separator not in ("/", "."):
+        raise _Unmappable("chunk_key_encoding.configuration.separator", f"expected '/' or '.', got {separator!r}")
+    data_type = doc.get("data_type")
+    if data_type not in _DTYPES:
+        raise _Unmappable("data_type", f"{data_type!r} is not a data type open_draft reads ({', '.join(_DTYPES)})")
+
+    outer = _chain(doc.get("codecs"), "codecs", ndim, nested=False)
+    chain, chunks, cps = outer, grid_shape, None
+    location: Literal["start", "end"] = "end"
+    checksum: bool | None = False
+    if outer.sharding is not None:
+        cfg = outer.sharding
+        fld = "codecs[0].configuration"
+        chunks = _regular_shape(cfg.get("chunk_shape"), f"{fld}.chunk_shape", ndim)
+        if any(g % c for g, c in zip(grid_shape, chunks)):
+            raise _Unmappable(f"{fld}.chunk_shape", f"{list(chunks)} does not divide the shard shape {list(grid_shape)}")
+        cps = tuple(g // c for g, c in zip(grid_shape, chunks))
+        chain = _chain(cfg.get("codecs"), f"{fld}.codecs", ndim, nested=True)
+        if hidden_checksum is None:
+            location = cfg.get("index_location", "end")
+            if location != "end":
+                raise _Unmappable(f"{fld}.index_location", "an undeclared index must be at the end (a tail read decides it)")
+            checksum = None
+        else:
+            location, checksum = _index(cfg, fld)
+    n = math.prod(chunks)
+    if n > MAX_CHUNK_ELEMENTS:
+        raise _Unmappable("chunk_shape", f"{list(chunks)} has {n} elements per chunk (limit 2**32)")
+
+    base = np.dtype(_DTYPES[data_type])
+    if base.itemsize > 1:
+        base = base.newbyteorder(">" if chain.endian == "big" else "<")
+    if "fill_value" not in doc:
+        raise _Unmappable("fill_value", "missing")
+    try:
+        fill = _fill_value(doc["fill_value"], base)
+    except (ValueError, OverflowError) as e:
+        raise _Unmappable("fill_value", f"{doc['fill_value']!r} does not fit {data_type}: {e}") from None
+    attributes = doc.get("attributes") or {}
+    return V3ArrayMeta(
+        path=path,
+        shape=tuple(shape),
+        chunks=chunks,
+        dtype=base,
+        fill_value=fill,
+        order=chain.order,
+        separator=separator,
+        compressor=chain.compressor,
+        filters=chain.filters,
+        chunks_per_shard=cps,
+        attributes=dict(attributes),
+        raw=doc,
+        key_encoding=encoding,
+        index_location=location,
+        index_checksum=checksum,
+        node_key=key,
+    )
