@@ -900,7 +900,10 @@ class DraftGroup:
         return f"{self.path}/{name}" if self.path and name else (self.path or name)
 
     def __getitem__(self, name: str) -> DraftArray | DraftGroup:
-        return _open_node(self.inner, self._join(name), read_only=self.read_only)
+        node = _open_node(self.inner, self._join(name), read_only=self.read_only)
+        if isinstance(node, DraftGroup):
+            node._hierarchy = self._hierarchy  # one walk per hierarchy, not one per group visited
+        return node
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self._join(name) in self.hierarchy.nodes
@@ -924,7 +927,9 @@ class DraftGroup:
     def groups(self) -> Iterator[tuple[str, DraftGroup]]:
         for n in self.hierarchy.children(self.path):
             if n.kind == "group":
-                yield n.name, DraftGroup(self.inner, n.path, n.attributes, explicit=n.explicit, read_only=self.read_only)
+                group = DraftGroup(self.inner, n.path, n.attributes, explicit=n.explicit, read_only=self.read_only)
+                group._hierarchy = self._hierarchy
+                yield n.name, group
 
     def tree(self) -> str:
         """The subtree below this group, one node per line (the hierarchy's own format)."""
