@@ -241,7 +241,15 @@ class DraftDataStore(AbstractDataStore):
         return dims
 
     def close(self) -> None:
-        pass
+        pass  # nothing is held open: reads open and close what they need
+
+    def __getstate__(self) -> dict:
+        # a pickled Dataset carries its close callback (this store): the variables travel
+        # by themselves (DraftBackendArray), so the store travels empty
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.group, self.arrays, self.hints, self.mask, self.xarray_era, self.ref = None, {}, None, None, False, None
 
 
 def _decode_fill_attribute(value: Any, dtype: np.dtype) -> Any:
