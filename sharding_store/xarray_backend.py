@@ -44,7 +44,7 @@ import numpy as np
 
 try:
     from xarray.backends import BackendArray, BackendEntrypoint
-    from xarray.backends.common import AbstractDataStore, datatree_from_dict_with_io_cleanup
+    from xarray.backends.common import AbstractDataStore
     from xarray.backends.store import StoreBackendEntrypoint
     from xarray.core import indexing
     from xarray.core.variable import Variable
@@ -52,6 +52,14 @@ except ImportError as e:  # pragma: no cover - exercised in a venv without xarra
     raise ImportError(
         f"sharding_store.xarray_backend needs xarray ({e}): pip install 'sharding-store[xarray]'", name="xarray"
     ) from e
+
+try:  # xarray >= 2024.11: closes every group's store when the tree is closed
+    from xarray.backends.common import datatree_from_dict_with_io_cleanup
+except ImportError:  # pragma: no cover - older xarray: nothing of ours needs closing
+    def datatree_from_dict_with_io_cleanup(groups_dict: Mapping[str, Any]) -> Any:
+        from xarray import DataTree
+
+        return DataTree.from_dict(groups_dict)
 
 from . import draft_metadata as dm
 from . import meta2023
@@ -307,6 +315,9 @@ class _Opened:
             store = _normalize(filename_or_obj)
             root = open_draft(store, dm.normalize_path(group or ""), storage_options=storage_options)
             self.ref = _store_ref(store, storage_options)
+        if isinstance(root, DraftArray) and not root.path:
+            raise UsageError("the store's root is an array, not a group: xarray opens groups; read it with open_draft",
+                             key="")
         if isinstance(root, DraftArray):
             parent = root.path.rpartition("/")[0]
             raise UsageError(
