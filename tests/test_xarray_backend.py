@@ -224,3 +224,25 @@ def test_open_draft_and_backend_agree_on_every_variable(store):
     ds = xr.open_dataset(root, engine=Engine, decode_cf=False)
     for name in ("temp", "packed", "time", "y", "x"):
         np.testing.assert_array_equal(ds[name].values, open_draft(str(root), name)[...])
+
+
+def test_dimension_names_of_per_node_documents_come_first():
+    """2023 / final v3 arrays carry ``dimension_names`` (a property, or the document's field);
+    they win over an ``_ARRAY_DIMENSIONS`` attribute, a hint wins over both, and a document
+    with an unnamed dimension (``null``) needs a hint."""
+    from types import SimpleNamespace
+
+    from sharding_store.xarray_backend import _Hints, dimensions_of
+
+    def arr(**kw):
+        base = dict(path="g/v", ndim=2, attrs={"_ARRAY_DIMENSIONS": ["a", "b"]}, meta=SimpleNamespace(raw={}))
+        return SimpleNamespace(**{**base, **kw})
+
+    none = _Hints(None, "")
+    assert dimensions_of(arr(), none) == ("a", "b")
+    assert dimensions_of(arr(dimension_names=("y", "x")), none) == ("y", "x")
+    doc = SimpleNamespace(raw={"zarr_format": 3, "dimension_names": ["t", "x"]})
+    assert dimensions_of(arr(meta=doc), none) == ("t", "x")
+    assert dimensions_of(arr(dimension_names=("y", "x")), _Hints({"v": ["p", "q"]}, "g")) == ("p", "q")
+    with pytest.raises(UsageError, match=r"'/g/v'.*\['y', None\].*dimension_names=\{'g/v'"):
+        dimensions_of(arr(dimension_names=("y", None)), none)
