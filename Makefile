@@ -30,6 +30,8 @@ demo: install
 	$(VENV)/bin/sharding-store verify $(SAMPLE) $(OUT)
 	@echo "== open the result with zarr-python 3 and compare with the source"
 	$(PY) examples/open_migrated.py $(SAMPLE) $(OUT)
+	@echo "== the sharding-store command is in $(VENV)/bin: 'source $(VENV)/bin/activate' puts it on PATH"
+	@echo "   (or call $(CURDIR)/$(VENV)/bin/sharding-store, or '$(PY) -m sharding_store')"
 
 test: install legacy
 	$(PY) -m pytest -n 2 --dist loadfile -q

@@ -41,7 +41,7 @@ WORKER = HERE / "_worker.py"
 LEGACY_WORKER = HERE / "_legacy_worker.py"
 DATA = HERE / ".data"
 TIME_BIN = shutil.which("time", path="/usr/bin:/bin")
-SCENARIOS = ("write", "read", "chunk", "migrate", "reshard")
+SCENARIOS = ("write", "read", "chunk", "migrate", "reshard", "xarray")
 TASK_TIMEOUT = 1200
 #: CPU busy (% of all cores, sampled while this benchmark is idle) before each run
 LOADS: list[float] = []
@@ -674,6 +674,13 @@ class Bench:
         shutil.rmtree(dst, ignore_errors=True)
         return r
 
+    def s_xarray(self, case: Case) -> None:
+        if case.dtype != "u2" or (case.cps != 256 and not self.args.quick):  # one dataset per size (scn_xarray.py)
+            return
+        import scn_xarray
+
+        scn_xarray.scenario(self, case, sys.modules[__name__])
+
     def _unavailable(self, scenario: str, case: Case, why: str) -> None:
         self.rows.append(make_row(scenario, case, "—", {"error": f"not available ({why})"}, "—", None))
 
@@ -1019,7 +1026,8 @@ def render(args: argparse.Namespace) -> int:
 
 
 def _scenario_prefixes(only: list[str]) -> list[str]:
-    return [{"write": "1 ", "read": "2 ", "chunk": "3 ", "migrate": "4 ", "reshard": "5 "}[s] for s in only]
+    return [{"write": "1 ", "read": "2 ", "chunk": "3 ", "migrate": "4 ", "reshard": "5 ", "xarray": "9 "}[s]
+            for s in only]
 
 
 if __name__ == "__main__":

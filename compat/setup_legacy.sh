@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create the isolated zarr-python 2.18.7 virtualenv used as a test oracle.
+# Create the isolated zarr-python 2.18.7 (+ xarray 2024.7.0) virtualenv used as a test oracle.
 #
 #   bash compat/setup_legacy.sh          # idempotent; fast when already done
 #   LEGACY_FORCE=1 bash compat/setup_legacy.sh   # rebuild from scratch
@@ -10,8 +10,10 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${LEGACY_VENV:-$HERE/.venv-legacy}"
-# numpy is capped at the newest release known to work with zarr 2.18.7 (2.4.x)
-REQS=("zarr==2.18.7" "numcodecs<0.16" "numpy<2.5" "pytest")
+# numpy is capped at the newest release known to work with zarr 2.18.7 (2.4.x).
+# xarray 2024.7.0 (+ pandas 2.2.3, the last 2.x before pandas 3 changed string dtypes) is
+# the draft-era xarray: it wrote draft stores with to_zarr(..., zarr_version=3) over zarr 2.x.
+REQS=("zarr==2.18.7" "numcodecs<0.16" "numpy<2.5" "pytest" "xarray==2024.7.0" "pandas==2.2.3")
 # The stamp records exactly what was requested; change REQS -> rebuild.
 STAMP_CONTENT="v1 ${REQS[*]}"
 STAMP="$VENV/.legacy-ready"
@@ -28,6 +30,8 @@ os.environ["ZARR_V3_SHARDING"] = "1"
 import zarr, numcodecs
 from zarr._storage.v3_storage_transformers import ShardingStorageTransformer
 assert zarr.__version__ == "2.18.7", zarr.__version__
+import xarray
+assert xarray.__version__ == "2024.7.0", xarray.__version__
 PY
 }
 

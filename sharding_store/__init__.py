@@ -94,9 +94,11 @@ __all__ = [
     "decode_chunk",
     "decode_shard",
     "encode_shard",
+    "migrate",
     "open_draft",
     "open_v3",
     "reshard",
     "shard",
     "unshard",
+    "verify",
 ]

@@ -924,7 +924,10 @@ class DraftGroup:
     def __getitem__(self, name: str) -> DraftArray | DraftGroup:
         if isinstance(self._hierarchy, Hierarchy2023):
             return _open_2023(self._hierarchy, self._join(name), read_only=self.read_only)
-        return _open_node(self.inner, self._join(name), read_only=self.read_only)
+        node = _open_node(self.inner, self._join(name), read_only=self.read_only)
+        if isinstance(node, DraftGroup):
+            node._hierarchy = self._hierarchy  # one walk per hierarchy, not one per group visited
+        return node
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self._join(name) in self.hierarchy.nodes
@@ -946,11 +949,11 @@ class DraftGroup:
                 yield n.name, DraftArray(self.inner, n.meta, read_only=self.read_only)
 
     def groups(self) -> Iterator[tuple[str, DraftGroup]]:
-        h = self._hierarchy if isinstance(self._hierarchy, Hierarchy2023) else None
         for n in self.hierarchy.children(self.path):
-            if n.kind == "group":
+            if n.kind == "group":  # one walk per hierarchy, not one per group visited
                 yield n.name, DraftGroup(
-                    self.inner, n.path, n.attributes, explicit=n.explicit, read_only=self.read_only, hierarchy=h
+                    self.inner, n.path, n.attributes, explicit=n.explicit, read_only=self.read_only,
+                    hierarchy=self._hierarchy,
                 )
 
     def tree(self) -> str:

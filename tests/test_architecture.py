@@ -49,8 +49,9 @@ LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     6: ("jobs", ("jobs", "progress")),
     7: ("drivers", ("migrate", "migrate2023", "migrate_units", "verify", "reshard")),
     8: ("package facade (lazy re-exports of the public names)", ("",)),
-    9: ("command line", ("cli", "cli.*")),
-    10: ("test support (never imported by the package)", ("testing",)),
+    9: ("command line", ("cli", "cli.*", "__main__")),
+    10: ("xarray backend (an entry point of xarray's; never imported by the package)", ("xarray_backend",)),
+    11: ("test support (never imported by the package)", ("testing",)),
 }
 #: modules issue 13 retires, and where their contents went
 RETIRED = {

@@ -88,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = os.environ.get("SHARDING_STORE_DEBUG") == "1"
     _one_blas_thread()
     try:
+        if not (sys.argv[1:] if argv is None else argv):  # bare `sharding-store`: what it can do
+            print(build_parser().format_help(), end="", file=sys.stderr)
+            return EXIT_USAGE
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except BrokenPipeError:  # e.g. `sharding-store ls ... | head`: the reader left, not an error of ours
