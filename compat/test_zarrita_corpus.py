@@ -38,8 +38,23 @@ def _after_sharding(a: "zo.ZarritaArray") -> bool:
     return any(n.startswith("sharding_indexed") for n in names[:-1])
 
 
+def _nested_sharding(a: "zo.ZarritaArray") -> bool:
+    return any(n.startswith("sharding_indexed[sharding_indexed") for n in a.entry["codec_names"])
+
+
+def _other_transpose(a: "zo.ZarritaArray") -> bool:
+    """A transpose that is neither the identity nor reversed axes."""
+    def plain(order) -> bool:
+        return isinstance(order, str) or list(order) in (sorted(order), sorted(order, reverse=True))
+    return not all(plain(o) for o in a.entry["transpose_orders"])
+
+
 #: reader -> {why it cannot read: which arrays} -- named, expected skips; nothing else is skipped
 READER_GAPS: dict[str, dict[str, Callable[["zo.ZarritaArray"], bool]]] = {
+    "open_draft": {
+        "open_draft refuses nested sharding_indexed by design (DraftMetadataError naming open_v3)": _nested_sharding,
+        "open_draft reads only C or F transposes by design (DraftMetadataError naming open_v3)": _other_transpose,
+    },
     "zarr": {},
     "tensorstore": {
         "tensorstore refuses a bytes->bytes codec after sharding_indexed (valid v1.0: the whole "
@@ -59,17 +74,24 @@ _NONFINITE = ("meta2023 keeps zarrita's bare JSON NaN/Infinity/-Infinity fill va
               "final (exit 7), and a migrated one gets `\"fill_value\": NaN` (not JSON) in its final "
               "documents, which tensorstore cannot parse")
 _READ_AFTER_MIGRATE = {"test_migrate_copy_then_readers", "test_migrate_in_place_then_readers"}
-#: (version, case) -> reason, or (reason, the tests it applies to)
+#: (version, case) -> reason, or (reason, the tests it applies to: names of the test
+#: function, or of the function and its api parameter as "test_open_in_place[open_v3]")
 KNOWN_GAPS: dict[tuple[str, str], str | tuple[str, set[str]]] = {
     ("0.2.1", "nonfinite_fill"): (_NONFINITE, _READ_AFTER_MIGRATE),  # 2023 anyway (no index_location)
     ("0.2.7", "nonfinite_fill"): _NONFINITE,
     ("0.2.7", "index_start_empty"): (
         "zarrita 0.2.2+ with index_location start writes an empty entry as (index size - 1, 2**64-1) "
-        "(it adds the index size to the 2**64-1 marker too); the migration refuses that index (exit 4) "
-        "where zarr-python 3, tensorstore and zarrs read the array"),
+        "(it adds the index size to the 2**64-1 marker too); sharding-store's index check refuses it (exit 4) "
+        "where zarr-python 3, tensorstore and zarrs (and open_v3, which serves the bytes to zarr-python 3) read "
+        "the array", {"test_info_names_the_generation", "test_migrate_copy_then_readers",
+                      "test_zarrita_reads_the_migrated_store", "test_open_in_place[open_draft]",
+                      "test_migrate_in_place_then_readers"}),
     ("0.2.1", "outer_codec"): (
         "a bytes->bytes codec after sharding_indexed (valid v1.0): the 2023 migration reads the index "
         "from the tail of the gzip/crc32c-wrapped shard object and refuses it as corrupt (exit 4)"),
+    ("0.2.1", "keys"): (
+        "migrate --in-place refuses chunk_key_encoding default with separator '.' (keys c.0.0, valid v1.0: "
+        "only documents would change) -- seen on h-inplace 0e1c4dc", {"test_migrate_in_place_then_readers"}),
 }
 
 
@@ -176,7 +198,9 @@ def _gap_mark(request, version: str, case: str) -> None:
     and passing is reported as a failure (the gap was fixed: remove it from KNOWN_GAPS)."""
     gap = KNOWN_GAPS.get((version, case))
     if isinstance(gap, tuple):
-        gap = gap[0] if request.node.originalname in gap[1] else None
+        api = request.node.callspec.params.get("api")
+        names = {request.node.originalname, f"{request.node.originalname}[{api}]"}
+        gap = gap[0] if names & gap[1] else None
     if gap is not None:
         request.node.add_marker(pytest.mark.xfail(strict=True, reason=gap))
 

@@ -181,6 +181,7 @@ class Case:
             "path": path, "key": key, "shape": list(data.shape), "dtype": got.dtype.str,
             "data_type": doc["data_type"], "chunk_shape": list(chunk_shape),
             "codec_names": codec_names(doc["codecs"]),
+            "transpose_orders": transpose_orders(doc["codecs"]),
             "sharded": sharding is not None,
             "index_codecs": [c["name"] for c in sharding["configuration"].get("index_codecs", [])]
             if sharding else None,
@@ -210,6 +211,17 @@ def codec_names(codecs: list[dict]) -> list[str]:
             out.append(f"sharding_indexed[{','.join(inner)}]")
         else:
             out.append(c["name"])
+    return out
+
+
+def transpose_orders(codecs: list[dict]) -> list[Any]:
+    """Every transpose ``order`` in the chain, nested ones included, as written."""
+    out: list[Any] = []
+    for c in codecs:
+        if c["name"] == "transpose":
+            out.append(c["configuration"]["order"])
+        elif c["name"] == "sharding_indexed":
+            out += transpose_orders(c["configuration"].get("codecs", []))
     return out
 
 
