@@ -41,7 +41,7 @@ WORKER = HERE / "_worker.py"
 LEGACY_WORKER = HERE / "_legacy_worker.py"
 DATA = HERE / ".data"
 TIME_BIN = shutil.which("time", path="/usr/bin:/bin")
-SCENARIOS = ("write", "read", "chunk", "migrate", "reshard", "xarray")
+SCENARIOS = ("write", "read", "chunk", "migrate", "reshard", "gen2023", "xarray")
 TASK_TIMEOUT = 1200
 #: CPU busy (% of all cores, sampled while this benchmark is idle) before each run
 LOADS: list[float] = []
@@ -664,6 +664,13 @@ class Bench:
         self.rows.append(make_row("5 reshard", case, f"sharding-store reshard → cps {to}", m["reshard"], "cp -r",
                                   m["cp -r"], note="whole commands incl. interpreter start-up; no target set"))
 
+    def s_gen2023(self, case: Case) -> None:
+        import scn_gen2023
+
+        sizes = [c.size_mib for c in self._cases]
+        scn_gen2023.run(self, case, first=case is self._cases[0], largest=case.size_mib == max(sizes),
+                        h=sys.modules[__name__])
+
     def timed_command(self, case: Case, argv: list[str], dst: Path, verify: bool) -> dict:
         """One whole command writing ``dst`` (removed before and after), timed from outside;
         with ``verify``, ``dst`` is read back and compared with the input first."""
@@ -691,6 +698,7 @@ class Bench:
         if self.args.case:
             cases = [c for c in cases if c.key in self.args.case]
         only = self.args.only or list(SCENARIOS)
+        self._cases = cases
         self.log(f"cases: {', '.join(c.key for c in cases)}; scenarios: {', '.join(only)}")
         self.startup = None
         if {"migrate", "reshard"} & set(only):
@@ -1026,8 +1034,8 @@ def render(args: argparse.Namespace) -> int:
 
 
 def _scenario_prefixes(only: list[str]) -> list[str]:
-    return [{"write": "1 ", "read": "2 ", "chunk": "3 ", "migrate": "4 ", "reshard": "5 ", "xarray": "9 "}[s]
-            for s in only]
+    return [{"write": "1 ", "read": "2 ", "chunk": "3 ", "migrate": "4 ", "reshard": "5 ",
+             "gen2023": "6 ", "xarray": "9 "}[s] for s in only]
 
 
 if __name__ == "__main__":
