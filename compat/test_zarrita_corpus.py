@@ -69,23 +69,9 @@ _NOT_YET_IN_PLACE = ("unrecognized arguments: --in-place", "the following argume
 
 #: known gaps of sharding_store itself, found with this corpus (strict xfail: they flip to
 #: failures, to be removed here, once fixed)
-_NONFINITE = ("meta2023 keeps zarrita's bare JSON NaN/Infinity/-Infinity fill values (Python json.dumps; "
-              "v1.0 says \"NaN\", \"Infinity\", \"-Infinity\"): a store with nothing else pre-final is called "
-              "final (exit 7), and a migrated one gets `\"fill_value\": NaN` (not JSON) in its final "
-              "documents, which tensorstore cannot parse")
-_READ_AFTER_MIGRATE = {"test_migrate_copy_then_readers", "test_migrate_in_place_then_readers"}
 #: (version, case) -> reason, or (reason, the tests it applies to: names of the test
 #: function, or of the function and its api parameter as "test_open_in_place[open_v3]")
 KNOWN_GAPS: dict[tuple[str, str], str | tuple[str, set[str]]] = {
-    ("0.2.1", "nonfinite_fill"): (_NONFINITE, _READ_AFTER_MIGRATE),  # 2023 anyway (no index_location)
-    ("0.2.7", "nonfinite_fill"): _NONFINITE,
-    ("0.2.7", "index_start_empty"): (
-        "zarrita 0.2.2+ with index_location start writes an empty entry as (index size - 1, 2**64-1) "
-        "(it adds the index size to the 2**64-1 marker too); sharding-store's index check refuses it (exit 4) "
-        "where zarr-python 3, tensorstore and zarrs (and open_v3, which serves the bytes to zarr-python 3) read "
-        "the array", {"test_info_names_the_generation", "test_migrate_copy_then_readers",
-                      "test_zarrita_reads_the_migrated_store", "test_open_in_place[open_draft]",
-                      "test_migrate_in_place_then_readers"}),
     ("0.2.1", "outer_codec"): (
         "a bytes->bytes codec after sharding_indexed (valid v1.0): the 2023 migration reads the index "
         "from the tail of the gzip/crc32c-wrapped shard object and refuses it as corrupt (exit 4)"),

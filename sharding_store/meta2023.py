@@ -36,7 +36,9 @@ Accepted spellings (each one changes the document; the change is listed):
   reachable by a tail read);
 * ``"dimension_names": null`` -> the key is dropped; ``attributes`` missing -> ``{}``
   (arrays and groups);
-* ``fill_value`` ``0``/``1`` for ``bool`` -> ``false``/``true``;
+* ``fill_value`` ``0``/``1`` for ``bool`` -> ``false``/``true``; bare JSON ``NaN``,
+  ``Infinity``, ``-Infinity`` (Python's ``json.dumps``: zarrita 0.2.x) -> the strings
+  ``"NaN"``, ``"Infinity"``, ``"-Infinity"``;
 * ``"extensions": []`` (an empty list of the 2022 drafts' extension points) -> dropped.
 
 Spellings that are already final and kept as they are: ``chunk_key_encoding`` ``default``
@@ -55,6 +57,7 @@ without ``typesize`` on an unknown data type) the node is damaged.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -331,18 +334,26 @@ class _Normaliser:
                 return value
             raise _Damage(fld, f"expected an integer in [{lo}, {hi}] for {data_type}, got {_text(value)}")
         if data_type.startswith("float"):
+            if isinstance(value, float) and not math.isfinite(value):
+                return self._finite_spelling(value)
             if _float_ok(value):
                 return value
             raise _Damage(fld, f"expected a number, \"NaN\", \"Infinity\", \"-Infinity\" or \"0x...\" for {data_type}, got {_text(value)}")
         if data_type.startswith("complex"):
             if isinstance(value, list) and len(value) == 2 and all(_float_ok(v) for v in value):
-                return value
+                return [self._finite_spelling(v) if isinstance(v, float) and not math.isfinite(v) else v for v in value]
             raise _Damage(fld, f"expected [real, imaginary] for {data_type}, got {_text(value)}")
         # r<bits>: a list of bytes
         n = _item_size(data_type)
         if isinstance(value, list) and len(value) == n and all(_is_int(v) and 0 <= v < 256 for v in value):
             return value
         raise _Damage(fld, f"expected a list of {n} bytes for {data_type}, got {_text(value)}")
+
+    def _finite_spelling(self, value: float) -> str:
+        """Bare JSON ``NaN``/``Infinity`` (Python's json.dumps, e.g. zarrita 0.2.x) -> the spec's strings."""
+        text = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        self.change(f"fill_value bare {text} -> \"{text}\" (JSON has no NaN/Infinity literals)")
+        return text
 
     def _shard_fits(self, codecs: list[dict], grid: list[int]) -> None:
         for i, c in enumerate(codecs):

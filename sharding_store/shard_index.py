@@ -58,6 +58,16 @@ def n_entries(chunks_per_shard: tuple[int, ...]) -> int:
     return n
 
 
+def _unwrap_empty_entries(flat: np.ndarray, payload_start: int) -> None:
+    """zarrita 0.2.2-0.2.7 wrote an index at the start by adding its size to every offset,
+    the empty marker's too: an empty entry reads ``(payload_start - 1, 2**64-1)``. No chunk
+    can be ``2**64-1`` bytes long, so exactly that pair is the empty marker (in place)."""
+    pairs = flat.reshape(-1, 2)
+    wrapped = (pairs[:, 1] == MAX_UINT64) & (pairs[:, 0] == np.uint64(payload_start - 1))
+    if wrapped.any():
+        pairs[wrapped, 0] = MAX_UINT64
+
+
 @dataclass
 class ShardIndex:
     """The ``(offset, nbytes)`` table of one shard, shape ``[*chunks_per_shard, 2]``."""
@@ -108,6 +118,8 @@ class ShardIndex:
                     key=key,
                 )
         entries = np.frombuffer(body, dtype="<u8").astype(np.uint64, copy=True)
+        if payload_start:
+            _unwrap_empty_entries(entries, payload_start)
         entries = entries.reshape((*chunks_per_shard, 2))
         index = cls(entries)
         index.validate(key=key, payload_limit=payload_limit, payload_start=payload_start)
