@@ -301,8 +301,9 @@ def target_parts(
     C order, then the index), with ranges of one source that follow each other merged."""
     if dst.chunks_per_shard is None:
         for coords in sorted(located):
-            key, off, nb = located[coords]
-            yield dst.chunk_key(coords), [(key, off, off + nb)]
+            if target is None or coords == target:
+                key, off, nb = located[coords]
+                yield dst.chunk_key(coords), [(key, off, off + nb)]
         return
     cps = dst.chunks_per_shard
     shards: dict[Coords, list[tuple[Coords, tuple[str, int, int]]]] = defaultdict(list)
