@@ -16,6 +16,15 @@ coalesced ranges): :meth:`ShardEngine.gather`. The tasks are planned by
 :func:`~sharding_store.jobs.plan_units` and run on a bounded thread pool
 (:func:`~sharding_store.jobs.run_all`).
 
+Where the stores can build an object from ranges of others without the bytes passing
+through this process (:meth:`Inner.compose`: local disk to local disk, kernel copies), a
+task reads only its source objects' indices (one tail request) and builds each target
+object from source ranges plus the index it computes, byte for byte what packing would
+write (:func:`source_ranges`, :func:`target_parts`). Elsewhere (object stores, mappings)
+a task reads as above: whole source objects, one request each, or one index read per
+source and one call of coalesced ranges (one range per source shard unless its chunks lie
+far apart), then writes each target with one put.
+
 With a destination
 ------------------
 The whole hierarchy is copied (metadata, groups, other arrays and stray keys verbatim),
@@ -121,7 +130,7 @@ class ReshardReport:
     objects_written: int = 0  # new objects (shards or chunks) of repacked arrays
     objects_removed: int = 0  # old objects deleted (in place)
     objects_copied: int = 0  # verbatim copies (with a destination)
-    bytes_read: int = 0
+    bytes_read: int = 0  # bytes read into this process (not those a kernel copy moved)
     bytes_written: int = 0  # payload bytes of new objects plus verbatim copies
     seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

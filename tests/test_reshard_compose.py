@@ -354,3 +354,32 @@ def test_reshard_refuses_a_source_shard_changed_after_its_index_was_read(tmp_pat
         reshard(src, result, chunks_per_shard=(4, 4), progress=False)
     assert chunk_view(result) == view
     assert_same_values(values(result), vals)
+
+
+# --------------------------------------------------------------------------- object stores
+
+
+@pytest.mark.parametrize("old,new,factor", [((2, 2), (4, 4), None), ((4, 4), (2, 2), None), ((3, 3), (4, 4), 1)])
+def test_object_store_reads_each_source_shard_in_one_range_per_task(tmp_path, monkeypatch, old, new, factor):
+    """No kernel copies between object stores: a task reads each of its source shards with
+    one request (whole, in an lcm block) or one coalesced range (per target shard), all of
+    the task's in one call."""
+    src = new_store("memory", tmp_path)
+    make_store(src.fs.get_mapper(src.root), shape=(24, 24), chunks=(2, 2), cps=old)
+    counting = CountingInner(src)
+    if factor is not None:
+        monkeypatch.setattr(rs, "MAX_BLOCK_FACTOR", factor)
+    view = chunk_view(src.fs.get_mapper(src.root))
+    dst: dict = {}
+    reshard(counting, dst, chunks_per_shard=new, jobs=1, progress=False)
+    assert chunk_view(dst) == view
+    data_calls = [reqs for name, reqs in counting.log if name == "get_ranges" and reqs[0][0].startswith("data/")]
+    payload_calls = [reqs for reqs in data_calls if reqs[0][1] >= 0]  # not index tails
+    assert payload_calls
+    for reqs in payload_calls:
+        keys = [k for k, _, _ in reqs]
+        assert len(keys) == len(set(keys))  # one range per source shard in each call
+    whole = [k for reqs in payload_calls for k, start, end in reqs if start == 0 and end is None]
+    if factor is None:  # lcm blocks: every source shard read once, whole, and nothing else
+        assert sorted(whole) == sorted(set(whole)) == sorted(k for k in src.list_prefix("data/"))
+        assert len(data_calls) == len(payload_calls)
