@@ -674,7 +674,8 @@ class Bench:
         ]
         if baseline:  # the same command from another tree (e.g. before a change), side by side
             comps.append(Competitor("reshard (baseline)", lambda v: cmd(
-                ["env", f"PYTHONPATH={baseline}", *reshard_argv(d / "r-base")], d / "r-base", v)))
+                ["env", f"PYTHONPATH={baseline}", *reshard_argv(d / "r-base")], d / "r-base", v),
+                budget=ANCHOR_BUDGET_S))  # as many rounds as ours
         m = measure(comps, self.reps(case), not self.args.quick, self.log)
         files = [p for p in (src / "data").rglob("*") if p.is_file()]
         note = (f"whole commands incl. interpreter start-up; source {du_bytes(src) / 2**20:.0f} MiB on disk, "
