@@ -383,3 +383,29 @@ def test_object_store_reads_each_source_shard_in_one_range_per_task(tmp_path, mo
     if factor is None:  # lcm blocks: every source shard read once, whole, and nothing else
         assert sorted(whole) == sorted(set(whole)) == sorted(k for k in src.list_prefix("data/"))
         assert len(data_calls) == len(payload_calls)
+
+
+@pytest.mark.parametrize("refuse", ["copy_file_range", "copy_file_range+sendfile", "zero"])
+def test_compose_falls_back_when_the_kernel_refuses(tmp_path, monkeypatch, refuse):
+    import errno
+
+    src, dst = LocalInner(tmp_path / "a"), LocalInner(tmp_path / "b")
+    data = bytes(range(256)) * 40
+    src.set("k", data)
+    calls = {"copy_file_range": 0, "sendfile": 0}
+
+    def refused(name):
+        def fn(*args, **kwargs):
+            calls[name] += 1
+            if refuse == "zero":
+                return 0  # what some filesystems answer instead of an error
+            raise OSError(errno.EXDEV if name == "copy_file_range" else errno.EINVAL, "refused")
+        return fn
+
+    monkeypatch.setattr(os, "copy_file_range", refused("copy_file_range"), raising=False)
+    if refuse != "copy_file_range":
+        monkeypatch.setattr(os, "sendfile", refused("sendfile"), raising=False)
+    parts = [("k", 100, 5000), b"--", ("k", 0, 10), ("k", 9000, 10240)]
+    assert src.compose("t", parts, into=dst) == 4900 + 2 + 10 + 1240
+    assert dst.get("t") == data[100:5000] + b"--" + data[:10] + data[9000:]
+    assert calls["copy_file_range"] == 1  # refused once, then the next way for every range

@@ -849,7 +849,8 @@ def _copy_range(key: str, src_fd: int, dst_fd: int, offset: int, count: int, mod
     """Append ``count`` bytes of ``src_fd`` from ``offset`` at ``dst_fd``'s position: with
     ``copy_file_range``, else ``sendfile``, else ``pread``/``write``. ``mode[0]`` is the way
     that worked so far (a refusal moves it to the next way, for this and later ranges; the
-    refused call wrote nothing). A source that ends early raises :class:`ObjectChangedError`."""
+    refused call wrote nothing; so does one that copies nothing, which some filesystems answer
+    instead of refusing). A source that ends early raises :class:`ObjectChangedError`."""
     while count > 0:
         way = mode[0]
         try:
@@ -867,6 +868,9 @@ def _copy_range(key: str, src_fd: int, dst_fd: int, offset: int, count: int, mod
                 continue
             raise
         if n == 0:
+            if way != "read":  # some filesystems answer 0 instead of refusing: the plain way tells
+                mode[0] = "sendfile" if way == "copy_file_range" and hasattr(os, "sendfile") else "read"
+                continue
             raise ObjectChangedError(f"{key}: ends before byte {offset + count} (changed while being copied)", key=key)
         offset += n
         count -= n
