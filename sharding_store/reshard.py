@@ -16,6 +16,15 @@ coalesced ranges): :meth:`ShardEngine.gather`. The tasks are planned by
 :func:`~sharding_store.jobs.plan_units` and run on a bounded thread pool
 (:func:`~sharding_store.jobs.run_all`).
 
+Where the stores can build an object from ranges of others without the bytes passing
+through this process (:meth:`Inner.compose`: local disk to local disk, kernel copies), a
+task reads only its source objects' indices (one tail request) and builds each target
+object from source ranges plus the index it computes, byte for byte what packing would
+write (:func:`source_ranges`, :func:`target_parts`). Elsewhere (object stores, mappings)
+a task reads as above: whole source objects, one request each, or one index read per
+source and one call of coalesced ranges (one range per source shard unless its chunks lie
+far apart), then writes each target with one put.
+
 With a destination
 ------------------
 The whole hierarchy is copied (metadata, groups, other arrays and stray keys verbatim),
@@ -68,9 +77,11 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+import numpy as np
+
 from . import draft_metadata as dm
 from .engine import ArrayLayout, gather, read_objects
-from .errors import DraftMetadataError, MigrationError, UsageError
+from .errors import DraftMetadataError, MigrationError, ObjectChangedError, UsageError
 from .hierarchy import DraftHierarchy, inner_of
 from .jobs import (
     ChunksPerShard,
@@ -88,10 +99,10 @@ from .jobs import (
     run_all,
 )
 from .journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshards
-from .keys import Coords, chunk_to_shard, local_to_global
+from .keys import Coords, chunk_to_shard, local_to_global, shard_chunks
 from .progress import progress_bar
-from .shard_index import encode_shard
-from .stores import Inner
+from .shard_index import MAX_UINT64, encode_shard, index_nbytes, n_entries, parse_indices
+from .stores import Inner, Part, Version
 
 STAGING = STAGING_PREFIX
 #: an lcm block may hold this many times the chunks of the larger shard before each
@@ -119,7 +130,7 @@ class ReshardReport:
     objects_written: int = 0  # new objects (shards or chunks) of repacked arrays
     objects_removed: int = 0  # old objects deleted (in place)
     objects_copied: int = 0  # verbatim copies (with a destination)
-    bytes_read: int = 0
+    bytes_read: int = 0  # bytes read into this process (not those a kernel copy moved)
     bytes_written: int = 0  # payload bytes of new objects plus verbatim copies
     seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -225,10 +236,12 @@ class _Repack:
         """Write every target object; tasks whose targets are all in ``skip`` are not redone."""
         src_cps, dst_cps = _object_cps(self.src), _object_cps(self.dst)
         tasks = [t for t in plan_tasks(objects, src_cps, dst_cps) if not group_targets(t, src_cps, dst_cps) <= skip]
+        task = self._compose_task if self.src_inner.can_compose_to(self.dst_inner) else self._task
         with _progress(len(tasks), self.src.path or "/", progress) as bar:
-            run_all(lambda t: self._task(t, report), tasks, jobs, lambda: bar.update())
+            run_all(lambda t: task(t, report), tasks, jobs, lambda: bar.update())
 
     def _task(self, task: Group, report: ReshardReport) -> None:
+        """Read the sources (whole objects, or the target's coalesced ranges), pack, write."""
         if task.target is None:
             chunks, nread = read_objects(self.src_inner, self.src, [(s.coords, s.key) for s in task.sources])
         else:
@@ -241,6 +254,95 @@ class _Repack:
             self.dst_inner.set(self.dst_under + key, blob)
             report.add(objects_written=1, bytes_written=len(blob))
             fault_point("stage")
+
+    def _compose_task(self, task: Group, report: ReshardReport) -> None:
+        """The same objects, byte for byte, built by :meth:`Inner.compose` from ranges of the
+        source objects (a kernel copy on local disk): only the sources' indices are read
+        (one call for the task), each target's index is computed; the payloads never pass
+        through this process. A source that changes after its index was read makes the
+        copy raise :class:`~sharding_store.errors.ObjectChangedError`."""
+        located, versions, nread = source_ranges(self.src_inner, self.src, task.sources)
+        report.add(bytes_read=nread)
+        for key, parts in target_parts(located, self.dst, task.target):
+            n = self.src_inner.compose(self.dst_under + key, parts, into=self.dst_inner, versions=versions)
+            report.add(objects_written=1, bytes_written=n)
+            fault_point("stage")
+
+
+def source_ranges(
+    inner: Inner, layout: ArrayLayout, sources: Sequence[Source]
+) -> tuple[dict[Coords, tuple[str, int, int]], dict[str, Version | None], int]:
+    """Where each chunk of ``sources`` lies: global chunk coords -> ``(key, offset, nbytes)``,
+    the version of each source as read, and the bytes read. One tail request for all
+    sources: a shard's index (validated against the object's size), an unsharded chunk's
+    size alone. A listed source that is gone raises :class:`ObjectChangedError`."""
+    keys = [s.key for s in sources]
+    cps = layout.chunks_per_shard
+    tails = inner.get_tails([(k, 0 if cps is None else index_nbytes(cps)) for k in keys]) if keys else []
+    for key, tail in zip(keys, tails):
+        if tail is None:
+            raise ObjectChangedError(f"{key}: listed, but gone before it was read (is another process writing?)", key=key)
+    versions = {k: getattr(t, "version", None) for k, t in zip(keys, tails)}
+    located: dict[Coords, tuple[str, int, int]] = {}
+    if cps is None:
+        for src, tail in zip(sources, tails):
+            if tail.size is None:  # pragma: no cover - stores that compose by kernel copies know sizes
+                raise MigrationError(f"{src.key}: the store did not report the object's size", key=src.key)
+            located[src.coords] = (src.key, 0, tail.size)
+        return located, versions, 0
+    raws = [t.data for t in tails]
+    sizes = [t.size for t in tails]
+    limits = [None if n is None else max(0, n - len(r)) for r, n in zip(raws, sizes)]
+    table = parse_indices(raws, cps, keys=keys, payload_limits=limits)
+    locals_ = list(shard_chunks((0,) * len(cps), cps))  # C order, as the index is laid out
+    for src, rows in zip(sources, table.tolist()):
+        for local, (off, nb) in zip(locals_, rows):
+            if off != MAX_UINT64:
+                located[local_to_global(src.coords, local, cps)] = (src.key, off, nb)
+    return located, versions, sum(len(r) for r in raws)
+
+
+def target_parts(
+    located: Mapping[Coords, tuple[str, int, int]], dst: ArrayLayout, target: Coords | None
+) -> Iterator[tuple[str, list[Part]]]:
+    """The target objects holding the ``located`` chunks (only ``target``'s, when given), as
+    :meth:`Inner.compose` parts: exactly what :func:`pack_objects` would write (payloads in
+    C order, then the index), with ranges of one source that follow each other merged."""
+    if dst.chunks_per_shard is None:
+        for coords in sorted(located):
+            if target is None or coords == target:
+                key, off, nb = located[coords]
+                yield dst.chunk_key(coords), [(key, off, off + nb)]
+        return
+    cps = dst.chunks_per_shard
+    shards: dict[Coords, list[tuple[Coords, tuple[str, int, int]]]] = defaultdict(list)
+    for coords, where in located.items():
+        shard, local = chunk_to_shard(coords, cps)
+        if target is None or shard == target:
+            shards[shard].append((local, where))
+    for shard, chunks in sorted(shards.items()):
+        chunks.sort()
+        parts: list[Part] = []
+        flat, offsets, sizes = [], [], []
+        pos = 0
+        for local, (key, off, nb) in chunks:
+            last = parts[-1] if parts else None
+            if last is not None and last[0] == key and last[2] == off:  # type: ignore[index]
+                parts[-1] = (key, last[1], off + nb)  # type: ignore[index]
+            else:
+                parts.append((key, off, off + nb))
+            i = 0
+            for c, n in zip(local, cps):
+                i = i * n + c
+            flat.append(i)
+            offsets.append(pos)
+            sizes.append(nb)
+            pos += nb
+        index = np.full((n_entries(cps), 2), MAX_UINT64, dtype="<u8")
+        index[flat, 0] = offsets
+        index[flat, 1] = sizes
+        parts.append(index.tobytes())
+        yield dst.shard_key(shard), parts
 
 
 def copy_object(src: Inner, dst: Inner, key: str, size: int | None = None) -> int:

@@ -16,10 +16,10 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .stores import Inner, Location, RangeRequest, Tail, Version, as_inner
+from .stores import BaseInner, Inner, Location, Part, RangeRequest, Tail, Version, as_inner
 
 __all__ = ["PAUSE_LINE", "CountingInner", "fault_hook", "kill_at", "pause_after", "rendezvous"]
 
@@ -29,7 +29,8 @@ class CountingInner:
 
     ``calls`` keys: ``get``, ``get_ranges`` (also tail reads, as they are range requests),
     ``set``, ``create_exclusive``, ``delete``, ``delete_prefix``, ``list_prefix``,
-    ``list_sized``, ``list_dir``, ``exists``, ``size``, ``read_into``, ``copy_to``, ``move``,
+    ``list_sized``, ``list_dir``, ``exists``, ``size``, ``read_into``, ``copy_to``, ``compose``
+    (kernel copies only; the generic way counts as the reads and the ``set`` it does), ``move``,
     ``tidy``. ``log`` holds ``(name, detail)`` in call order.
     """
 
@@ -63,8 +64,9 @@ class CountingInner:
 
     @property
     def writes(self) -> int:
-        """Requests that write an object: ``set``, ``create_exclusive``, ``copy_to``, ``move``."""
-        return self.calls["set"] + self.calls["create_exclusive"] + self.calls["copy_to"] + self.calls["move"]
+        """Requests that write an object: ``set``, ``create_exclusive``, ``copy_to``, ``compose``, ``move``."""
+        return (self.calls["set"] + self.calls["create_exclusive"] + self.calls["copy_to"] + self.calls["compose"]
+                + self.calls["move"])
 
     # ------------------------------------------------------------------ core
     def get(self, key: str) -> bytes | None:
@@ -149,6 +151,22 @@ class CountingInner:
         if done:
             self._count("copy_to", (key, dst_key), nwritten=len(append))
         return done
+
+    def can_compose_to(self, dst: Inner) -> bool:
+        return self.inner.can_compose_to(dst)
+
+    def compose(
+        self, key: str, parts: Sequence[Part], *, into: Inner | None = None,
+        versions: Mapping[str, Version | None] | None = None,
+    ) -> int:
+        """A kernel copy of the wrapped store is counted as one ``compose`` (no byte read);
+        otherwise the generic way runs through this wrapper, so its reads and its ``set`` count."""
+        dst = self if into is None else into
+        if not self.inner.can_compose_to(dst):
+            return BaseInner.compose(self, key, parts, into=dst, versions=versions)  # type: ignore[arg-type]
+        n = self.inner.compose(key, parts, into=dst, versions=versions)
+        self._count("compose", (key, len(parts)), nwritten=n)
+        return n
 
     def move(self, key: str, dst_key: str) -> None:
         self.inner.move(key, dst_key)

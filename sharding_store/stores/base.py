@@ -3,9 +3,9 @@
 A store ("inner store", below a :class:`~sharding_store.ShardingStore`) is anything with the
 methods of :class:`Inner`. The *core* is what every backend has (whole gets, byte ranges,
 tails of objects, atomic puts, deletes, listings); the *capabilities* (``size``,
-``read_into``, ``local_path``, ``copy_to``, ``move``, ``create_exclusive``, ``list_sized``,
-``location``, ``describe``, ...) let a backend do better than the generic way: a kernel
-copy, a server-side copy, a rename, a conditional put. :class:`BaseInner` implements every
+``read_into``, ``local_path``, ``copy_to``, ``compose``, ``move``, ``create_exclusive``,
+``list_sized``, ``location``, ``describe``, ...) let a backend do better than the generic way:
+a kernel copy, a server-side copy, a rename, a conditional put. :class:`BaseInner` implements every
 capability from the core, so a new backend writes the core and overrides what it can do
 better; wrappers (``sharding_store.testing.CountingInner``) delegate every method. Nothing
 outside this package asks *which* class a store is: it calls the method.
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, Union, runtime_checkable
 
 from ..errors import LinkOutsideStoreError, ObjectChangedError, StoreIOError
 
@@ -38,6 +38,7 @@ __all__ = [
     "Inner",
     "LinkOutsideStoreError",
     "Location",
+    "Part",
     "ObjectChangedError",
     "RangeRequest",
     "Relation",
@@ -52,6 +53,11 @@ RangeRequest = tuple[str, int, "int | None"]
 #: an object's identity at read time; equal versions mean the same bytes
 Version = Hashable
 Relation = Literal["same", "inside", "contains", None]
+#: one piece of an object built by :meth:`Inner.compose`: bytes ``[start, end)`` of an object
+#: of the source store, or literal bytes
+Part = Union[tuple[str, int, int], bytes]
+#: ranges of one object closer than this are read as one range by the generic :meth:`BaseInner.compose`
+COMPOSE_GAP = 1 << 16
 
 
 class Tail(NamedTuple):
@@ -182,6 +188,11 @@ class Inner(Protocol):
         self, key: str, dst: Inner, dst_key: str, *, size: int | None = None, append: bytes = b"",
         version: Version | None = None,
     ) -> bool: ...
+    def can_compose_to(self, dst: Inner) -> bool: ...
+    def compose(
+        self, key: str, parts: Sequence[Part], *, into: Inner | None = None,
+        versions: Mapping[str, Version | None] | None = None,
+    ) -> int: ...
     def move(self, key: str, dst_key: str) -> None: ...
     def tidy(self, prefix: str = "", *, keep_top: bool = True) -> None: ...
     def location(self) -> Location: ...
@@ -297,6 +308,50 @@ class BaseInner:
         :class:`ObjectChangedError` rather than copy another version."""
         return False
 
+    def can_compose_to(self, dst: Inner) -> bool:
+        """Whether :meth:`compose` into ``dst`` builds objects without their bytes passing
+        through this process (else it reads and writes, which callers may do better)."""
+        return False
+
+    def compose(
+        self, key: str, parts: Sequence[Part], *, into: Inner | None = None,
+        versions: Mapping[str, Version | None] | None = None,
+    ) -> int:
+        """Write object ``key`` of ``into`` (default: this store), atomically, as the
+        concatenation of ``parts``: byte ranges ``(src_key, start, end)`` of this store's
+        objects and literal ``bytes``. Returns its size.
+
+        ``versions``: source key -> a version from :meth:`get_tails`; the ranges are read
+        from that version or :class:`ObjectChangedError` is raised (also when a range
+        reaches past its object's end or the object is gone: the caller computed the ranges
+        from what it read before). Here: the ranges of each source object coalesced (one
+        range per object unless they lie more than :data:`COMPOSE_GAP` apart), all in one
+        :meth:`get_ranges` call, then one ``set``.
+        """
+        ranges = [p for p in parts if not isinstance(p, (bytes, bytearray, memoryview))]
+        spans = coalesce_parts(ranges)  # type: ignore[arg-type]
+        requests = [(k, lo, hi) for k, lo, hi, _ in spans]
+        if versions and any(versions.get(k) is not None for k, _, _ in requests):
+            blobs = self.get_ranges(requests, versions=[versions.get(k) for k, _, _ in requests])
+        else:
+            blobs = self.get_ranges(requests) if requests else []
+        pieces: list[bytes | memoryview] = []
+        at: dict[tuple[str, int, int], memoryview] = {}
+        for (k, lo, hi, members), blob in zip(spans, blobs):
+            if blob is None or len(blob) < hi - lo:
+                raise ObjectChangedError(
+                    f"{k}: shorter than {hi} bytes or gone since its ranges were computed (is another process "
+                    "writing?)", key=k,
+                )
+            view = memoryview(blob)
+            for start, end in members:
+                at[(k, start, end)] = view[start - lo : end - lo]
+        for p in parts:
+            pieces.append(p if isinstance(p, (bytes, bytearray, memoryview)) else at[p])  # type: ignore[index]
+        value = b"".join(pieces)
+        (self if into is None else into).set(key, value)
+        return len(value)
+
     def move(self, key: str, dst_key: str) -> None:
         """Move an object within this store (here: get, set, delete); a missing source
         whose destination exists is taken as a move already done."""
@@ -379,6 +434,32 @@ class CompletedInner(BaseInner):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
+
+
+def coalesce_parts(
+    ranges: Sequence[tuple[str, int, int]], gap: int = COMPOSE_GAP
+) -> list[tuple[str, int, int, list[tuple[int, int]]]]:
+    """The ranges of :meth:`Inner.compose` as ``(key, start, end, [(start, end) of each range
+    inside])`` spans: the ranges of one object merged where they overlap, touch or lie
+    less than ``gap`` bytes apart. Refuses a range with ``start < 0`` or ``end < start``."""
+    by_key: dict[str, list[tuple[int, int]]] = {}
+    for k, start, end in ranges:
+        if start < 0 or end < start:
+            raise ValueError(f"{k}: compose range [{start}, {end}) is not a forward range of the object")
+        by_key.setdefault(k, []).append((start, end))
+    spans: list[tuple[str, int, int, list[tuple[int, int]]]] = []
+    for k, rs in by_key.items():
+        rs = sorted(set(rs))
+        lo, hi, members = rs[0][0], rs[0][1], [rs[0]]
+        for start, end in rs[1:]:
+            if start <= hi + gap:
+                hi = max(hi, end)
+                members.append((start, end))
+            else:
+                spans.append((k, lo, hi, members))
+                lo, hi, members = start, end, [(start, end)]
+        spans.append((k, lo, hi, members))
+    return spans
 
 
 def check_versions(key: str, expected: Version | None, actual: Version | None) -> None:

@@ -39,11 +39,11 @@ import stat
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import LinkOutsideStoreError, MigrationError, ObjectChangedError
-from .base import BaseInner, ForkSafeLock, Inner, Location, RangeRequest, Tail, Version
+from .base import BaseInner, ForkSafeLock, Inner, Location, Part, RangeRequest, Tail, Version
 
 __all__ = [
     "CREATE_ATTEMPTS",
@@ -466,6 +466,70 @@ class LocalInner(BaseInner):
             os.close(fd)
         return True
 
+    def can_compose_to(self, dst: Inner) -> bool:
+        return dst.location().kind == "file"
+
+    def compose(
+        self, key: str, parts: Sequence[Part], *, into: Inner | None = None,
+        versions: Mapping[str, Version | None] | None = None,
+    ) -> int:
+        """Kernel copies (``copy_file_range``, else ``sendfile``, else ``pread``/``write``) of
+        each range from its source file into a temporary file at the destination, literal
+        parts written, then ``os.replace``: no payload byte through this process.
+
+        Each source file is opened once (never through a link out of this store), its
+        version checked against ``versions`` on that descriptor (``fstat``) and its
+        ``fstat`` compared again after the copies, before the new object is published: a
+        source replaced or rewritten meanwhile raises :class:`ObjectChangedError` and
+        nothing is written. The destination path is ``into``'s own, checked the same way
+        (:meth:`local_path`). Another kind of destination: the generic way."""
+        dst = self if into is None else into
+        dst_path = dst.local_path(key)
+        if dst_path is None:
+            return super().compose(key, parts, into=into, versions=versions)
+        fds: dict[str, tuple[int, os.stat_result]] = {}
+        try:
+            for part in parts:
+                if isinstance(part, (bytes, bytearray, memoryview)) or part[0] in fds:
+                    continue
+                src_key, start, end = part
+                fd = self._open(src_key)
+                if fd is None:
+                    raise ObjectChangedError(f"{src_key}: gone since its ranges were computed", key=src_key)
+                fds[src_key] = (fd, os.fstat(fd))
+                st = fds[src_key][1]
+                expected = None if versions is None else versions.get(src_key)
+                if expected is not None:
+                    _check(src_key, expected, fd, st if stat.S_ISREG(st.st_mode) else None)
+                elif not stat.S_ISREG(st.st_mode):
+                    raise ObjectChangedError(f"{src_key}: not a file any more", key=src_key)
+            mode = [_KERNEL_COPY]
+            written = 0
+            with atomic_local_file(dst_path) as (out, _):
+                for part in parts:
+                    if isinstance(part, (bytes, bytearray, memoryview)):
+                        write_all(out, part)
+                        written += len(part)
+                        continue
+                    src_key, start, end = part
+                    fd, st = fds[src_key]
+                    if start < 0 or end < start:
+                        raise ValueError(f"{src_key}: compose range [{start}, {end}) is not a forward range of the object")
+                    if end > st.st_size:
+                        raise ObjectChangedError(
+                            f"{src_key}: shorter than {end} bytes since its ranges were computed", key=src_key
+                        )
+                    _copy_range(src_key, fd, out, start, end - start, mode)
+                    written += end - start
+                for src_key, (fd, st) in fds.items():  # nothing rewrote a source in place meanwhile
+                    now = os.fstat(fd)
+                    if (now.st_ino, now.st_mtime_ns, now.st_size) != (st.st_ino, st.st_mtime_ns, st.st_size):
+                        raise ObjectChangedError(f"{src_key}: changed while being copied", key=src_key)
+        finally:
+            for fd, _ in fds.values():
+                os.close(fd)
+        return written
+
     # ------------------------------------------------------------------ listings
     def list_prefix(self, prefix: str) -> Iterator[str]:
         return (k for k, _ in self._walk(prefix, sizes=False))
@@ -770,6 +834,46 @@ def copy_fd_to(src_fd: int, dst_path: str, append: bytes = b"", size: int | None
                 write_all(fd, block)
                 offset += len(block)
         write_all(fd, append)
+
+
+#: what ``copy_file_range``/``sendfile`` say when they cannot copy between these files
+#: (another filesystem, no support in the kernel or the filesystem): the next way is tried
+_NO_KERNEL_COPY_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("EXDEV", "ENOSYS", "EINVAL", "EOPNOTSUPP", "ENOTSUP", "EPERM", "EBADF",
+                                      "ENOTSOCK") if hasattr(errno, name)
+)
+_KERNEL_COPY = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile" if hasattr(os, "sendfile") else "read"
+
+
+def _copy_range(key: str, src_fd: int, dst_fd: int, offset: int, count: int, mode: list[str]) -> None:
+    """Append ``count`` bytes of ``src_fd`` from ``offset`` at ``dst_fd``'s position: with
+    ``copy_file_range``, else ``sendfile``, else ``pread``/``write``. ``mode[0]`` is the way
+    that worked so far (a refusal moves it to the next way, for this and later ranges; the
+    refused call wrote nothing; so does one that copies nothing, which some filesystems answer
+    instead of refusing). A source that ends early raises :class:`ObjectChangedError`."""
+    while count > 0:
+        way = mode[0]
+        try:
+            if way == "copy_file_range":
+                n = os.copy_file_range(src_fd, dst_fd, count, offset)
+            elif way == "sendfile":
+                n = os.sendfile(dst_fd, src_fd, offset, count)
+            else:
+                block = os.pread(src_fd, min(count, 1 << 20), offset)
+                write_all(dst_fd, block)
+                n = len(block)
+        except OSError as e:
+            if way != "read" and e.errno in _NO_KERNEL_COPY_ERRNOS:
+                mode[0] = "sendfile" if way == "copy_file_range" and hasattr(os, "sendfile") else "read"
+                continue
+            raise
+        if n == 0:
+            if way != "read":  # some filesystems answer 0 instead of refusing: the plain way tells
+                mode[0] = "sendfile" if way == "copy_file_range" and hasattr(os, "sendfile") else "read"
+                continue
+            raise ObjectChangedError(f"{key}: ends before byte {offset + count} (changed while being copied)", key=key)
+        offset += n
+        count -= n
 
 
 def copy_fd(src_fd: int, dst_fd: int, size: int | None = None) -> bool:
