@@ -29,6 +29,13 @@ range that does not name a chunk.
 The draft metadata is read once (:func:`sharding_store.hierarchy.open_hierarchy`) and
 cached; :meth:`DraftV3Store.refresh` forgets it. Every write raises
 :class:`~sharding_store.errors.ReadOnlyError`.
+
+A store of the 2023 intermediate generation (per-node ``zarr.json`` spelled as before v1.0)
+is served by :class:`Draft2023V3Store`: its keys are already final, so only the documents
+change (normalised by :mod:`sharding_store.meta2023`, the one translation; implicit groups
+get a group document); data objects are served byte for byte, and every shard index zarr
+reads is checked first (an undeclared index is decided from the bytes, never guessed).
+:func:`open_v3` tells the generation from the documents and picks the view.
 """
 
 from __future__ import annotations
@@ -712,6 +719,15 @@ class _View2023:
         self.doc_keys = {_node_prefix(p) + ZARR_JSON: p for p in [*self.normalised, *self.implicit]}
         self._documents: dict[str, bytes] = {}
         self._checks: dict[str, _IndexCheck | None] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
         self._lock = threading.Lock()
 
     def document(self, path: str) -> bytes:
