@@ -812,7 +812,7 @@ class _View2023:
         if byte_range is None:  # a whole shard: one snapshot, its index checked
             blob = inner.get(key)
             if blob is not None:
-                check.validate(blob[len(blob) - check.tail_nbytes:], len(blob), key)
+                check.validate(blob[max(0, len(blob) - check.tail_nbytes):], len(blob), key)
             return blob
         _, start, end = byte_range
         if end is None and start == -check.served_nbytes:  # zarr reads the index
