@@ -41,7 +41,7 @@ WORKER = HERE / "_worker.py"
 LEGACY_WORKER = HERE / "_legacy_worker.py"
 DATA = HERE / ".data"
 TIME_BIN = shutil.which("time", path="/usr/bin:/bin")
-SCENARIOS = ("write", "read", "chunk", "migrate", "reshard")
+SCENARIOS = ("write", "read", "chunk", "migrate", "reshard", "latency")
 TASK_TIMEOUT = 1200
 #: CPU busy (% of all cores, sampled while this benchmark is idle) before each run
 LOADS: list[float] = []
@@ -664,6 +664,12 @@ class Bench:
         self.rows.append(make_row("5 reshard", case, f"sharding-store reshard → cps {to}", m["reshard"], "cp -r",
                                   m["cp -r"], note="whole commands incl. interpreter start-up; no target set"))
 
+    def s_latency(self, case: Case) -> None:
+        """Scenario 8: reads and migrate on S3 (moto) behind a latency-injecting proxy (scn_latency.py)."""
+        import scn_latency
+
+        scn_latency.run_scenario(self, case, sys.modules[__name__])
+
     def timed_command(self, case: Case, argv: list[str], dst: Path, verify: bool) -> dict:
         """One whole command writing ``dst`` (removed before and after), timed from outside;
         with ``verify``, ``dst`` is read back and compared with the input first."""
@@ -1019,7 +1025,8 @@ def render(args: argparse.Namespace) -> int:
 
 
 def _scenario_prefixes(only: list[str]) -> list[str]:
-    return [{"write": "1 ", "read": "2 ", "chunk": "3 ", "migrate": "4 ", "reshard": "5 "}[s] for s in only]
+    return [{"write": "1 ", "read": "2 ", "chunk": "3 ", "migrate": "4 ", "reshard": "5 ", "latency": "8 "}[s]
+            for s in only]
 
 
 if __name__ == "__main__":
