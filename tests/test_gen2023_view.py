@@ -457,3 +457,40 @@ def test_the_view_reads_a_2023_store_on_s3(s3) -> None:  # noqa: ANN001
     # every other shard's index is read once, by zarr, as one suffix that also covers the checksum
     assert sorted(p for p, r in zip(paths[2:], ranges[2:]) if r == "bytes=-68") == ["a/c/0/1", "a/c/1/0", "a/c/1/1"]
     assert sum(1 for r in ranges if r and r.startswith("bytes=-")) == 4  # the rest: whole shards, chunk ranges
+
+
+@needs_2023
+def test_store_interface_on_a_fixture() -> None:
+    """exists, getsize, list_dir, list_prefix and every kind of byte range, against the files."""
+    from zarr.abc.store import OffsetByteRequest, SuffixByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    root = ENDIAN / "data.zarr"
+    view = ss.open_v3(str(root)).store
+    key = "1d.contiguous.raw.i2/c/0"
+    raw = (root / key).read_bytes()
+    assert sync(view.exists(key)) and sync(view.exists("zarr.json"))
+    assert not sync(view.exists("1d.contiguous.raw.i2/c/9")) and not sync(view.exists("nowhere/c/0"))
+    assert sync(view.getsize(key)) == len(raw)
+    assert sync(view.getsize("1d.contiguous.raw.i2/zarr.json")) == len(_get(view, "1d.contiguous.raw.i2/zarr.json"))
+    assert _get(view, key, SuffixByteRequest(3)) == raw[-3:]
+    assert _get(view, key, OffsetByteRequest(2)) == raw[2:]
+    assert _get(view, "1d.contiguous.raw.i2/c/9") is None
+    got = sync(view.get_partial_values(default_buffer_prototype(), [(key, None), ("zarr.json", None)]))
+    assert got[0].to_bytes() == raw and json.loads(got[1].to_bytes()) == json.loads((root / NODE_KEY).read_bytes())
+
+    async def names(prefix: str) -> list[str]:
+        return [k async for k in view.list_dir(prefix)]
+
+    async def listed(prefix: str) -> list[str]:
+        return [k async for k in view.list_prefix(prefix)]
+
+    top = sync(names(""))
+    assert "zarr.json" in top and "1d.contiguous.raw.i2" in top and len(top) == 34
+    assert sync(names("1d.contiguous.raw.i2")) == ["c", "zarr.json"]
+    assert sync(names("1d.contiguous.raw.i2/c")) == sorted(p.name for p in (root / "1d.contiguous.raw.i2" / "c").iterdir())
+    assert sync(listed("1d.contiguous.raw.i2/")) == sorted(
+        p.relative_to(root).as_posix() for p in (root / "1d.contiguous.raw.i2").rglob("*") if p.is_file())
+    with pytest.raises(ReadOnlyError):
+        sync(view.set(key, default_buffer_prototype().buffer.from_bytes(b"x")))
