@@ -756,23 +756,28 @@ def hierarchy_stats(
 # --------------------------------------------------------------------------- undeclared shard indices
 
 
-def _tails(src: Inner, keys: Sequence[tuple[str, int | None]], n: int) -> Iterator[tuple[str, bytes, int]]:
+def _tails(src: Inner, keys: Sequence[tuple[str, int | None]], n: int, skip_absent: bool = False,
+           ) -> Iterator[tuple[str, bytes, int]]:
     want = ENTRY_NBYTES * n + CHECKSUM_NBYTES
     for (key, size), tail in zip(keys, src.get_tails([(k, want) for k, _ in keys])):
         if tail is None:
+            if skip_absent:
+                continue
             raise ShardCorruptError(f"{key}: vanished while it was read", key=key)
         yield key, tail.data, tail.size if tail.size is not None else (size if size is not None else len(tail.data))
 
 
-def decide_reading(src: Inner, path: str, objects: Sequence[tuple[str, int | None]], n: int) -> IndexReading | str:
+def decide_reading(src: Inner, path: str, objects: Sequence[tuple[str, int | None]], n: int, *,
+                   skip_absent: bool = False) -> IndexReading | str:
     """The one reading (:func:`~sharding_store.shard_index.index_reading`) of the undeclared
     index of every shard ``(key, size or None)`` in ``objects`` (``n`` chunks each), read with
     one tail request each; they must agree, else :class:`ShardCorruptError` naming two of them
-    (never a guess). ``"none"`` when ``objects`` is empty. Used by ``migrate`` (every shard of
-    an array of the 2023 generation) and by the ``open_v3`` view (the first shard; the others
-    are checked when they are served)."""
+    (never a guess). ``"none"`` when there is no shard (``objects`` empty, or with
+    ``skip_absent`` all absent; without it an absent object is ShardCorruptError). Used by
+    ``migrate`` (every shard of an array of the 2023 generation) and by the ``open_v3`` view
+    (one shard; the others are checked when they are served)."""
     first: dict[str, str] = {}
-    for key, data, size in _tails(src, objects, n):
+    for key, data, size in _tails(src, objects, n, skip_absent):
         reading = index_reading(data, n, size, key=key)
         first.setdefault(reading, key)
         if len(first) == 2:

@@ -688,6 +688,18 @@ def _sharding_config(doc: dict) -> dict | None:
     return None
 
 
+def _origin_key(doc: dict) -> str:
+    """The key (relative to the array) of the first chunk of the grid of a final array document."""
+    cke = doc["chunk_key_encoding"]
+    ndim = len(doc["shape"])
+    default = cke["name"] == "default"
+    sep = (cke.get("configuration") or {}).get("separator", "/" if default else ".")
+    coords = sep.join("0" * ndim)
+    if default:
+        return "c" + (sep + coords if ndim else "")
+    return coords if ndim else "0"
+
+
 def _checkable_index(cfg: dict) -> bool | None:
     """Whether a declared index chain is the plain little-endian table (with a CRC32C: True,
     without: False) at the end of the shard, which the view validates; None otherwise (zarr
@@ -764,23 +776,32 @@ class _View2023:
             key = _node_prefix(path) + ZARR_JSON
             raise DraftMetadataError(f"{key}: an undeclared shard index must be at the end to be decided from the bytes",
                                      key=key)
-        reading = self._first_reading(path, math.prod(cps))
+        reading = self._first_reading(path, doc, math.prod(cps))
         served = "plain" if reading == "plain" else "crc32c-hidden"  # no shard yet: as migrate declares
         self._checks[path] = _IndexCheck(path, cps, served == "crc32c-hidden", served)
         return norm.document_for(served)  # type: ignore[arg-type]
 
-    def _first_reading(self, path: str, n: int) -> str:
-        """The reading of the first shard whose tail decides (``"none"``: no shard); objects
-        that decide nothing are passed over (at most :data:`DECIDE_TRIES`), each other shard is
+    def _first_reading(self, path: str, doc: dict, n: int) -> str:
+        """The reading of the first shard whose tail decides (``"none"``: no shard): the grid's
+        first shard if it exists (no listing), else the array's objects as listed. Objects that
+        decide nothing are passed over (at most :data:`DECIDE_TRIES`); every other shard is
         checked when it is served. ShardCorruptError (the first one's) when none decides."""
         prefix = _node_prefix(path)
+        origin = prefix + _origin_key(doc)
+        listed = (k for k in self.inner.list_prefix(prefix) if k not in (prefix + ZARR_JSON, origin))
         first_error: ShardCorruptError | None = None
-        keys = (k for k in self.inner.list_prefix(prefix) if k != prefix + ZARR_JSON)
-        for key in itertools.islice(keys, DECIDE_TRIES):
+        tries = 0
+        for key in itertools.chain([origin], listed):
             try:
-                return decide_reading(self.inner, path, [(key, None)], n)
+                reading = decide_reading(self.inner, path, [(key, None)], n, skip_absent=True)
             except ShardCorruptError as e:
                 first_error = first_error or e
+                tries += 1
+                if tries >= DECIDE_TRIES:
+                    break
+                continue
+            if reading != "none":  # "none": the object is absent
+                return reading
         if first_error is not None:
             raise first_error
         return "none"

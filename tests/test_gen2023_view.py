@@ -421,8 +421,9 @@ def test_an_undeclared_index_costs_one_tail_read_to_decide(tmp_path: Path) -> No
     counting.reset()
     _keys(group.store)
     assert counting.reads == 0
-    a = group["a"]  # the document: one shard's tail decides
+    a = group["a"]  # the document: one shard's tail decides (the grid's first: no listing)
     (read,) = _data_reads(counting)
+    assert counting.calls["list_prefix"] == counting.calls["list_sized"] == counting.calls["list_dir"] == 0
     cps, n = shard_layout(root / "a")
     assert read == [("a/c/0/0", -(ENTRY_NBYTES * n + CHECKSUM_NBYTES), None)]
     counting.reset()
