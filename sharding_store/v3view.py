@@ -47,7 +47,7 @@ import math
 import os
 import threading
 import warnings
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -788,10 +788,13 @@ class _View2023:
         checked when it is served. ShardCorruptError (the first one's) when none decides."""
         prefix = _node_prefix(path)
         origin = prefix + _origin_key(doc)
-        listed = (k for k in self.inner.list_prefix(prefix) if k not in (prefix + ZARR_JSON, origin))
+
+        def listed() -> Iterator[str]:  # listed only if the grid's first shard decides nothing
+            yield from (k for k in self.inner.list_prefix(prefix) if k not in (prefix + ZARR_JSON, origin))
+
         first_error: ShardCorruptError | None = None
         tries = 0
-        for key in itertools.chain([origin], listed):
+        for key in itertools.chain([origin], listed()):
             try:
                 reading = decide_reading(self.inner, path, [(key, None)], n, skip_absent=True)
             except ShardCorruptError as e:

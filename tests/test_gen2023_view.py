@@ -421,6 +421,7 @@ def test_an_undeclared_index_costs_one_tail_read_to_decide(tmp_path: Path) -> No
     counting.reset()
     _keys(group.store)
     assert counting.reads == 0
+    counting.reset()
     a = group["a"]  # the document: one shard's tail decides (the grid's first: no listing)
     (read,) = _data_reads(counting)
     assert counting.calls["list_prefix"] == counting.calls["list_sized"] == counting.calls["list_dir"] == 0
@@ -495,3 +496,17 @@ def test_store_interface_on_a_fixture() -> None:
         p.relative_to(root).as_posix() for p in (root / "1d.contiguous.raw.i2").rglob("*") if p.is_file())
     with pytest.raises(ReadOnlyError):
         sync(view.set(key, default_buffer_prototype().buffer.from_bytes(b"x")))
+
+
+@needs_2023
+def test_without_the_first_shard_the_listing_finds_one_to_decide(tmp_path: Path) -> None:
+    dst = copy(ZARRJS / "1d.chunked.compressed.i2.shards.zarr", tmp_path)
+    (dst / "a" / "c" / "0").unlink()
+    want = expected(ZARRJS, dst.name, "a").copy()
+    want[: want.shape[0] // 2] = json.loads((dst / "a" / NODE_KEY).read_bytes())["fill_value"]
+    counting = CountingInner(str(dst))
+    a = ss.open_v3(counting, "a")
+    assert counting.calls["list_prefix"] == 1  # the grid's first shard is absent: the array is listed
+    doc = json.loads(_get(a.store, "a/zarr.json"))
+    assert doc["codecs"][0]["configuration"]["index_codecs"][-1] == {"name": "crc32c"}
+    assert_same(a[...], want)
