@@ -396,12 +396,17 @@ def _command(run: Any, argv: list[str], proxy: LatencyProxy) -> dict:
 
 
 def _traffic(m: dict) -> str:
-    extra = (m.get("extra") or [{}])[-1]
+    """Requests, bytes and connections of the last timed run; the median time to open where
+    the task reports it (the rest is the read)."""
+    extras = m.get("extra") or [{}]
+    extra = extras[-1]
     if "requests" not in extra:
         return ""
     methods = ", ".join(f"{k} {v}" for k, v in sorted(extra["methods"].items()))
+    opens = sorted(e["open_s"] for e in extras if "open_s" in e)
+    opened = f", open {opens[len(opens) // 2] * 1e3:.0f} ms of it" if opens else ""
     return (f"{extra['requests']} requests ({methods}), {extra['bytes_down'] / 2**20:.1f} MiB down, "
-            f"{extra['bytes_up'] / 2**20:.1f} MiB up, ≤ {extra['peak_open']} connections")
+            f"{extra['bytes_up'] / 2**20:.1f} MiB up, ≤ {extra['peak_open']} connections{opened}")
 
 
 def _scenario(bench: Any, case: Any, run: Any, src: Path, v1: Path, moto: Moto, proxy: LatencyProxy, endpoint: str,
