@@ -41,7 +41,7 @@ WORKER = HERE / "_worker.py"
 LEGACY_WORKER = HERE / "_legacy_worker.py"
 DATA = HERE / ".data"
 TIME_BIN = shutil.which("time", path="/usr/bin:/bin")
-SCENARIOS = ("write", "read", "chunk", "migrate", "reshard", "gen2023", "xarray")
+SCENARIOS = ("write", "read", "chunk", "migrate", "reshard", "gen2023", "latency", "xarray")
 TASK_TIMEOUT = 1200
 #: CPU busy (% of all cores, sampled while this benchmark is idle) before each run
 LOADS: list[float] = []
@@ -697,6 +697,12 @@ class Bench:
         scn_gen2023.run(self, case, first=case is self._cases[0], largest=case.size_mib == max(sizes),
                         h=sys.modules[__name__])
 
+    def s_latency(self, case: Case) -> None:
+        """Scenario 8: reads and migrate on S3 (moto) behind a latency-injecting proxy (scn_latency.py)."""
+        import scn_latency
+
+        scn_latency.run_scenario(self, case, sys.modules[__name__])
+
     def timed_command(self, case: Case, argv: list[str], dst: Path, verify: bool) -> dict:
         """One whole command writing ``dst`` (removed before and after), timed from outside;
         with ``verify``, ``dst`` is read back and compared with the input first."""
@@ -1063,7 +1069,7 @@ def render(args: argparse.Namespace) -> int:
 
 def _scenario_prefixes(only: list[str]) -> list[str]:
     return [{"write": "1 ", "read": "2 ", "chunk": "3 ", "migrate": "4 ", "reshard": "5 ",
-             "gen2023": "6 ", "xarray": "9 "}[s] for s in only]
+             "gen2023": "6 ", "latency": "8 ", "xarray": "9 "}[s] for s in only]
 
 
 if __name__ == "__main__":

@@ -25,7 +25,16 @@ from .errors import DraftMetadataError, LinkOutsideStoreError, ShardCorruptError
 from .hierarchy import DraftHierarchy, open_hierarchy
 from .stores import Inner
 from .keys import Coords, format_chunk_suffix, parse_chunk_suffix
-from .shard_index import MAX_INDEX_ENTRIES, MAX_UINT64, ShardIndex, index_nbytes
+from .shard_index import (
+    CHECKSUM_NBYTES,
+    ENTRY_NBYTES,
+    MAX_INDEX_ENTRIES,
+    MAX_UINT64,
+    IndexReading,
+    ShardIndex,
+    index_nbytes,
+    index_reading,
+)
 
 __all__ = [
     "ArrayStats",
@@ -34,6 +43,7 @@ __all__ = [
     "codec_chain_text",
     "covered_bytes",
     "data_keys",
+    "decide_reading",
     "hierarchy_stats",
     "LostTransformer",
     "ShardEvidence",
@@ -742,3 +752,39 @@ def hierarchy_stats(
         out.append(array_stats(h.inner, node.meta, exclude_prefixes=_nested_prefixes(h, node.meta), assumed=node.path in guessed))
     return h, out
 
+
+# --------------------------------------------------------------------------- undeclared shard indices
+
+
+def _tails(src: Inner, keys: Sequence[tuple[str, int | None]], n: int, skip_absent: bool = False,
+           ) -> Iterator[tuple[str, bytes, int]]:
+    want = ENTRY_NBYTES * n + CHECKSUM_NBYTES
+    for (key, size), tail in zip(keys, src.get_tails([(k, want) for k, _ in keys])):
+        if tail is None:
+            if skip_absent:
+                continue
+            raise ShardCorruptError(f"{key}: vanished while it was read", key=key)
+        yield key, tail.data, tail.size if tail.size is not None else (size if size is not None else len(tail.data))
+
+
+def decide_reading(src: Inner, path: str, objects: Sequence[tuple[str, int | None]], n: int, *,
+                   skip_absent: bool = False) -> IndexReading | str:
+    """The one reading (:func:`~sharding_store.shard_index.index_reading`) of the undeclared
+    index of every shard ``(key, size or None)`` in ``objects`` (``n`` chunks each), read with
+    one tail request each; they must agree, else :class:`ShardCorruptError` naming two of them
+    (never a guess). ``"none"`` when there is no shard (``objects`` empty, or with
+    ``skip_absent`` all absent; without it an absent object is ShardCorruptError). Used by
+    ``migrate`` (every shard of an array of the 2023 generation) and by the ``open_v3`` view
+    (one shard; the others are checked when they are served)."""
+    first: dict[str, str] = {}
+    for key, data, size in _tails(src, objects, n, skip_absent):
+        reading = index_reading(data, n, size, key=key)
+        first.setdefault(reading, key)
+        if len(first) == 2:
+            plain, hidden = first["plain"], first["crc32c-hidden"]
+            raise ShardCorruptError(
+                f"{plain}: array '{path or '/'}' declares no index_codecs and its shards disagree: {plain} has a "
+                f"plain index, {hidden} an index followed by its CRC32C; refusing to guess",
+                key=plain,
+            )
+    return next(iter(first)) if first else "none"

@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,9 +55,10 @@ from .errors import (
     UsageError,
 )
 from .hierarchy import V3Walk, walk_v3_nodes
+from .inspect import decide_reading
 from .jobs import with_retries
 from .migrate_units import MARKER_KEY, ArrayReport, UnitResult, json_bytes, node_key
-from .shard_index import CHECKSUM_NBYTES, ENTRY_NBYTES, ShardIndex, index_nbytes, index_reading, read_index
+from .shard_index import CHECKSUM_NBYTES, ENTRY_NBYTES, ShardIndex, index_nbytes, read_index
 from .stores import Inner
 
 SKIP_HINT = "--skip-damaged migrates the other nodes and lists the damaged ones"
@@ -130,31 +131,6 @@ READING_TEXT = {
              "(--no-index-checksum: declared as [bytes little], shards copied verbatim)",
     "none": "no shard stored: index_codecs [bytes little, crc32c] declared",
 }
-
-
-def _tails(src: Inner, keys: list[tuple[str, int | None]], n: int) -> Iterator[tuple[str, bytes, int]]:
-    want = ENTRY_NBYTES * n + CHECKSUM_NBYTES
-    for (key, size), tail in zip(keys, src.get_tails([(k, want) for k, _ in keys])):
-        if tail is None:
-            raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
-        yield key, tail.data, tail.size if tail.size is not None else (size if size is not None else len(tail.data))
-
-
-def decide_reading(src: Inner, path: str, objects: list[tuple[str, int | None]], n: int) -> Reading:
-    """The one reading of every shard's undeclared index (they must agree); ``"none"``
-    when the array has no shard."""
-    first: dict[str, str] = {}
-    for key, data, size in _tails(src, objects, n):
-        reading = index_reading(data, n, size, key=key)
-        first.setdefault(reading, key)
-        if len(first) == 2:
-            plain, hidden = first["plain"], first["crc32c-hidden"]
-            raise ShardCorruptError(
-                f"{plain}: array '{path or '/'}' declares no index_codecs and its shards disagree: {plain} has a "
-                f"plain index, {hidden} an index followed by its CRC32C; refusing to guess",
-                key=plain,
-            )
-    return next(iter(first)) if first else "none"
 
 
 def shard_grid(doc: dict) -> tuple[int, ...]:

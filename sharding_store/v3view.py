@@ -29,16 +29,26 @@ range that does not name a chunk.
 The draft metadata is read once (:func:`sharding_store.hierarchy.open_hierarchy`) and
 cached; :meth:`DraftV3Store.refresh` forgets it. Every write raises
 :class:`~sharding_store.errors.ReadOnlyError`.
+
+A store of the 2023 intermediate generation (per-node ``zarr.json`` spelled as before v1.0)
+is served by :class:`Draft2023V3Store`: its keys are already final, so only the documents
+change (normalised by :mod:`sharding_store.meta2023`, the one translation; implicit groups
+get a group document); data objects are served byte for byte, and every shard index zarr
+reads is checked first (an undeclared index is decided from the bytes, never guessed).
+:func:`open_v3` tells the generation from the documents and picks the view.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import math
 import os
 import threading
 import warnings
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,17 +56,27 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Sto
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from . import draft_metadata as dm
+from . import meta2023
 from .chunk_codec import ChunkCodec, codec_for
 from .engine import ArrayLayout, ChunkRange, ShardEngine
-from .errors import ChunkDecodeError, DraftMetadataError, ReadOnlyError
-from .hierarchy import DraftHierarchy, inner_of
-from .inspect import refuse_lost_transformer
+from .errors import ChunkDecodeError, DraftMetadataError, ReadOnlyError, ShardCorruptError, StoreNotFoundError
+from .hierarchy import (
+    _UNREAD,
+    DraftHierarchy,
+    Generation,
+    V3Walk,
+    detect_generation,
+    draft_entry_point,
+    inner_of,
+    walk_v3_nodes,
+)
+from .inspect import decide_reading, refuse_lost_transformer
 from .keys import Coords, local_to_global, parse_chunk_suffix
-from .shard_index import MAX_UINT64
+from .shard_index import ENTRY_NBYTES, MAX_UINT64, ShardIndex, index_nbytes, index_reading
 from .stores import Inner, RangeRequest, slice_range
 from .v3_metadata import v3_array_document, v3_chunk_key, v3_group_document
 
-__all__ = ["DraftV3Store", "open_v3"]
+__all__ = ["DraftV3Store", "Draft2023V3Store", "open_v3"]
 
 ZARR_JSON = "zarr.json"
 #: offsets of the shard indices the view serves are ``CHUNK_TOKEN + n`` for a shard's n-th
@@ -330,18 +350,9 @@ class _View:
         ]
 
 
-class DraftV3Store(Store):
-    """A draft-era hierarchy presented as final Zarr v3 (read-only, nothing copied).
-
-    ``store_or_url`` is anything :func:`sharding_store.hierarchy.inner_of` accepts: a
-    path/URL (with ``storage_options``), an ``fsspec.FSMap``, a mapping, an inner
-    adapter, a :class:`~sharding_store.ShardingStore`, or a zarr-python 3 ``Store``.
-    Reads go through the store interface (and the shard engine) in worker threads
-    (``asyncio.to_thread``), so concurrent chunk reads overlap and the loop never blocks.
-
-    The store pickles (for dask) when the store below does: fsspec filesystems
-    pickle by their storage options; the cached metadata travels along.
-    """
+class _ReadOnlyView(Store):
+    """What both views share: construction from anything :func:`~sharding_store.hierarchy.inner_of`
+    accepts, equality by location, pickling, and refusing every write."""
 
     def __init__(
         self,
@@ -355,7 +366,7 @@ class DraftV3Store(Store):
         super().__init__(read_only=True)
         self._source = self._describe(store_or_url)
         self._inner: Inner = inner_of(store_or_url, storage_options)
-        self._view: _View | None = None
+        self._view: Any = None
         self._lock = threading.Lock()
 
     @staticmethod
@@ -364,32 +375,14 @@ class DraftV3Store(Store):
             return os.fspath(store_or_url)
         return type(store_or_url).__name__
 
-    # ------------------------------------------------------------ metadata cache
-    def _load_view(self) -> _View:
-        """Read the draft metadata once (synchronous: call from a thread or sync code)."""
-        with self._lock:
-            if self._view is None:
-                self._view = _View(DraftHierarchy(self._inner, location=self._source, strict=False))
-            return self._view
-
-    async def _get_view(self) -> _View:
-        view = self._view
-        if view is None:
-            view = await asyncio.to_thread(self._load_view)
-        return view
-
-    def hierarchy(self) -> DraftHierarchy:
-        """The draft hierarchy behind this view (loaded on first use, then cached)."""
-        return self._load_view().hierarchy
-
     def refresh(self) -> None:
-        """Forget the cached draft metadata (after someone changed the draft store)."""
+        """Forget the cached metadata (after someone changed the draft store)."""
         with self._lock:
             self._view = None
 
     # ------------------------------------------------------------- zarr plumbing
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, DraftV3Store) and self._identity() == other._identity()
+        return type(other) is type(self) and self._identity() == other._identity()  # type: ignore[attr-defined]
 
     __hash__ = None  # type: ignore[assignment]  # mutable cache; equality is by location
 
@@ -400,7 +393,7 @@ class DraftV3Store(Store):
         return self._inner.location()
 
     def __repr__(self) -> str:
-        return f"DraftV3Store({self._source!r})"
+        return f"{type(self).__name__}({self._source!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -411,17 +404,13 @@ class DraftV3Store(Store):
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def with_read_only(self, read_only: bool = False) -> DraftV3Store:
+    def with_read_only(self, read_only: bool = False) -> Any:
         """A new (unopened) view of the same data; only ``read_only=True`` is possible."""
         if not read_only:
             raise ReadOnlyError(f"{self._source}: a draft-era v3 view cannot be made writable")
         clone = object.__new__(type(self))
         clone.__setstate__({**self.__getstate__(), "_is_open": False})
         return clone
-
-    async def _open(self) -> None:
-        await super()._open()
-        await self._get_view()  # a store without a draft hierarchy fails here, clearly
 
     @property
     def supports_writes(self) -> bool:
@@ -439,7 +428,32 @@ class DraftV3Store(Store):
     def supports_consolidated_metadata(self) -> bool:
         return False
 
-    # --------------------------------------------------------------------- reads
+    # -------------------------------------------------------------------- writes
+    def _refuse(self, what: str, key: str | None = None) -> ReadOnlyError:
+        where = f"{key!r} in " if key is not None else ""
+        return ReadOnlyError(f"cannot {what} {where}{self!r}: a draft-era v3 view is read-only", key=key)
+
+    def _check_writable(self) -> None:
+        raise self._refuse("write")
+
+    async def set(self, key: str, value: Buffer) -> None:
+        raise self._refuse("set", key)
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        raise self._refuse("set", key)
+
+    async def _set_many(self, values: Iterable[tuple[str, Buffer]]) -> None:
+        raise self._refuse("set keys")
+
+    async def delete(self, key: str) -> None:
+        raise self._refuse("delete", key)
+
+    async def delete_dir(self, prefix: str) -> None:
+        raise self._refuse("delete", prefix)
+
+    async def clear(self) -> None:
+        raise self._refuse("clear")
+
     async def get(
         self, key: str, prototype: BufferPrototype | None = None, byte_range: ByteRequest | None = None
     ) -> Buffer | None:
@@ -458,6 +472,57 @@ class DraftV3Store(Store):
         values = await self._read(requests)
         proto = prototype or default_buffer_prototype()
         return [None if v is None else proto.buffer.from_bytes(v) for v in values]
+
+    async def _read(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+        raise NotImplementedError
+
+    async def list(self) -> AsyncIterator[str]:
+        for key in await self._list_prefix(""):
+            yield key
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        for key in await self._list_prefix(prefix):
+            yield key
+
+    async def _list_prefix(self, prefix: str) -> list[str]:
+        raise NotImplementedError
+
+
+class DraftV3Store(_ReadOnlyView):
+    """A draft-era hierarchy presented as final Zarr v3 (read-only, nothing copied).
+
+    ``store_or_url`` is anything :func:`sharding_store.hierarchy.inner_of` accepts: a
+    path/URL (with ``storage_options``), an ``fsspec.FSMap``, a mapping, an inner
+    adapter, a :class:`~sharding_store.ShardingStore`, or a zarr-python 3 ``Store``.
+    Reads go through the store interface (and the shard engine) in worker threads
+    (``asyncio.to_thread``), so concurrent chunk reads overlap and the loop never blocks.
+
+    The store pickles (for dask) when the store below does: fsspec filesystems
+    pickle by their storage options; the cached metadata travels along.
+    """
+
+    # ------------------------------------------------------------ metadata cache
+    def _load_view(self) -> _View:
+        """Read the draft metadata once (synchronous: call from a thread or sync code)."""
+        with self._lock:
+            if self._view is None:
+                raw = self.__dict__.pop("_entry_point", _UNREAD)  # read by open_v3 already: used once
+                self._view = _View(DraftHierarchy(self._inner, location=self._source, strict=False, entry_point=raw))
+            return self._view
+
+    async def _get_view(self) -> _View:
+        view = self._view
+        if view is None:
+            view = await asyncio.to_thread(self._load_view)
+        return view
+
+    def hierarchy(self) -> DraftHierarchy:
+        """The draft hierarchy behind this view (loaded on first use, then cached)."""
+        return self._load_view().hierarchy
+
+    async def _open(self) -> None:
+        await super()._open()
+        await self._get_view()  # a store without a draft hierarchy fails here, clearly
 
     async def _read(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
         """Metadata from the cache, chunks through the array's reader (in a worker thread)."""
@@ -526,14 +591,6 @@ class DraftV3Store(Store):
         raise FileNotFoundError(key)
 
     # ------------------------------------------------------------------- listing
-    async def list(self) -> AsyncIterator[str]:
-        for key in await self._list_prefix(""):
-            yield key
-
-    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
-        for key in await self._list_prefix(prefix):
-            yield key
-
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
         """Names directly below ``prefix``: metadata gives the nodes; chunk keys are
         listed only for an array whose own key space ``prefix`` is in."""
@@ -562,45 +619,422 @@ class DraftV3Store(Store):
         v3 = (view.v3_chunk_key_of(path, k) for k in draft)
         return [k for k in v3 if k is not None]
 
-    # -------------------------------------------------------------------- writes
-    def _refuse(self, what: str, key: str | None = None) -> ReadOnlyError:
-        where = f"{key!r} in " if key is not None else ""
-        return ReadOnlyError(f"cannot {what} {where}{self!r}: a draft-era v3 view is read-only", key=key)
 
-    def _check_writable(self) -> None:
-        raise self._refuse("write")
 
-    async def set(self, key: str, value: Buffer) -> None:
-        raise self._refuse("set", key)
+# --------------------------------------------------------------------------- the 2023 generation
 
-    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
-        raise self._refuse("set", key)
 
-    async def _set_many(self, values: Iterable[tuple[str, Buffer]]) -> None:
-        raise self._refuse("set keys")
+@dataclass(frozen=True)
+class _IndexCheck:
+    """How the view checks the shard indices of one sharded array of the 2023 generation.
 
-    async def delete(self, key: str) -> None:
-        raise self._refuse("delete", key)
+    ``checksum``: whether the served document declares a CRC32C after the index; ``reading``:
+    for an index the source document did not declare, the reading the shard bytes decided
+    (every shard served must read the same way), else None (declared: the index is
+    validated as declared)."""
 
-    async def delete_dir(self, prefix: str) -> None:
-        raise self._refuse("delete", prefix)
+    path: str
+    cps: Coords
+    checksum: bool
+    reading: str | None
 
-    async def clear(self) -> None:
-        raise self._refuse("clear")
+    @property
+    def n(self) -> int:
+        return math.prod(self.cps)
 
+    @property
+    def served_nbytes(self) -> int:
+        """The index size zarr asks for (what the served document declares)."""
+        return index_nbytes(self.cps, self.checksum)
+
+    @property
+    def tail_nbytes(self) -> int:
+        """The bytes read from a shard's end to check its index (an undeclared index: enough
+        for both readings)."""
+        return index_nbytes(self.cps, True) if self.reading is not None else self.served_nbytes
+
+    def validate(self, tail: bytes, size: int, key: str) -> None:
+        """Raise :class:`ShardCorruptError` naming ``key`` unless the end ``tail`` of the shard
+        (``size`` bytes in all) holds a valid index read as the served document says."""
+        if self.reading is None:
+            nbytes = self.served_nbytes
+            if size < nbytes or len(tail) < nbytes:
+                raise ShardCorruptError(f"{key}: shorter ({size} bytes) than its {nbytes}-byte shard index", key=key)
+            ShardIndex.from_bytes(tail[len(tail) - nbytes:], self.cps, checksum=self.checksum, key=key,
+                                  payload_limit=size - nbytes)
+            return
+        found = index_reading(tail, self.cps, size, key=key)  # neither reading: ShardCorruptError
+        if found == self.reading:
+            return
+        if self.reading == "plain" and found == "crc32c-hidden":
+            body = ENTRY_NBYTES * self.n  # both readings hold with the same chunks: the plain one is right
+            try:
+                ShardIndex.from_bytes(tail[len(tail) - body:], self.cps, key=key, payload_limit=size - body)
+                return
+            except ShardCorruptError:
+                pass
+        raise ShardCorruptError(
+            f"{key}: array '{self.path or '/'}' declares no index_codecs and its shards disagree: this shard's index "
+            f"reads as {found!r}, the array's first shard as {self.reading!r}; refusing to guess",
+            key=key,
+        )
+
+
+def _sharding_config(doc: dict) -> dict | None:
+    codecs = doc.get("codecs") or []
+    first = codecs[0] if codecs else None
+    if isinstance(first, dict) and first.get("name") == "sharding_indexed":
+        return first["configuration"]
+    return None
+
+
+def _origin_key(doc: dict) -> str:
+    """The key (relative to the array) of the first chunk of the grid of a final array document."""
+    cke = doc["chunk_key_encoding"]
+    ndim = len(doc["shape"])
+    default = cke["name"] == "default"
+    sep = (cke.get("configuration") or {}).get("separator", "/" if default else ".")
+    coords = sep.join("0" * ndim)
+    if default:
+        return "c" + (sep + coords if ndim else "")
+    return coords if ndim else "0"
+
+
+def _checkable_index(cfg: dict) -> bool | None:
+    """Whether a declared index chain is the plain little-endian table (with a CRC32C: True,
+    without: False) at the end of the shard, which the view validates; None otherwise (zarr
+    reads it as declared)."""
+    codecs = cfg.get("index_codecs") or []
+    names = [c if isinstance(c, str) else c.get("name") for c in codecs]
+    if cfg.get("index_location", "end") != "end" or names not in (["bytes"], ["bytes", "crc32c"]):
+        return None
+    first = codecs[0]
+    if not isinstance(first, dict) or (first.get("configuration") or {}).get("endian") != "little":
+        return None
+    return names[-1] == "crc32c"
+
+
+class _View2023:
+    """What the node documents of a 2023 hierarchy say (one walk; documents normalised once)."""
+
+    def __init__(self, inner: Inner, walk: V3Walk) -> None:
+        self.inner = inner
+        self.normalised: dict[str, meta2023.Normalised] = {}
+        self.damaged: dict[str, DraftMetadataError] = {}
+        for node in walk.nodes:
+            try:
+                self.normalised[node.path] = meta2023.normalise_node(node.raw, node.key)
+            except DraftMetadataError as e:
+                self.damaged[node.path] = e
+        self.implicit = [p for p in walk.implicit if p not in self.normalised and p not in self.damaged]
+        self.arrays = {p: n for p, n in self.normalised.items() if n.node_type == "array"}
+        self.doc_keys = {_node_prefix(p) + ZARR_JSON: p for p in [*self.normalised, *self.implicit]}
+        self._documents: dict[str, bytes] = {}
+        self._checks: dict[str, _IndexCheck | None] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def document(self, path: str) -> bytes:
+        """The final ``zarr.json`` of a node (an undeclared shard index decided on first use)."""
+        doc = self._documents.get(path)
+        if doc is not None:
+            return doc
+        with self._lock:
+            doc = self._documents.get(path)
+            if doc is None:
+                norm = self.normalised.get(path)
+                if norm is None:  # an implicit group
+                    d: dict = {"zarr_format": 3, "node_type": "group", "attributes": {}}
+                    self._checks[path] = None
+                else:
+                    d = self._decide(path, norm)
+                doc = self._documents[path] = json.dumps(d, indent=2).encode()
+        return doc
+
+    def _decide(self, path: str, norm: meta2023.Normalised) -> dict:
+        """The served document of a node, and how its shard indices are checked."""
+        doc = norm.document
+        cfg = _sharding_config(doc) if norm.node_type == "array" else None
+        if cfg is None:
+            self._checks[path] = None
+            return doc
+        grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
+        cps = tuple(g // c for g, c in zip(grid, cfg["chunk_shape"]))
+        if norm.hidden_checksum is not None:
+            checksum = _checkable_index(cfg)
+            self._checks[path] = None if checksum is None else _IndexCheck(path, cps, checksum, None)
+            return doc
+        if cfg.get("index_location") != "end":
+            key = _node_prefix(path) + ZARR_JSON
+            raise DraftMetadataError(f"{key}: an undeclared shard index must be at the end to be decided from the bytes",
+                                     key=key)
+        reading = self._first_reading(path, doc, math.prod(cps))
+        served = "plain" if reading == "plain" else "crc32c-hidden"  # no shard yet: as migrate declares
+        self._checks[path] = _IndexCheck(path, cps, served == "crc32c-hidden", served)
+        return norm.document_for(served)  # type: ignore[arg-type]
+
+    def _first_reading(self, path: str, doc: dict, n: int) -> str:
+        """The reading of the first shard whose tail decides (``"none"``: no shard): the grid's
+        first shard if it exists (no listing), else the array's objects as listed. Objects that
+        decide nothing are passed over (at most :data:`DECIDE_TRIES`); every other shard is
+        checked when it is served. ShardCorruptError (the first one's) when none decides."""
+        prefix = _node_prefix(path)
+        origin = prefix + _origin_key(doc)
+
+        def listed() -> Iterator[str]:  # listed only if the grid's first shard decides nothing
+            yield from (k for k in self.inner.list_prefix(prefix) if k not in (prefix + ZARR_JSON, origin))
+
+        first_error: ShardCorruptError | None = None
+        tries = 0
+        for key in itertools.chain([origin], listed()):
+            try:
+                reading = decide_reading(self.inner, path, [(key, None)], n, skip_absent=True)
+            except ShardCorruptError as e:
+                first_error = first_error or e
+                tries += 1
+                if tries >= DECIDE_TRIES:
+                    break
+                continue
+            if reading != "none":  # "none": the object is absent
+                return reading
+        if first_error is not None:
+            raise first_error
+        return "none"
+
+    def check(self, path: str) -> _IndexCheck | None:
+        if path not in self._checks:
+            self.document(path)
+        return self._checks[path]
+
+    def array_of(self, key: str) -> str | None:
+        """The array whose directory holds data key ``key`` (None: no array's)."""
+        for path, rest in _View._splits(key):
+            if path in self.arrays:
+                return path if rest and rest != ZARR_JSON else None
+            if path in self.damaged:
+                return None
+        return None
+
+    def serve(self, key: str, byte_range: RangeRequest | None) -> bytes | None:
+        """The bytes of data object ``key`` (or a range of it), as they are; an index that zarr
+        reads (a suffix read of its declared size) and a shard read whole are checked first."""
+        path = self.array_of(key)
+        if path is None:
+            return None
+        check = self.check(path)
+        inner = self.inner
+        if check is None:
+            return inner.get(key) if byte_range is None else inner.get_ranges([byte_range])[0]
+        if byte_range is None:  # a whole shard: one snapshot, its index checked
+            blob = inner.get(key)
+            if blob is not None:
+                check.validate(blob[max(0, len(blob) - check.tail_nbytes):], len(blob), key)
+            return blob
+        _, start, end = byte_range
+        if end is None and start == -check.served_nbytes:  # zarr reads the index
+            tail = inner.get_tails([(key, check.tail_nbytes)])[0]
+            if tail is None:
+                return None
+            size = tail.size if tail.size is not None else inner.size(key)
+            if size is None:
+                return None
+            check.validate(tail.data, size, key)
+            return tail.data[len(tail.data) - check.served_nbytes:] if len(tail.data) >= check.served_nbytes else tail.data
+        return inner.get_ranges([byte_range])[0]
+
+
+#: objects an undeclared shard index is decided from at most, before the view gives up
+DECIDE_TRIES = 4
+
+
+class _ReadCache:
+    """Remembers what the generation check reads (documents, listings), so that the walk that
+    follows is served from memory: every node document is read once."""
+
+    def __init__(self, inner: Inner) -> None:
+        self._inner = inner
+        self._gets: dict[str, bytes | None] = {}
+        self._dirs: dict[str, tuple[list[str], list[str]]] = {}
+
+    def get(self, key: str) -> bytes | None:
+        if key not in self._gets:
+            self._gets[key] = self._inner.get(key)
+        return self._gets[key]
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        if prefix not in self._dirs:
+            self._dirs[prefix] = self._inner.list_dir(prefix)
+        return self._dirs[prefix]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _walk_2023(inner: Inner, raw: bytes | None) -> V3Walk | None:
+    """The walk of a 2023-generation hierarchy in ``inner`` (``raw``: its root ``zarr.json``,
+    None: absent), or None when the store is of another generation (a mixed one raises
+    :class:`DraftMetadataError` naming the first node of the other generation)."""
+    cached = _ReadCache(inner)
+    generation, _ = detect_generation(cached, raw)  # type: ignore[arg-type]
+    if generation is not Generation.DRAFT_2023:
+        return None
+    return walk_v3_nodes(cached, raw)  # type: ignore[arg-type]
+
+
+class Draft2023V3Store(_ReadOnlyView):
+    """A store of the 2023 intermediate generation presented as final Zarr v3 (read-only).
+
+    Every node's ``zarr.json`` is served in the v1.0 spelling (:func:`meta2023.normalise_node`,
+    the one translation); a group without a document (the root included) is served a group
+    document; data objects are served byte for byte under their own keys (they already are
+    v1.0 binary). A ``sharding_indexed`` codec whose document declares no ``index_codecs`` is
+    decided from the bytes of the array's first shard (:func:`~sharding_store.inspect.decide_reading`):
+    zarrita's undeclared CRC32C after each index (May-July 2023) is declared as
+    ``index_codecs [bytes little, crc32c]``, a plain index as ``[bytes little]``. Every shard
+    index zarr reads through the view (a suffix read, or a shard read whole) is checked first:
+    an index that fits neither reading, or reads otherwise than the first shard's, raises
+    :class:`ShardCorruptError` naming the key (never a guess); a declared plain little-endian
+    index is validated against the object's size. Chunk payloads are not decoded by the view
+    (zarr decodes them).
+
+    The node documents are read once (one walk: :func:`~sharding_store.hierarchy.walk_v3_nodes`)
+    and kept; listing keys reads no data object. A damaged node document is left out of the
+    view (:func:`open_v3` on it raises its :class:`DraftMetadataError`); the other nodes read.
+    """
+
+    def _load_view(self) -> _View2023:
+        with self._lock:
+            if self._view is None:
+                walk = self.__dict__.pop("_walk", None)  # the walk open_v3 made: used once
+                if walk is None:
+                    walk = _walk_2023(self._inner, self._inner.get(ZARR_JSON))
+                if walk is None:  # another generation: say which, as the 2022 view does
+                    draft_entry_point(self._inner, self._inner.get(ZARR_JSON), self._source)
+                    raise StoreNotFoundError(f"{self._source}: not a hierarchy of the 2023 generation", key=ZARR_JSON)
+                self._view = _View2023(self._inner, walk)
+            return self._view
+
+    async def _get_view(self) -> _View2023:
+        view = self._view
+        if view is None:
+            view = await asyncio.to_thread(self._load_view)
+        return view
+
+    def node_kind(self, path: str) -> str:
+        """``"array"`` or ``"group"`` for the node at ``path``; its error when it is damaged,
+        StoreNotFoundError when there is none."""
+        view = self._load_view()
+        path = dm.normalize_path(path)
+        if path in view.damaged:
+            raise view.damaged[path]
+        if path in view.arrays:
+            return "array"
+        if path in view.normalised or path in view.implicit:
+            return "group"
+        raise StoreNotFoundError(f"no array or group at '{path or '/'}'", key=path)
+
+    def document(self, path: str) -> dict:
+        """The final ``zarr.json`` the view serves for the node at ``path``."""
+        self.node_kind(path)
+        return json.loads(self._load_view().document(dm.normalize_path(path)))
+
+    async def _open(self) -> None:
+        await super()._open()
+        await self._get_view()
+
+    async def _read(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+        view = await self._get_view()
+        out: list[bytes | None] = [None] * len(requests)
+        pending: list[tuple[int, str, RangeRequest | None]] = []
+        for i, (key, byte_range) in enumerate(requests):
+            r = _as_range(key, byte_range)
+            path = view.doc_keys.get(key)
+            if path is not None:
+                doc = view._documents.get(path)
+                if doc is None:  # deciding an undeclared index reads a shard: off the loop
+                    doc = await asyncio.to_thread(view.document, path)
+                out[i] = doc if r is None else slice_range(doc, r[1], r[2])
+            else:  # a data key (array_of: None for a key in no array's directory)
+                pending.append((i, key, r))
+        if pending:
+            values = await asyncio.to_thread(lambda: [view.serve(k, r) for _, k, r in pending])
+            for (i, _, _), value in zip(pending, values):
+                out[i] = value
+        return out
+
+    async def exists(self, key: str) -> bool:
+        view = await self._get_view()
+        if key in view.doc_keys:
+            return True
+        if view.array_of(key) is None:
+            return False
+        return await asyncio.to_thread(self._inner.exists, key)
+
+    async def getsize(self, key: str) -> int:
+        view = await self._get_view()
+        path = view.doc_keys.get(key)
+        if path is not None:
+            return len(await asyncio.to_thread(view.document, path))
+        size = None if view.array_of(key) is None else await asyncio.to_thread(self._inner.size, key)
+        if size is None:
+            raise FileNotFoundError(key)
+        return size
+
+    async def _list_prefix(self, prefix: str) -> list[str]:
+        view = await self._get_view()
+        keys = [k for k in view.doc_keys if k.startswith(prefix)]
+        for path in view.arrays:
+            base = _node_prefix(path)
+            if base.startswith(prefix) or prefix.startswith(base):
+                listed = await asyncio.to_thread(lambda: list(self._inner.list_prefix(base)))
+                keys += [k for k in listed if k.startswith(prefix) and view.array_of(k) == path]
+        return sorted(set(keys))
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        """Names directly below ``prefix``: the documents give the nodes (no listing); an
+        array's own directory is listed from the store."""
+        view = await self._get_view()
+        base = _node_prefix(prefix.rstrip("/"))
+        names = {k[len(base):].split("/")[0] for k in view.doc_keys if k.startswith(base)}
+        for path in view.arrays:
+            if base.startswith(_node_prefix(path)):
+                keys, prefixes = await asyncio.to_thread(self._inner.list_dir, base)
+                names.update(k[len(base):] for k in keys if view.array_of(k) == path)
+                names.update(p[len(base):].rstrip("/") for p in prefixes)
+        for name in sorted(names):
+            yield name
 
 def open_v3(store_or_url: Any, path: str = "", *, storage_options: Mapping[str, Any] | None = None) -> Any:
     """Open the node at ``path`` of a draft-era store as a read-only zarr-python 3
-    ``Array`` or ``Group``, reading the draft objects in place (see :class:`DraftV3Store`).
+    ``Array`` or ``Group``, reading the objects in place: a 2022 store through
+    :class:`DraftV3Store`, a store of the 2023 intermediate generation through
+    :class:`Draft2023V3Store` (the generation is told from the documents).
 
     Raises StoreNotFoundError if there is no draft hierarchy or no node at ``path``,
-    and DraftMetadataError (naming the array) for an array v3 cannot express.
+    DraftMetadataError (naming the node) for a damaged document, a hierarchy mixing
+    generations or an array v3 cannot express, and ShardCorruptError for a 2023 shard index
+    that cannot be decided.
     """
     import zarr
 
-    store = store_or_url if isinstance(store_or_url, DraftV3Store) else DraftV3Store(
-        store_or_url, storage_options=storage_options
-    )
+    if isinstance(store_or_url, (DraftV3Store, Draft2023V3Store)):
+        store: Any = store_or_url
+    else:
+        store = _view_of(store_or_url, storage_options)
+    if isinstance(store, Draft2023V3Store):
+        if store.node_kind(path) == "array":
+            store.document(path)  # an undecidable index fails here, naming its shard
+            return zarr.open_array(store=store, path=dm.normalize_path(path), mode="r", zarr_format=3)
+        return zarr.open_group(store=store, path=dm.normalize_path(path), mode="r", zarr_format=3,
+                               use_consolidated=False)
     hierarchy = store.hierarchy()
     damaged = hierarchy.damaged.get(dm.normalize_path(path))
     if damaged is not None:  # an unreadable document: say why, rather than "not found"
@@ -610,3 +1044,21 @@ def open_v3(store_or_url: Any, path: str = "", *, storage_options: Mapping[str, 
         store._load_view().document(node.path)  # refuses what open_draft refuses, naming it
         return zarr.open_array(store=store, path=node.path, mode="r", zarr_format=3)
     return zarr.open_group(store=store, path=node.path, mode="r", zarr_format=3, use_consolidated=False)
+
+
+def _view_of(store_or_url: Any, storage_options: Mapping[str, Any] | None) -> DraftV3Store | Draft2023V3Store:
+    """The view for the store's generation, reading its root ``zarr.json`` once (and, for a
+    per-node hierarchy, each node document once)."""
+    inner = inner_of(store_or_url, storage_options)
+    raw = inner.get(ZARR_JSON)
+    walk = None
+    if raw is None or meta2023.classify_node(raw) in ("final", "2023"):
+        walk = _walk_2023(inner, raw)
+    cls = Draft2023V3Store if walk is not None else DraftV3Store
+    store = cls(inner)
+    store._source = _ReadOnlyView._describe(store_or_url)
+    if walk is not None:
+        store._walk = walk  # type: ignore[union-attr]
+    else:
+        store._entry_point = raw  # type: ignore[union-attr]
+    return store
