@@ -139,8 +139,8 @@ def migrated(written, tmp_path_factory) -> dict[str, Path]:
 
 def _open_zarr(dst: Path, group: str):
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # no consolidated metadata in the migrated copy (yet)
-        return xr.open_zarr(dst, group=group or None, consolidated=False)
+        warnings.simplefilter("error", RuntimeWarning)  # migrate writes consolidated metadata: no warning
+        return xr.open_zarr(dst, group=group or None)
 
 
 def _masked_by_fill_value(spec: dict) -> bool:
@@ -167,11 +167,6 @@ def test_migrated_copy_reads_the_same_through_open_zarr(written, migrated):
                                 f"{case}/{group} migrated")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "migrate keeps the fill value in zarr.json's fill_value only; xarray >= 2025 reads a v3 "
-    "array's CF _FillValue from its attributes, so values equal to a numeric _FillValue that "
-    "xarray 2024 wrote are not masked after migration (a '_FillValue' attribute for arrays "
-    "xarray wrote would fix it)"))
 def test_migrated_copy_masks_a_numeric_fill_value_as_xarray_2024_did(written, migrated):
     for case, group, _, exp in cases(written):
         values, doc = expected_of(exp, group)

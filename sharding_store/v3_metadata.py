@@ -19,8 +19,10 @@ are translated to what it used (zstd level 30 was level 22; gzip -1 is level 6).
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
@@ -504,6 +506,8 @@ def v3_array_document(
             }
         ]
     own_names, attributes = _dimension_names(meta.attributes, meta.ndim)
+    if own_names is not None:
+        attributes = _xarray_fill_attribute(meta, attributes)
     if dimension_names is not None:
         dimension_names = _given_dimension_names(meta, dimension_names, own_names)
     else:
@@ -524,6 +528,31 @@ def v3_array_document(
     if dimension_names is not None:
         doc["dimension_names"] = dimension_names
     return json.loads(json.dumps(doc))  # plain JSON types only (zarr returns tuples)
+
+
+def _xarray_fill_attribute(meta: DraftArrayMeta, attributes: dict) -> dict:
+    """xarray of the draft era (``_ARRAY_DIMENSIONS``) kept the CF ``_FillValue`` in the zarr
+    ``fill_value`` (``null`` when there was none) and read it back from there; xarray reads
+    Zarr v3's from a ``_FillValue`` attribute instead, spelled as its ``FillValueCoder``
+    writes it (floats: base64 of a little-endian float64). Without it, values equal to the
+    fill value would no longer read as missing after the migration."""
+    fill = meta.fill_value
+    kind = meta.dtype.kind
+    if fill is None or "_FillValue" in attributes or kind not in "biufc":
+        return attributes
+    if kind == "b":
+        value: Any = bool(fill)
+    elif kind in "iu":
+        value = int(fill)
+    elif kind == "f":
+        value = _b64_float64(float(fill))
+    else:
+        value = [_b64_float64(complex(fill).real), _b64_float64(complex(fill).imag)]
+    return {**attributes, "_FillValue": value}
+
+
+def _b64_float64(value: float) -> str:
+    return base64.standard_b64encode(struct.pack("<d", value)).decode()
 
 
 def _given_dimension_names(meta: DraftArrayMeta, names: Any, own: list | None) -> list[str | None]:

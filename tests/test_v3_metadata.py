@@ -405,7 +405,8 @@ def test_sharding_options_and_overrides():
     assert cfg["index_codecs"] == [{"name": "bytes", "configuration": {"endian": "little"}}]
     assert cfg["index_location"] == "start"
     assert cfg["codecs"][-1] == {"name": "zstd", "configuration": {"level": 5, "checksum": False}}
-    assert doc["dimension_names"] == ["t", "x"] and doc["attributes"] == {"u": 1}
+    # written by xarray (_ARRAY_DIMENSIONS): its fill value was the CF _FillValue, now an attribute (issue 16)
+    assert doc["dimension_names"] == ["t", "x"] and doc["attributes"] == {"u": 1, "_FillValue": 0}
     # resharding and unsharding through the same translation
     assert v3_array_document(m, chunks_per_shard=(3, 2))["chunk_grid"]["configuration"]["chunk_shape"] == [6, 6]
     flat = v3_array_document(m, chunks_per_shard=None)

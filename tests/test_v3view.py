@@ -330,7 +330,8 @@ def test_groups_attributes_explicit_and_implicit(tmp_path: Path) -> None:
     assert dict(open_v3(str(tmp_path), "implicit").attrs) == {}
     assert dict(root["implicit/deeper"].attrs) == {}
     arr = root["explicit/arr"]
-    assert dict(arr.attrs) == {"k": "v"} and arr.metadata.dimension_names == ("t",)
+    # _ARRAY_DIMENSIONS: written as xarray did, whose fill value was the CF _FillValue (issue 16)
+    assert dict(arr.attrs) == {"k": "v", "_FillValue": 0} and arr.metadata.dimension_names == ("t",)
     assert sorted(p for p, _ in root.members(max_depth=None)) == [
         "explicit", "explicit/arr", "implicit", "implicit/deeper", "implicit/deeper/arr",
     ]
