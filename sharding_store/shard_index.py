@@ -243,7 +243,9 @@ def entry_lists(
         if not checksum or int.from_bytes(bytes(data[-CHECKSUM_NBYTES:]), "little") == _crc32c.crc32c(body):
             values = struct.unpack(f"<{2 * n}Q", body)
             offsets, sizes = list(values[0::2]), list(values[1::2])
-            for o, s in zip(offsets, sizes):
+            for i, (o, s) in enumerate(zip(offsets, sizes)):
+                if s == MAX_UINT64 and payload_start and o == payload_start - 1:
+                    o = offsets[i] = MAX_UINT64  # zarrita's wrapped empty entry (_unwrap_empty_entries)
                 if o == MAX_UINT64 and s == MAX_UINT64:
                     continue
                 if o == MAX_UINT64 or s == MAX_UINT64 or o > MAX_UINT64 - s or o < payload_start or (
