@@ -83,11 +83,15 @@ def chunk_key_pattern(doc: dict) -> re.Pattern[str]:
     return re.compile(coords if ndim else "0")
 
 
-def _sharding(doc: dict) -> dict | None:
+def sharding_of(doc: dict) -> dict | None:
+    """The ``sharding_indexed`` configuration of a final array document (None: unsharded)."""
     for c in doc.get("codecs", []):
         if isinstance(c, dict) and c.get("name") == "sharding_indexed":
             return c["configuration"]
     return None
+
+
+_sharding = sharding_of
 
 
 @dataclass
@@ -196,9 +200,10 @@ def check_declared_indices(src: Inner, doc: dict, objects: list[tuple[str, int |
         read_index(data, cps, checksum=checksum, index_location="start", key=key)
 
 
-def plan_hierarchy(src: Inner, walk: V3Walk | None = None) -> Plan2023:
+def plan_hierarchy(src: Inner, walk: V3Walk | None = None, *, left_out: str = "not copied") -> Plan2023:
     """Every node of the 2023 hierarchy in ``src``: documents normalised, each array's chunk
-    objects listed and its undeclared index decided. Damage is recorded, not raised."""
+    objects listed and its undeclared index decided. Damage is recorded, not raised.
+    ``left_out``: what the warning about a key that is no chunk key says happens to it."""
     walk = walk if walk is not None else walk_v3_nodes(src)
     plan = Plan2023()
     documented = {n.path for n in walk.nodes}
@@ -228,7 +233,7 @@ def plan_hierarchy(src: Inner, walk: V3Walk | None = None) -> Plan2023:
             if pattern.fullmatch(rest):
                 objects.append((key, size))
             else:
-                plan.warnings.append(f"{key}: not a chunk key of array '{node.path or '/'}': not copied")
+                plan.warnings.append(f"{key}: not a chunk key of array '{node.path or '/'}': {left_out}")
         a = ArrayPlan2023(node.path, norm, objects)
         if norm.hidden_checksum is None:
             cfg = _sharding(norm.document)
