@@ -28,8 +28,9 @@ the store unchanged):
 Crash safety (:mod:`sharding_store.upgrade_journal`): before the first document changes,
 a journal holding every original document and its replacement is created exclusively
 at the root (a second run, or one racing it, is refused with exit 10 naming ``--resume``
-and ``--undo``). Then each document is replaced with one atomic put (arrays, then groups
-deepest first, the root last), the result is verified, and the journal is deleted. Each
+and ``--undo``). Then each document is replaced with one atomic put (the root's document
+last; on object stores the others in parallel), the result is verified, and the journal
+is deleted. Each
 document is at every moment either its original or its replacement, so a run killed
 anywhere is finished by ``--resume`` or rolled back byte for byte by ``--undo``; a
 document a third party changed meanwhile is never overwritten (exit 10, naming it).
@@ -46,7 +47,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +79,8 @@ __all__ = ["FINAL_KEY_ENCODINGS", "InPlaceReport", "upgrade_in_place", "upgrade_
 #: chunk key encodings whose keys the in-place upgrade takes as final: (name, separator)
 FINAL_KEY_ENCODINGS = frozenset({("default", "/")})
 RETRY_ATTEMPTS = 4
+#: threads for reads (and object-store writes): documents and shard tails are small requests
+JOBS = 8
 RETRY_DELAY = 0.2
 #: the fault-point phases of this module (tests kill the process there)
 FAULT_UPGRADE = "upgrade"
@@ -235,54 +239,78 @@ def _plan(inner: Inner, location: str, *, index_checksum: bool, skip_damaged: bo
 
 
 class _Runner:
-    def __init__(self, inner: Inner, location: str, report: InPlaceReport, retries: int, retry_delay: float) -> None:
+    """The writes and checks of one run. Reads go through a pool of ``jobs`` threads; so do
+    writes on object stores (a put leaves nothing behind when the process dies), while a
+    local directory is written one document at a time (milliseconds each), so that a kill
+    never leaves a half-written temporary file that ``--undo`` would have to find."""
+
+    def __init__(self, inner: Inner, location: str, report: InPlaceReport, retries: int, retry_delay: float,
+                 jobs: int) -> None:
         self.inner, self.location, self.report = inner, location, report
-        self.retries, self.retry_delay = retries, retry_delay
+        self.retries, self.retry_delay, self.jobs = retries, retry_delay, max(1, jobs)
+        self.local = inner.local_path(UPGRADE_JOURNAL_KEY) is not None
 
     def retried(self, fn: Any, *args: Any) -> Any:
         return with_retries(fn, *args, attempts=self.retries, base_delay=self.retry_delay)
 
+    def map(self, fn: Any, items: Sequence[Any], *, write: bool = False) -> list[Any]:
+        """``fn`` over ``items`` (in order), on the pool unless writing locally."""
+        if len(items) < 2 or self.jobs == 1 or (write and self.local):
+            return [fn(item) for item in items]
+        with ThreadPoolExecutor(min(self.jobs, len(items)), thread_name_prefix="inplace") as pool:
+            return list(pool.map(fn, items))
+
     def states(self, journal: UpgradeJournal, action: str) -> list[tuple[DocumentStep, str]]:
         """Each step with the state of its document now; a document that is neither its
         original nor its replacement stops the run before any write (never overwritten)."""
-        out = [(s, s.state(self.retried(self.inner.get, s.key))) for s in journal.steps]
-        for s, state in out:
-            if state == "other":
-                what = "missing" if self.retried(self.inner.get, s.key) is None else "changed"
+        currents = self.map(lambda s: self.retried(self.inner.get, s.key), journal.steps)
+        for s, current in zip(journal.steps, currents):
+            if s.state(current) == "other":
+                what = "deleted" if current is None else "changed"
                 raise MigrationError(
                     f"{s.key}: {what} by another writer since the in-place upgrade began (neither its original "
                     f"nor its upgraded document): refusing to {action} over it; the journal "
                     f"{UPGRADE_JOURNAL_KEY} holds both versions", key=s.key)
-        return out
+        return [(s, s.state(c)) for s, c in zip(journal.steps, currents)]
 
-    def forward(self, journal: UpgradeJournal) -> None:
-        """Replace every document still original (resumable at each step)."""
-        for s, state in self.states(journal, "write"):
-            if state == "new":
-                self.report.already += 1
-                continue
+    def forward(self, states: list[tuple[DocumentStep, str]]) -> None:
+        """Replace every document still original, the root's last (resumable at each step)."""
+        todo = [s for s, state in states if state != "new"]
+        self.report.already += len(states) - len(todo)
+
+        def write(s: DocumentStep) -> None:
             self.retried(self.inner.set, s.key, s.new)
-            self.report.written += 1
             fault_point(FAULT_UPGRADE)
 
-    def backward(self, journal: UpgradeJournal) -> None:
-        """Write back every original (delete what had none), the root first."""
-        for s, state in reversed(self.states(journal, "restore")):
-            if state == "original":
-                self.report.already += 1
-                continue
+        root = [s for s in todo if s.key == ENTRY_POINT_KEY]
+        self.map(write, [s for s in todo if s.key != ENTRY_POINT_KEY], write=True)
+        self.map(write, root, write=True)
+        self.report.written += len(todo)
+
+    def backward(self, states: list[tuple[DocumentStep, str]]) -> None:
+        """Write back every original (delete what had none), the root's first."""
+        todo = [s for s, state in states if state != "original"]
+        self.report.already += len(states) - len(todo)
+
+        def restore(s: DocumentStep) -> None:
             if s.original is None:
                 self.retried(self.inner.delete, s.key)
-                self.report.deleted += 1
             else:
                 self.retried(self.inner.set, s.key, s.original)
-                self.report.restored += 1
             fault_point(FAULT_UNDO)
 
-    def verify(self, journal: UpgradeJournal) -> None:
-        """See the module docstring: documents, generation, every shard index."""
+        root = [s for s in todo if s.key == ENTRY_POINT_KEY]
+        self.map(restore, root, write=True)
+        self.map(restore, [s for s in todo if s.key != ENTRY_POINT_KEY], write=True)
+        self.report.deleted += sum(s.original is None for s in todo)
+        self.report.restored += sum(s.original is not None for s in todo)
+
+    def verify(self, journal: UpgradeJournal, *, walk: bool) -> None:
+        """See the module docstring: documents, every shard index, and (``walk``: on a
+        resume, whose plan is not at hand) the generation of the whole hierarchy."""
         undo = f"`{undo_upgrade_command(self.location)}` restores the original documents"
-        for s in journal.steps:
+
+        def check(s: DocumentStep) -> int:
             got = self.retried(self.inner.get, s.key)
             if got != s.new:
                 raise VerificationError(f"{s.key}: not the document the upgrade wrote; {undo}", key=s.key)
@@ -291,7 +319,7 @@ class _Runner:
                 raise VerificationError(f"{s.key}: the upgraded document is not final v1.0 ({'; '.join(norm.changes)}); "
                                         f"{undo}", key=s.key)
             if norm.node_type != "array" or migrate2023.sharding_of(norm.document) is None:
-                continue
+                return 0
             prefix = f"{s.path}/" if s.path else ""
             pattern = migrate2023.chunk_key_pattern(norm.document)
             objects = [(k, size) for k, size in self.retried(lambda: list(self.inner.list_sized(prefix)))
@@ -301,10 +329,11 @@ class _Runner:
             except ShardCorruptError as e:
                 raise VerificationError(f"{e} (array '{s.path or '/'}' read through its upgraded document); {undo}",
                                         key=e.key) from e
-            self.report.shards_checked += len(objects)
-        if not journal.skipped:
-            walk = walk_v3_nodes(self.inner)
-            first = walk.first_2023()
+            return len(objects)
+
+        self.report.shards_checked += sum(self.map(check, journal.steps))
+        if walk and not journal.skipped:
+            first = walk_v3_nodes(self.inner).first_2023()
             if first is not None:
                 raise VerificationError(f"{first}: still spelled as before v1.0 after the upgrade; {undo}", key=first)
         self.report.verified = True
@@ -324,6 +353,7 @@ def upgrade_in_place(
     skip_damaged: bool = False,
     dry_run: bool = False,
     verify: bool = True,
+    jobs: int = JOBS,
     retries: int = RETRY_ATTEMPTS,
     retry_delay: float = RETRY_DELAY,
 ) -> InPlaceReport:
@@ -352,18 +382,17 @@ def upgrade_in_place(
                              f"{'resume' if resume else 'undo'}", key=UPGRADE_JOURNAL_KEY)
         report = InPlaceReport(location, "resume" if resume else "undo", skipped=dict(journal.skipped))
         _count(report, journal)
-        runner = _Runner(inner, location, report, retries, retry_delay)
+        runner = _Runner(inner, location, report, retries, retry_delay, jobs)
         if dry_run:
             report.action = "dry-run"
             return report
         if undo:
-            runner.backward(journal)
-            runner.finish()
+            runner.backward(runner.states(journal, "restore"))
         else:
-            runner.forward(journal)
+            runner.forward(runner.states(journal, "write"))
             if verify:
-                runner.verify(journal)
-            runner.finish()
+                runner.verify(journal, walk=True)
+        runner.finish()
         report.seconds = time.perf_counter() - started
         return report
     if journal is not None:
@@ -373,7 +402,7 @@ def upgrade_in_place(
         report.action = "dry-run"
         report.seconds = time.perf_counter() - started
         return report
-    runner = _Runner(inner, location, report, retries, retry_delay)
+    runner = _Runner(inner, location, report, retries, retry_delay, jobs)
     if not journal.steps:
         report.verified = None
         report.seconds = time.perf_counter() - started
@@ -383,13 +412,13 @@ def upgrade_in_place(
                                         "another run created its journal while this one planned; nothing was changed")
     fault_point(FAULT_UPGRADE)
     try:
-        runner.states(journal, "write")
+        states = runner.states(journal, "write")
     except MigrationError:  # changed between the plan and the journal: nothing written yet
         runner.finish()
         raise
-    runner.forward(journal)
+    runner.forward(states)
     if verify:
-        runner.verify(journal)
+        runner.verify(journal, walk=False)
     runner.finish()
     report.seconds = time.perf_counter() - started
     return report
