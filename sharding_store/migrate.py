@@ -481,15 +481,16 @@ def migrate(
     root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
     if is_draft_2023(src_inner, root_raw):  # the 2023 intermediate generation: its own driver
         migrate2023.refuse_options(src_ref.describe(), chunks_per_shard=cps, index_location=index_location == "start",
-                                   portable=portable, resume=resume, executor=executor,
+                                   portable=portable, executor=executor,
                                    assume_chunks_per_shard=assume_chunks_per_shard)
         jobs = jobs_for(jobs, src_inner, dst_inner, None)
         report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)
-        if not (dry_run and overwrite):
-            prepare_destination(dst_inner, dst_ref.describe(), overwrite=overwrite, hint="use --overwrite")
+        if not (dry_run and overwrite) and not resume:
+            prepare_destination(dst_inner, dst_ref.describe(), overwrite=overwrite,
+                                hint="use --overwrite, or --resume to finish an interrupted migration")
         migrate2023.migrate_copy(src_inner, dst_inner, report, dst_name=dst_ref.describe(), index_checksum=index_checksum,
                                  dry_run=dry_run, skip_damaged=skip_damaged, jobs=jobs, retries=retries,
-                                 retry_delay=retry_delay)
+                                 retry_delay=retry_delay, resume=resume and not dry_run)
         report.seconds = time.perf_counter() - started
         if verify and not dry_run:
             report.verification = run_verify(src_ref, dst_ref, jobs=jobs, progress=progress, retries=retries,
