@@ -45,9 +45,10 @@ CRC32C checked. Payload bytes are not read: they did not change.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,8 @@ from .draft_metadata import ENTRY_POINT_KEY
 from .errors import (
     MigrationError,
     ShardCorruptError,
+    ShardingStoreError,
+    StoreIOError,
     StoreNotFoundError,
     UsageError,
     VerificationError,
@@ -71,6 +74,7 @@ from .upgrade_journal import (
     UpgradeJournal,
     interrupted_upgrade,
     interrupted_upgrade_error,
+    resume_upgrade_command,
     undo_upgrade_command,
 )
 
@@ -270,7 +274,8 @@ class _Runner:
                 raise MigrationError(
                     f"{s.key}: {what} by another writer since the in-place upgrade began (neither its original "
                     f"nor its upgraded document): refusing to {action} over it; the journal "
-                    f"{UPGRADE_JOURNAL_KEY} holds both versions", key=s.key)
+                    f"{UPGRADE_JOURNAL_KEY} holds both versions: put one of them back, then run "
+                    f"`{resume_upgrade_command(self.location)}` or `{undo_upgrade_command(self.location)}`", key=s.key)
         return [(s, s.state(c)) for s, c in zip(journal.steps, currents)]
 
     def forward(self, states: list[tuple[DocumentStep, str]]) -> None:
@@ -386,13 +391,14 @@ def upgrade_in_place(
         if dry_run:
             report.action = "dry-run"
             return report
-        if undo:
-            runner.backward(runner.states(journal, "restore"))
-        else:
-            runner.forward(runner.states(journal, "write"))
-            if verify:
-                runner.verify(journal, walk=True)
-        runner.finish()
+        with _interrupted_on_error(location):
+            if undo:
+                runner.backward(runner.states(journal, "restore"))
+            else:
+                runner.forward(runner.states(journal, "write"))
+                if verify:
+                    runner.verify(journal, walk=True)
+            runner.finish()
         report.seconds = time.perf_counter() - started
         return report
     if journal is not None:
@@ -416,12 +422,31 @@ def upgrade_in_place(
     except MigrationError:  # changed between the plan and the journal: nothing written yet
         runner.finish()
         raise
-    runner.forward(states)
-    if verify:
-        runner.verify(journal, walk=False)
-    runner.finish()
+    with _interrupted_on_error(location):
+        runner.forward(states)
+        if verify:
+            runner.verify(journal, walk=False)
+        runner.finish()
     report.seconds = time.perf_counter() - started
     return report
+
+
+@contextlib.contextmanager
+def _interrupted_on_error(location: str) -> Iterator[None]:
+    """An error once the journal exists says how to end the upgrade (same class, same exit
+    code): the store holds a mix of original and upgraded documents until then."""
+    try:
+        yield
+    except (ShardingStoreError, OSError) as e:
+        if isinstance(e, ShardingStoreError) and "--in-place --" in str(e):
+            raise  # says it already
+        hint = (f"the upgrade is interrupted: finish it with `{resume_upgrade_command(location)}` or roll it back "
+                f"with `{undo_upgrade_command(location)}`")
+        if isinstance(e, ShardingStoreError):
+            raise type(e)(f"{e}; {hint}", key=e.key) from e
+        cause = e.strerror or str(e) or type(e).__name__
+        raise StoreIOError(f"{e.filename or 'a write'}: {type(e).__name__}: {cause}; {hint}",
+                           key=str(e.filename) if e.filename else None) from e
 
 
 def _count(report: InPlaceReport, journal: UpgradeJournal) -> None:
@@ -437,8 +462,6 @@ def _count(report: InPlaceReport, journal: UpgradeJournal) -> None:
 def upgrade_status(inner: Inner, location: str) -> dict[str, Any] | None:
     """An interrupted in-place upgrade of ``inner`` for ``info`` (one get, plus one per
     document when there is one), or None."""
-    from .upgrade_journal import resume_upgrade_command
-
     journal = interrupted_upgrade(inner)
     if journal is None:
         return None

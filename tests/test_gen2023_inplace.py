@@ -358,3 +358,32 @@ def test_a_journal_that_is_not_one_is_refused(tmp_path, capsys):
     (src / UPGRADE_JOURNAL_KEY).write_text("{not json")
     _refused(["migrate", str(src), "--in-place", "--resume"], src, MigrationError.exit_code, capsys,
              UPGRADE_JOURNAL_KEY, "unreadable")
+
+
+class _FullDisk(dict):
+    """A store (a dict) whose writes of one key fail as a full disk would."""
+
+    fail: str = ""
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        if key == self.fail:
+            raise OSError(28, "No space left on device", key)
+        super().__setitem__(key, value)
+
+
+def test_a_failed_write_names_resume_and_undo_and_undo_restores(tmp_path):
+    src = _endian(tmp_path)
+    store = _FullDisk({p.relative_to(src).as_posix(): p.read_bytes() for p in src.rglob("*") if p.is_file()})
+    frozen = dict(store)
+    store.fail = "2d.chunked.i2/zarr.json"
+    with pytest.raises(OSError) as e:  # StoreIOError (exit 12), an OSError
+        upgrade_in_place(store, retry_delay=0)
+    assert "--in-place --resume" in str(e.value) and "--in-place --undo" in str(e.value)
+    assert UPGRADE_JOURNAL_KEY in store and store != frozen
+    report = upgrade_in_place(store, undo=True)
+    assert report.restored > 0 and dict(store) == frozen
+    store.fail = ""
+    upgrade_in_place(store)
+    assert all(json.loads(v)["zarr_format"] == 3 for k, v in store.items() if k.endswith(NODE_KEY))
+    assert {k: v for k, v in store.items() if not k.endswith(NODE_KEY)} == \
+        {k: v for k, v in frozen.items() if not k.endswith(NODE_KEY)}
