@@ -15,7 +15,9 @@ the store unchanged):
 * **keys already final**: every array's ``chunk_key_encoding`` is ``default`` with the
   separator ``"/"`` (keys ``c/0/0``; the spelling of every v3 writer's default, and the one
   the issue calls final). ``"."`` and ``v2`` keys are refused (exit 2: migrate to a
-  destination) — :data:`FINAL_KEY_ENCODINGS` is the one place that says so;
+  destination) — :data:`FINAL_KEY_ENCODINGS` is the one place that says so. Objects in an
+  array's directory that are no chunk key of it are left as they are (a warning), as the
+  copy migration leaves them out;
 * **no data object changes**: a shard index that the document does not declare is decided
   from every shard's tail (:func:`migrate2023.decide_reading`); zarrita's hidden CRC32C is
   declared, a plain index would need a CRC32C appended to every shard, which is refused

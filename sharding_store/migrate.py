@@ -456,7 +456,7 @@ def migrate(
         return _in_place(src, dst, in_place=in_place, undo=undo, storage_options=storage_options,
                          src_storage_options=src_storage_options, index_checksum=index_checksum, resume=resume,
                          dry_run=dry_run, verify=verify, skip_damaged=skip_damaged or skip_untranslatable,
-                         retries=retries, retry_delay=retry_delay,
+                         retries=retries, retry_delay=retry_delay, **({"jobs": jobs} if jobs is not None else {}),
                          refused={"dst": dst is not None, "chunks_per_shard": chunks_per_shard is not None,
                                   "index_location": index_location != "end", "portable": portable,
                                   "overwrite": overwrite, "assume_chunks_per_shard": bool(assume_chunks_per_shard),

@@ -107,7 +107,9 @@ def run_in_place(args: argparse.Namespace) -> int:
         ("DST", args.dst), ("--chunks-per-shard", args.chunks_per_shard), ("--index-location start",
         args.index_location != "end"), ("--portable", args.portable), ("--overwrite", args.overwrite),
         ("--scheduler", args.scheduler), ("--assume-chunks-per-shard", args.assume_chunks_per_shard),
-        ("--dst-storage-options", args.dst_storage_options), ("--jobs", args.jobs)) if value]
+        ("--dst-storage-options", args.dst_storage_options)) if value]
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: must be >= 1")
     if given:
         raise UsageError(f"--in-place: not with {', '.join(given)} (the upgrade rewrites the zarr.json documents "
                          "of SRC and nothing else)")
@@ -115,7 +117,8 @@ def run_in_place(args: argparse.Namespace) -> int:
                else storage_options(args.storage_options))
     report = upgrade_in_place(args.src, storage_options=options, index_checksum=not args.no_index_checksum,
                               resume=args.resume, undo=args.undo, skip_damaged=args.skip_damaged,
-                              dry_run=args.dry_run, verify=not args.no_verify)
+                              dry_run=args.dry_run, verify=not args.no_verify,
+                              **({"jobs": args.jobs} if args.jobs is not None else {}))
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
     return 0
 
