@@ -68,6 +68,7 @@ from .jobs import (
 )
 from .inspect import check_assumed_layouts
 from .journal import refuse_interrupted_reshards
+from .meta2023 import classify_node
 from .upgrade_journal import refuse_interrupted_upgrade
 from .migrate_units import (
     DAMAGE_ERRORS,
@@ -477,8 +478,10 @@ def migrate(
         check_picklable(src_ref, dst_ref)
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
     check_apart(src_inner, dst_inner, src_ref.describe(), dst_ref.describe())
-    refuse_interrupted_upgrade(src_inner, src_ref.describe())
     root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
+    if root_raw is None or classify_node(root_raw, dm.ENTRY_POINT_KEY) != "draft-2022":
+        # an in-place upgrade (of a per-node store only) left half done: one get
+        refuse_interrupted_upgrade(src_inner, src_ref.describe())
     if is_draft_2023(src_inner, root_raw):  # the 2023 intermediate generation: its own driver
         migrate2023.refuse_options(src_ref.describe(), chunks_per_shard=cps, index_location=index_location == "start",
                                    portable=portable, executor=executor,
