@@ -180,7 +180,8 @@ def _refuse_links(inner: Inner, plan: migrate2023.Plan2023) -> None:
                 inner.size(key)
 
 
-def _plan(inner: Inner, location: str, *, index_checksum: bool, skip_damaged: bool) -> tuple[UpgradeJournal, InPlaceReport, list[migrate2023.ArrayPlan2023]]:
+def _plan(inner: Inner, location: str, *, index_checksum: bool,
+          skip_damaged: bool) -> tuple[UpgradeJournal, InPlaceReport]:
     """The journal of a fresh upgrade (every refusal raised here, before any write)."""
     root_raw = inner.get(ENTRY_POINT_KEY)
     _refuse_generation(inner, location, root_raw)
@@ -215,12 +216,10 @@ def _plan(inner: Inner, location: str, *, index_checksum: bool, skip_damaged: bo
                            skipped={p: str(e) for p, e in plan.damaged.items()})
     steps: list[DocumentStep] = []
     root_array: DocumentStep | None = None
-    changed_arrays = []
     for a in sorted(plan.arrays, key=lambda a: a.path):
         if not plan.changes.get(a.path):
             continue  # final already: left byte for byte
         step = DocumentStep(a.path, node_key(a.path), raws[a.path], json_bytes(a.document(index_checksum)))
-        changed_arrays.append(a)
         report.arrays += 1
         report.changes[a.path] = plan.changes[a.path]
         if a.path == "":
@@ -238,7 +237,7 @@ def _plan(inner: Inner, location: str, *, index_checksum: bool, skip_damaged: bo
     if root_array is not None:
         steps.append(root_array)
     journal = UpgradeJournal(location, index_checksum, steps, dict(report.skipped))
-    return journal, report, changed_arrays
+    return journal, report
 
 
 # --------------------------------------------------------------------------- running
@@ -405,7 +404,7 @@ def upgrade_in_place(
         return report
     if journal is not None:
         raise interrupted_upgrade_error(journal, location, "nothing was changed by this run")
-    journal, report, _ = _plan(inner, location, index_checksum=index_checksum, skip_damaged=skip_damaged)
+    journal, report = _plan(inner, location, index_checksum=index_checksum, skip_damaged=skip_damaged)
     if dry_run:
         report.action = "dry-run"
         report.seconds = time.perf_counter() - started
