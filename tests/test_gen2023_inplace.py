@@ -387,3 +387,29 @@ def test_a_failed_write_names_resume_and_undo_and_undo_restores(tmp_path):
     assert all(json.loads(v)["zarr_format"] == 3 for k, v in store.items() if k.endswith(NODE_KEY))
     assert {k: v for k, v in store.items() if not k.endswith(NODE_KEY)} == \
         {k: v for k, v in frozen.items() if not k.endswith(NODE_KEY)}
+
+
+def test_of_two_runs_racing_only_one_proceeds(tmp_path, monkeypatch):
+    """The journal is created exclusively: a run that planned while another created its
+    journal stops before writing anything (exit 10), and the other run finishes."""
+    import sharding_store.inplace as inplace
+
+    src = _endian(tmp_path)
+    real_plan = inplace._plan
+    raced = []
+
+    def plan_then_race(*args, **kwargs):
+        out = real_plan(*args, **kwargs)
+        if not raced:  # the other run gets its journal in first, then is paused (killed) there
+            raced.append(True)
+            with crash_at(1), pytest.raises(Crash):
+                upgrade_in_place(str(src))
+        return out
+
+    monkeypatch.setattr(inplace, "_plan", plan_then_race)
+    theirs = (src / UPGRADE_JOURNAL_KEY)
+    with pytest.raises(MigrationError, match="another run created its journal"):
+        upgrade_in_place(str(src))
+    assert json.loads(theirs.read_bytes())["steps"]  # the other run's journal, untouched
+    monkeypatch.setattr(inplace, "_plan", real_plan)
+    assert upgrade_in_place(str(src), resume=True).written == 33
