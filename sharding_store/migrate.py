@@ -68,6 +68,8 @@ from .jobs import (
 )
 from .inspect import check_assumed_layouts
 from .journal import refuse_interrupted_reshards
+from .meta2023 import classify_node
+from .upgrade_journal import refuse_interrupted_upgrade
 from .migrate_units import (
     DAMAGE_ERRORS,
     MARKER_KEY,
@@ -426,8 +428,10 @@ def _check_named_arrays(h: DraftHierarchy, names: Mapping[str, Any] | None) -> N
 
 def migrate(
     src: Any,
-    dst: Any,
+    dst: Any = None,
     *,
+    in_place: bool = False,
+    undo: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     src_storage_options: Mapping[str, Any] | None = None,
     dst_storage_options: Mapping[str, Any] | None = None,
@@ -468,7 +472,22 @@ def migrate(
     unfinished in-place reshard in the source; or a unit failed after retries: rerun with
     ``resume=True``), :class:`StoreIOError` (a write failed in a way no retry helps) or
     :class:`VerificationError` (``verify=True``, the default).
+
+    ``in_place=True`` (no ``dst``): upgrade a 2023-generation store by rewriting only its
+    documents, :func:`sharding_store.inplace.upgrade_in_place` (``resume``/``undo`` finish
+    or roll back an interrupted one); returns its :class:`~sharding_store.inplace.InPlaceReport`.
     """
+    if in_place or undo:
+        return _in_place(src, dst, in_place=in_place, undo=undo, storage_options=storage_options,
+                         src_storage_options=src_storage_options, index_checksum=index_checksum, resume=resume,
+                         dry_run=dry_run, verify=verify, skip_damaged=skip_damaged or skip_untranslatable,
+                         retries=retries, retry_delay=retry_delay, **({"jobs": jobs} if jobs is not None else {}),
+                         refused={"dst": dst is not None, "chunks_per_shard": chunks_per_shard is not None,
+                                  "index_location": index_location != "end", "portable": portable,
+                                  "overwrite": overwrite, "assume_chunks_per_shard": bool(assume_chunks_per_shard),
+                                  "executor": executor is not None, "dst_storage_options": dst_storage_options is not None})
+    if dst is None:
+        raise UsageError("migrate: give a destination (or in_place=True for a 2023-generation store)")
     started = time.perf_counter()
     skip_damaged = skip_damaged or skip_untranslatable
     if overwrite and resume:
@@ -485,17 +504,21 @@ def migrate(
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
     check_apart(src_inner, dst_inner, src_ref.describe(), dst_ref.describe())
     root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
+    if root_raw is None or classify_node(root_raw, dm.ENTRY_POINT_KEY) != "draft-2022":
+        # an in-place upgrade (of a per-node store only) left half done: one get
+        refuse_interrupted_upgrade(src_inner, src_ref.describe())
     if is_draft_2023(src_inner, root_raw):  # the 2023 intermediate generation: its own driver
         migrate2023.refuse_options(src_ref.describe(), chunks_per_shard=cps, index_location=index_location == "start",
-                                   portable=portable, resume=resume, executor=executor, dimension_names=names,
+                                   portable=portable, executor=executor, dimension_names=names,
                                    assume_chunks_per_shard=assume_chunks_per_shard)
         jobs = jobs_for(jobs, src_inner, dst_inner, None)
         report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)
-        if not (dry_run and overwrite):
-            prepare_destination(dst_inner, dst_ref.describe(), overwrite=overwrite, hint="use --overwrite")
+        if not (dry_run and overwrite) and not resume:
+            prepare_destination(dst_inner, dst_ref.describe(), overwrite=overwrite,
+                                hint="use --overwrite, or --resume to finish an interrupted migration")
         migrate2023.migrate_copy(src_inner, dst_inner, report, dst_name=dst_ref.describe(), index_checksum=index_checksum,
                                  dry_run=dry_run, skip_damaged=skip_damaged, jobs=jobs, retries=retries,
-                                 retry_delay=retry_delay)
+                                 retry_delay=retry_delay, resume=resume and not dry_run)
         report.seconds = time.perf_counter() - started
         if verify and not dry_run:
             report.verification = run_verify(src_ref, dst_ref, jobs=jobs, progress=progress, retries=retries,
@@ -551,3 +574,18 @@ def migrate(
         )
         report.seconds = time.perf_counter() - started
     return report
+
+
+def _in_place(src: Any, dst: Any, *, in_place: bool, undo: bool, storage_options: Mapping[str, Any] | None,
+              src_storage_options: Mapping[str, Any] | None, refused: Mapping[str, bool], **kw: Any) -> Any:
+    """``migrate(path, in_place=True)``: the options that do not apply are refused by name."""
+    from .inplace import upgrade_in_place
+
+    if not in_place:
+        raise UsageError("undo applies to an in-place upgrade only: give in_place=True")
+    given = [name for name, value in refused.items() if value]
+    if given:
+        raise UsageError(f"in-place upgrade: not with {', '.join(given)} (it rewrites the documents of the store "
+                         "and nothing else)")
+    return upgrade_in_place(src, storage_options=src_storage_options if src_storage_options is not None
+                            else storage_options, undo=undo, **kw)

@@ -26,7 +26,7 @@ equal to the normalised one (with the reading the shards decide), each chunk obj
 byte for byte to the source's (plus the CRC32C of its index where one was appended), no
 chunk object missing or extra.
 
-Not yet for this generation: ``resume``, ``chunks_per_shard``, ``index_location="start"``,
+``resume``: see :func:`migrate_copy`. Not yet for this generation: ``chunks_per_shard``, ``index_location="start"``,
 ``portable``, ``assume_chunks_per_shard``, an executor (the drivers refuse them with a
 :class:`UsageError`).
 """
@@ -56,7 +56,7 @@ from .errors import (
 )
 from .hierarchy import V3Walk, walk_v3_nodes
 from .inspect import decide_reading
-from .jobs import with_retries
+from .jobs import fault_point, with_retries
 from .migrate_units import MARKER_KEY, ArrayReport, UnitResult, json_bytes, node_key
 from .shard_index import CHECKSUM_NBYTES, ENTRY_NBYTES, ShardIndex, index_nbytes, read_index
 from .stores import Inner
@@ -84,11 +84,15 @@ def chunk_key_pattern(doc: dict) -> re.Pattern[str]:
     return re.compile(coords if ndim else "0")
 
 
-def _sharding(doc: dict) -> dict | None:
+def sharding_of(doc: dict) -> dict | None:
+    """The ``sharding_indexed`` configuration of a final array document (None: unsharded)."""
     for c in doc.get("codecs", []):
         if isinstance(c, dict) and c.get("name") == "sharding_indexed":
             return c["configuration"]
     return None
+
+
+_sharding = sharding_of
 
 
 @dataclass
@@ -172,9 +176,10 @@ def check_declared_indices(src: Inner, doc: dict, objects: list[tuple[str, int |
         read_index(data, cps, checksum=checksum, index_location="start", key=key)
 
 
-def plan_hierarchy(src: Inner, walk: V3Walk | None = None) -> Plan2023:
+def plan_hierarchy(src: Inner, walk: V3Walk | None = None, *, left_out: str = "not copied") -> Plan2023:
     """Every node of the 2023 hierarchy in ``src``: documents normalised, each array's chunk
-    objects listed and its undeclared index decided. Damage is recorded, not raised."""
+    objects listed and its undeclared index decided. Damage is recorded, not raised.
+    ``left_out``: what the warning about a key that is no chunk key says happens to it."""
     walk = walk if walk is not None else walk_v3_nodes(src)
     plan = Plan2023()
     documented = {n.path for n in walk.nodes}
@@ -204,7 +209,7 @@ def plan_hierarchy(src: Inner, walk: V3Walk | None = None) -> Plan2023:
             if pattern.fullmatch(rest):
                 objects.append((key, size))
             else:
-                plan.warnings.append(f"{key}: not a chunk key of array '{node.path or '/'}': not copied")
+                plan.warnings.append(f"{key}: not a chunk key of array '{node.path or '/'}': {left_out}")
         a = ArrayPlan2023(node.path, norm, objects)
         if norm.hidden_checksum is None:
             cfg = _sharding(norm.document)
@@ -311,10 +316,15 @@ def refuse_damage(plan: Plan2023, skip_damaged: bool, consequence: str) -> None:
 def migrate_copy(
     src: Inner, dst: Inner, report: Any, *, dst_name: str, index_checksum: bool = True, dry_run: bool = False,
     skip_damaged: bool = False, jobs: int = 4, retries: int = 4, retry_delay: float = 0.2,
-    walk: V3Walk | None = None,
+    walk: V3Walk | None = None, resume: bool = False,
 ) -> Plan2023:
     """Copy-migrate the 2023 hierarchy in ``src`` into ``dst`` (found empty or emptied by the
-    caller), filling ``report`` (a :class:`~sharding_store.migrate.MigrationReport`)."""
+    caller), filling ``report`` (a :class:`~sharding_store.migrate.MigrationReport`).
+
+    ``resume``: continue an interrupted migration into ``dst`` (its marker must say the same
+    source and ``index_checksum``): an object already there with the size it must have is
+    kept (the verification that follows compares every byte), every document is written
+    again. A destination without a marker but not empty is refused (nothing to resume)."""
     plan = plan_hierarchy(src, walk)
     refuse_damage(plan, skip_damaged, "nothing was written")
     for path, error in plan.damaged.items():
@@ -335,22 +345,61 @@ def migrate_copy(
     def retried(fn: Any, *args: Any) -> Any:
         return with_retries(fn, *args, attempts=retries, base_delay=retry_delay)
 
-    marker = json_bytes({"generation": "2023", "index_checksum": index_checksum, "src": report.src})
-    if not retried(dst.create_exclusive, MARKER_KEY, marker):
+    location = src.location()
+    current = {"generation": "2023", "index_checksum": index_checksum, "src": report.src,
+               "source": [location.kind, location.authority, location.path]}
+    marker = json_bytes(current)
+    existing: dict[str, int | None] | None = None
+    if resume:
+        existing = _resumable(dst, dst_name, current, retried)
+        dst.tidy()  # temporary files of writes the interrupted run left unfinished
+    if existing is None and not retried(dst.create_exclusive, MARKER_KEY, marker):
         raise DestinationExistsError(
             f"{dst_name}: another migration is writing into this destination (its {MARKER_KEY} appeared "
             "after the destination was found empty); wait for it, or use another destination", key=MARKER_KEY)
     try:
-        _write_all(plan, src, dst, report, index_checksum=index_checksum, jobs=jobs, retried=retried)
+        _write_all(plan, src, dst, report, index_checksum=index_checksum, jobs=jobs, retried=retried,
+                   existing=existing)
     except Exception as e:
         raise incomplete(e) from e
     return plan
 
 
+def _resumable(dst: Inner, dst_name: str, current: dict[str, Any], retried: Any) -> dict[str, int | None] | None:
+    """The objects of the interrupted migration into ``dst`` (key -> size) when its marker
+    matches ``current``; None when ``dst`` is empty (a fresh start). :class:`UsageError`
+    otherwise, naming what differs."""
+    raw = retried(dst.get, MARKER_KEY)
+    if raw is None:
+        if next(iter(dst.list_prefix("")), None) is None:
+            return None
+        raise UsageError(f"{dst_name}: nothing to resume (no {MARKER_KEY}: the migration completed, or this "
+                         "destination is not one of ours); start again with --overwrite", key=MARKER_KEY)
+    try:
+        previous = json.loads(raw)
+    except (ValueError, RecursionError):
+        previous = None
+    if not isinstance(previous, dict) or previous.get("generation") != "2023":
+        raise UsageError(f"{MARKER_KEY}: not the marker of a 2023-generation migration; nothing to resume: start "
+                         "again with --overwrite", key=MARKER_KEY)
+    before = previous.get("source", current["source"])
+    in_process = ("mapping", "zarr")  # identified by id(): no identity across runs
+    if before[:1] != [] and before[0] not in in_process and current["source"][0] not in in_process \
+            and before != current["source"]:
+        raise UsageError(f"{MARKER_KEY}: the interrupted migration read another source ({previous.get('src')!r}), "
+                         f"not {current['src']!r}: resume with that source, or start again with --overwrite",
+                         key=MARKER_KEY)
+    if previous.get("index_checksum") != current["index_checksum"]:
+        raise UsageError(f"{MARKER_KEY}: the interrupted migration used index_checksum="
+                         f"{previous.get('index_checksum')!r}; resume with the same options, or start again with "
+                         "--overwrite", key=MARKER_KEY)
+    return dict(dst.list_sized(""))
+
+
 def incomplete(error: BaseException) -> ShardingStoreError:
     """The error a copy migration stops with once it has written: the destination is
-    incomplete and (no ``resume`` for this generation yet) must be written again."""
-    again = "the destination is incomplete: run again with --overwrite"
+    incomplete; ``--resume`` finishes it."""
+    again = "the destination is incomplete: run again with --resume"
     if isinstance(error, ShardingStoreError):
         return type(error)(f"{error}; {again}", key=error.key)
     if isinstance(error, OSError):
@@ -361,15 +410,23 @@ def incomplete(error: BaseException) -> ShardingStoreError:
 
 
 def _write_all(plan: Plan2023, src: Inner, dst: Inner, report: Any, *, index_checksum: bool, jobs: int,
-               retried: Any) -> None:
+               retried: Any, existing: dict[str, int | None] | None = None) -> None:
     root_doc: dict | None = None
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="migrate2023") as pool:
         for a in plan.arrays:
             append = a.appends(index_checksum)
+            todo = []
+            for key, size in a.objects:
+                have = None if existing is None else existing.get(key)
+                if have is not None and size is not None and have == size + (CHECKSUM_NBYTES if append else 0):
+                    report.totals.add(UnitResult(skipped=1))  # resume: copied by the interrupted run
+                else:
+                    todo.append((key, size))
             futures = [pool.submit(retried, _copy_object, src, dst, key, size, a.n_entries, append)
-                       for key, size in a.objects]
+                       for key, size in todo]
             for f in futures:
                 report.totals.add(f.result())
+                fault_point("unit")
             doc = a.document(index_checksum)
             if a.path == "":
                 root_doc = doc

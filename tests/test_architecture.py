@@ -41,13 +41,14 @@ ROOT = Path(importlib.util.find_spec(PACKAGE).origin).parent  # the package unde
 #: own layer or lower ones. ``stores.*`` / ``cli.*`` stand for every module of the package.
 LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     1: ("format (pure, no I/O)",
-        ("errors", "keys", "shard_index", "draft_metadata", "v3_metadata", "meta2023", "v3_layout", "journal")),
+        ("errors", "keys", "shard_index", "draft_metadata", "v3_metadata", "meta2023", "v3_layout", "journal",
+         "upgrade_journal")),
     2: ("stores", ("stores", "stores.*", "locks")),
     3: ("codecs", ("chunk_codec", "_native")),
     4: ("shard engine", ("engine", "store")),
     5: ("hierarchy and arrays", ("hierarchy", "array", "v3view", "inspect")),
     6: ("jobs", ("jobs", "progress")),
-    7: ("drivers", ("migrate", "migrate2023", "migrate_units", "verify", "reshard")),
+    7: ("drivers", ("migrate", "migrate2023", "migrate_units", "verify", "reshard", "inplace")),
     8: ("package facade (lazy re-exports of the public names)", ("",)),
     9: ("command line", ("cli", "cli.*", "__main__")),
     10: ("xarray backend (an entry point of xarray's; never imported by the package)", ("xarray_backend",)),

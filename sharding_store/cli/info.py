@@ -221,6 +221,31 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
     return True
 
 
+def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool:
+    """An interrupted in-place upgrade (``migrate --in-place``): its documents are a mix of
+    old and new, so that is what ``info`` says (``--strict``: exit 10); False when none."""
+    from ..hierarchy import inner_of
+    from ..inplace import upgrade_status
+    from ..upgrade_journal import interrupted_upgrade, interrupted_upgrade_error
+
+    inner = inner_of(args.store, opts)
+    status = upgrade_status(inner, args.store)
+    if status is None:
+        return False
+    if args.json:
+        json.dump({"store": args.store, "interrupted_upgrade": status}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"{args.store}: interrupted in-place upgrade: {len(status['upgraded'])} of {status['documents']} "
+              f"documents upgraded; finish it with `{status['resume']}` or roll it back with `{status['undo']}`")
+        for key in status["changed_by_others"]:
+            print(f"  {key}: changed by another writer since the upgrade began")
+    journal = interrupted_upgrade(inner)
+    if args.strict and journal is not None:
+        raise interrupted_upgrade_error(journal, args.store)
+    return True
+
+
 def run_info(args: argparse.Namespace) -> int:
     from ..draft_metadata import normalize_path
     from ..hierarchy import open_hierarchy
@@ -229,6 +254,8 @@ def run_info(args: argparse.Namespace) -> int:
 
     opts = storage_options(args.storage_options)
     assume = assumed(args)
+    if _info_upgrade(args, opts):
+        return 0
     if _info_2023(args, opts, assume):
         return 0
     h = open_hierarchy(args.store, storage_options=opts, strict=False, assume_chunks_per_shard=assume)

@@ -12,9 +12,10 @@ from ..errors import UsageError
 from .options import add_assume_option, assumed, int_tuple, storage_options
 
 
-def _store_options(p: argparse.ArgumentParser) -> None:
+def _store_options(p: argparse.ArgumentParser, dst_optional: bool = False) -> None:
     p.add_argument("src", metavar="SRC", help="draft-era hierarchy (path or fsspec URL)")
-    p.add_argument("dst", metavar="DST", help="Zarr v3 hierarchy (path or fsspec URL)")
+    p.add_argument("dst", metavar="DST", nargs="?" if dst_optional else None,
+                   help="Zarr v3 hierarchy (path or fsspec URL)" + ("; none with --in-place" if dst_optional else ""))
     p.add_argument("--storage-options", metavar="JSON", help="fsspec options for SRC and DST")
     p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (overrides --storage-options)")
     p.add_argument("--dst-storage-options", metavar="JSON", help="fsspec options for DST (overrides --storage-options)")
@@ -35,10 +36,12 @@ def register(subparsers: Any) -> None:
         description=(
             "Write a Zarr v3 hierarchy at DST that zarr-python 3 and tensorstore read with the values of the "
             "draft-era hierarchy at SRC. Chunk payloads are copied verbatim; shard indices are rebuilt "
-            "(crc32c-checked, compacted). SRC is only read. DST is verified afterwards unless --no-verify."
+            "(crc32c-checked, compacted). SRC is only read. DST is verified afterwards unless --no-verify. "
+            "`migrate PATH --in-place` upgrades a 2023-generation store where it is, rewriting only its "
+            "zarr.json documents (crash-safe: --resume finishes, --undo rolls back an interrupted run)."
         ),
     )
-    _store_options(p)
+    _store_options(p, dst_optional=True)
     p.add_argument("--chunks-per-shard", type=int_tuple, metavar="N[,N...]",
                    help="shard every array with N chunks per shard (one number for every dimension, or one per dimension)")
     p.add_argument("--no-index-checksum", action="store_true",
@@ -53,7 +56,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-consolidate", action="store_true",
                    help="no consolidated metadata in the root zarr.json (written by default, as zarr-python 3 does)")
     p.add_argument("--overwrite", action="store_true", help="remove a non-empty DST first")
-    p.add_argument("--resume", action="store_true", help="finish an interrupted migration into DST")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an interrupted migration into DST (with --in-place: an interrupted in-place upgrade)")
+    p.add_argument("--in-place", action="store_true",
+                   help="upgrade the 2023-generation store SRC where it is: only its zarr.json documents are "
+                        "rewritten (refused when a data object would have to change)")
+    p.add_argument("--undo", action="store_true",
+                   help="with --in-place: roll back an interrupted in-place upgrade (every original document restored)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (arrays, shards, bytes); write nothing")
     p.add_argument("--no-verify", action="store_true", help="skip the verification of DST against SRC")
     p.set_defaults(func=run_migrate)
@@ -103,9 +112,39 @@ def _executor(address: str | None) -> Iterator[Any]:
         yield client.get_executor()
 
 
+def run_in_place(args: argparse.Namespace) -> int:
+    """``migrate PATH --in-place [--resume|--undo]``: options that do not apply are refused by name."""
+    from ..inplace import upgrade_in_place
+
+    if not args.in_place:
+        raise UsageError("--undo applies to an in-place upgrade: give --in-place")
+    given = [opt for opt, value in (
+        ("DST", args.dst), ("--chunks-per-shard", args.chunks_per_shard), ("--index-location start",
+        args.index_location != "end"), ("--portable", args.portable), ("--overwrite", args.overwrite),
+        ("--scheduler", args.scheduler), ("--assume-chunks-per-shard", args.assume_chunks_per_shard),
+        ("--dst-storage-options", args.dst_storage_options)) if value]
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: must be >= 1")
+    if given:
+        raise UsageError(f"--in-place: not with {', '.join(given)} (the upgrade rewrites the zarr.json documents "
+                         "of SRC and nothing else)")
+    options = (storage_options(args.src_storage_options, "--src-storage-options") if args.src_storage_options
+               else storage_options(args.storage_options))
+    report = upgrade_in_place(args.src, storage_options=options, index_checksum=not args.no_index_checksum,
+                              resume=args.resume, undo=args.undo, skip_damaged=args.skip_damaged,
+                              dry_run=args.dry_run, verify=not args.no_verify,
+                              **({"jobs": args.jobs} if args.jobs is not None else {}))
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
+    return 0
+
+
 def run_migrate(args: argparse.Namespace) -> int:
     from ..migrate import migrate
 
+    if args.in_place or args.undo:
+        return run_in_place(args)
+    if args.dst is None:
+        raise UsageError("migrate: give DST (or --in-place to upgrade a 2023-generation store where it is)")
     common = _common(args)
     with _executor(args.scheduler) as executor:
         report = migrate(

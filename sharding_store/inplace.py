@@ -1,0 +1,472 @@
+"""``migrate PATH --in-place``: upgrade a 2023-generation store to final Zarr v3 by rewriting only its documents.
+
+A store of the 2023 intermediate generation whose chunk keys are already final holds
+v1.0 shards and chunks: only its ``zarr.json`` documents are spelled as before v1.0. The
+in-place upgrade rewrites just those documents (:func:`meta2023.normalise_node`, the one
+translation, through :func:`migrate2023.plan_hierarchy`, as the copy migration does), so
+its cost depends on the number of nodes and shards, never on the bytes stored.
+
+What the upgrade takes (anything else is refused before anything is written, one line,
+the store unchanged):
+
+* the 2023 generation only: a final v3 store is "already Zarr v3" (exit 7, as ``migrate``
+  says), a 2022 ``meta/root`` store or Zarr v2 store is another layout (exit 2 / 7:
+  migrate it to a destination);
+* **keys already final**: every array's ``chunk_key_encoding`` is ``default`` with the
+  separator ``"/"`` (keys ``c/0/0``; the spelling of every v3 writer's default, and the one
+  the issue calls final). ``"."`` and ``v2`` keys are refused (exit 2: migrate to a
+  destination) — :data:`FINAL_KEY_ENCODINGS` is the one place that says so. Objects in an
+  array's directory that are no chunk key of it are left as they are (a warning), as the
+  copy migration leaves them out;
+* **no data object changes**: a shard index that the document does not declare is decided
+  from every shard's tail (:func:`migrate2023.decide_reading`); zarrita's hidden CRC32C is
+  declared, a plain index would need a CRC32C appended to every shard, which is refused
+  (exit 2) unless ``index_checksum=False`` (``--no-index-checksum``: declared as
+  ``[bytes little]``, nothing appended);
+* damaged nodes (exit 3/4, naming the key) are refused unless ``skip_damaged``: then the
+  damaged node and every node below it keep their documents untouched and are reported;
+* a chunk or document that is a link out of the store is refused (exit 13).
+
+Crash safety (:mod:`sharding_store.upgrade_journal`): before the first document changes,
+a journal holding every original document and its replacement is created exclusively
+at the root (a second run, or one racing it, is refused with exit 10 naming ``--resume``
+and ``--undo``). Then each document is replaced with one atomic put (the root's document
+last; on object stores the others in parallel), the result is verified, and the journal
+is deleted. Each
+document is at every moment either its original or its replacement, so a run killed
+anywhere is finished by ``--resume`` or rolled back byte for byte by ``--undo``; a
+document a third party changed meanwhile is never overwritten (exit 10, naming it).
+
+Verification (``verify=True``), decided here: every document written is read back and
+must equal the plan and be final v1.0 under :func:`meta2023.normalise_node`; the whole
+hierarchy must now walk as final Zarr v3 (unless damaged nodes were left); and the index
+of **every** shard of every rewritten sharded array is read (one tail read per shard, no
+payload) and validated under the new document: entries inside the object, the declared
+CRC32C checked. Payload bytes are not read: they did not change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import meta2023, migrate2023
+from .draft_metadata import ENTRY_POINT_KEY
+from .errors import (
+    MigrationError,
+    ShardCorruptError,
+    ShardingStoreError,
+    StoreIOError,
+    StoreNotFoundError,
+    UsageError,
+    VerificationError,
+)
+from .hierarchy import Generation, detect_generation, walk_v3_nodes
+from .jobs import StoreRef, fault_point, with_retries
+from .migrate_units import json_bytes, node_key
+from .stores import Inner
+from .upgrade_journal import (
+    UPGRADE_JOURNAL_KEY,
+    DocumentStep,
+    UpgradeJournal,
+    interrupted_upgrade,
+    interrupted_upgrade_error,
+    resume_upgrade_command,
+    undo_upgrade_command,
+)
+
+__all__ = ["FINAL_KEY_ENCODINGS", "InPlaceReport", "upgrade_in_place", "upgrade_status"]
+
+#: chunk key encodings whose keys the in-place upgrade takes as final: (name, separator)
+FINAL_KEY_ENCODINGS = frozenset({("default", "/")})
+RETRY_ATTEMPTS = 4
+#: threads for reads (and object-store writes): documents and shard tails are small requests
+JOBS = 8
+RETRY_DELAY = 0.2
+#: the fault-point phases of this module (tests kill the process there)
+FAULT_UPGRADE = "upgrade"
+FAULT_UNDO = "undo"
+
+
+@dataclass
+class InPlaceReport:
+    """What an in-place upgrade did (or, in a dry run, would do)."""
+
+    location: str
+    action: str  # "upgrade" | "resume" | "undo" | "dry-run"
+    arrays: int = 0  # array documents rewritten (planned)
+    groups: int = 0  # group documents rewritten (planned), created ones included
+    created: int = 0  # groups that had no document (an implicit group, the root included)
+    written: int = 0  # documents written by this run
+    restored: int = 0  # documents written back to their original (undo)
+    deleted: int = 0  # documents deleted (undo of a created group document)
+    already: int = 0  # documents already in their target state
+    shards_checked: int = 0
+    changes: dict[str, list[str]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    verified: bool | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"store": self.location, "action": self.action, "in_place": True, "arrays": self.arrays,
+                "groups": self.groups, "created": self.created, "written": self.written, "restored": self.restored,
+                "deleted": self.deleted, "already_done": self.already, "shards_checked": self.shards_checked,
+                "changes": self.changes, "skipped": self.skipped, "warnings": list(self.warnings),
+                "verified": self.verified, "seconds": round(self.seconds, 3)}
+
+    def summary(self) -> str:
+        docs = f"{self.arrays} array and {self.groups} group documents ({self.created} created)"
+        if self.action == "dry-run":
+            lines = [f"dry run: would upgrade {self.location} in place: {docs}"]
+            for path, changes in self.changes.items():
+                lines += [f"  {path or '/'}: {c}" for c in changes]
+        elif self.action == "undo":
+            lines = [f"{self.location}: in-place upgrade undone: {self.restored} documents restored, "
+                     f"{self.deleted} created documents deleted, {self.already} unchanged, in {self.seconds:.2f} s"]
+        else:
+            what = "upgrade resumed and completed" if self.action == "resume" else "upgraded in place to Zarr v3"
+            lines = [f"{self.location}: {what}: {docs}; {self.written} written, {self.already} already done, "
+                     f"in {self.seconds:.2f} s"]
+            if self.verified:
+                lines.append(f"  verified: every document final v1.0, {self.shards_checked} shard indices checked")
+        lines += [f"warning: {w}" for w in self.warnings]
+        lines += [f"left as it was {p or '/'} (damaged): {r}" for p, r in self.skipped.items()]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def _key_encoding(doc: dict) -> tuple[str, str]:
+    cke = doc["chunk_key_encoding"]
+    name = cke["name"]
+    sep = (cke.get("configuration") or {}).get("separator", "/" if name == "default" else ".")
+    return name, sep
+
+
+def _refuse_generation(inner: Inner, location: str, root_raw: bytes | None) -> None:
+    """Raise unless the store is (by its root) a candidate for the in-place upgrade."""
+    generation, key = detect_generation(inner, root_raw, deep=False)
+    if generation in (Generation.DRAFT_2023, Generation.FINAL_V3):
+        return
+    if generation is Generation.NONE and root_raw is None:
+        return  # an implicit root: the walk decides
+    if generation is Generation.DRAFT_2022:
+        raise UsageError(
+            f"{location}: a draft-era (2022) store ({ENTRY_POINT_KEY} entry point, meta/root layout): its chunk keys "
+            "and shards change in a migration, so it cannot be upgraded in place; migrate it to a destination: "
+            f"`sharding-store migrate {location} DST`", key=ENTRY_POINT_KEY)
+    if generation is Generation.ZARR_V2:
+        raise StoreNotFoundError(f"{location}: Zarr v2 ({key} at the root), not draft-era: nothing to upgrade",
+                                 key=key)
+    if generation is Generation.UNKNOWN:
+        raise StoreNotFoundError(f"{location}: {ENTRY_POINT_KEY} is of no known Zarr generation: nothing to upgrade",
+                                 key=ENTRY_POINT_KEY)
+    raise StoreNotFoundError(f"{location}: no Zarr hierarchy here (no zarr.json)", key=ENTRY_POINT_KEY)
+
+
+def _refuse_links(inner: Inner, plan: migrate2023.Plan2023) -> None:
+    """A listed object whose size the listing did not give is asked for it: a link out
+    of the store raises :class:`LinkOutsideStoreError` (exit 13) there."""
+    for a in plan.arrays:
+        for key, size in a.objects:
+            if size is None:
+                inner.size(key)
+
+
+def _plan(inner: Inner, location: str, *, index_checksum: bool,
+          skip_damaged: bool) -> tuple[UpgradeJournal, InPlaceReport]:
+    """The journal of a fresh upgrade (every refusal raised here, before any write)."""
+    root_raw = inner.get(ENTRY_POINT_KEY)
+    _refuse_generation(inner, location, root_raw)
+    walk = walk_v3_nodes(inner, root_raw)
+    if not walk.nodes:
+        raise StoreNotFoundError(f"{location}: no Zarr hierarchy here (no zarr.json)", key=ENTRY_POINT_KEY)
+    if walk.first_2023() is None:
+        raise StoreNotFoundError(
+            f"{location}: already Zarr v3 (every zarr.json is final v1.0): nothing to upgrade; open it with "
+            "zarr-python 3", key=ENTRY_POINT_KEY)
+    plan = migrate2023.plan_hierarchy(inner, walk, left_out="left as it is")
+    migrate2023.refuse_damage(plan, skip_damaged, "nothing was changed")
+    _refuse_links(inner, plan)
+    for a in plan.arrays:
+        key = node_key(a.path)
+        name, sep = _key_encoding(a.normalised.document)
+        if (name, sep) not in FINAL_KEY_ENCODINGS:
+            example = "c" + sep + sep.join("0" * len(a.normalised.document["shape"])) if name == "default" else \
+                ".".join("0" * len(a.normalised.document["shape"])) or "0"
+            raise UsageError(
+                f"{key}: array '{a.path or '/'}' has chunk_key_encoding {name!r} with separator {sep!r} (keys like "
+                f"'{example}'): the in-place upgrade takes only stores whose keys are already the final default "
+                f"spelling ('c/0/0'); migrate it to a destination: `sharding-store migrate {location} DST`", key=key)
+        if a.appends(index_checksum):
+            raise UsageError(
+                f"{key}: array '{a.path or '/'}' declares no index_codecs and its shard indices carry no checksum: "
+                "the final layout appends a CRC32C to every shard, which changes data objects and cannot be done in "
+                "place; rerun with --no-index-checksum (declares [bytes little], only documents change) or migrate "
+                f"to a destination: `sharding-store migrate {location} DST`", key=key)
+    raws = {n.path: n.raw for n in walk.nodes}
+    report = InPlaceReport(location, "upgrade", warnings=list(plan.warnings),
+                           skipped={p: str(e) for p, e in plan.damaged.items()})
+    steps: list[DocumentStep] = []
+    root_array: DocumentStep | None = None
+    for a in sorted(plan.arrays, key=lambda a: a.path):
+        if not plan.changes.get(a.path):
+            continue  # final already: left byte for byte
+        step = DocumentStep(a.path, node_key(a.path), raws[a.path], json_bytes(a.document(index_checksum)))
+        report.arrays += 1
+        report.changes[a.path] = plan.changes[a.path]
+        if a.path == "":
+            root_array = step
+        else:
+            steps.append(step)
+    for path, doc in plan.groups:  # deepest first, the root last
+        if not plan.changes.get(path):
+            continue
+        original = raws.get(path)
+        steps.append(DocumentStep(path, node_key(path), original, json_bytes(doc)))
+        report.groups += 1
+        report.created += original is None
+        report.changes[path] = plan.changes[path]
+    if root_array is not None:
+        steps.append(root_array)
+    journal = UpgradeJournal(location, index_checksum, steps, dict(report.skipped))
+    return journal, report
+
+
+# --------------------------------------------------------------------------- running
+
+
+class _Runner:
+    """The writes and checks of one run. Reads go through a pool of ``jobs`` threads; so do
+    writes on object stores (a put leaves nothing behind when the process dies), while a
+    local directory is written one document at a time (milliseconds each), so that a kill
+    never leaves a half-written temporary file that ``--undo`` would have to find."""
+
+    def __init__(self, inner: Inner, location: str, report: InPlaceReport, retries: int, retry_delay: float,
+                 jobs: int) -> None:
+        self.inner, self.location, self.report = inner, location, report
+        self.retries, self.retry_delay, self.jobs = retries, retry_delay, max(1, jobs)
+        self.local = inner.local_path(UPGRADE_JOURNAL_KEY) is not None
+
+    def retried(self, fn: Any, *args: Any) -> Any:
+        return with_retries(fn, *args, attempts=self.retries, base_delay=self.retry_delay)
+
+    def map(self, fn: Any, items: Sequence[Any], *, write: bool = False) -> list[Any]:
+        """``fn`` over ``items`` (in order), on the pool unless writing locally."""
+        if len(items) < 2 or self.jobs == 1 or (write and self.local):
+            return [fn(item) for item in items]
+        with ThreadPoolExecutor(min(self.jobs, len(items)), thread_name_prefix="inplace") as pool:
+            return list(pool.map(fn, items))
+
+    def states(self, journal: UpgradeJournal, action: str) -> list[tuple[DocumentStep, str]]:
+        """Each step with the state of its document now; a document that is neither its
+        original nor its replacement stops the run before any write (never overwritten)."""
+        currents = self.map(lambda s: self.retried(self.inner.get, s.key), journal.steps)
+        for s, current in zip(journal.steps, currents):
+            if s.state(current) == "other":
+                what = "deleted" if current is None else "changed"
+                raise MigrationError(
+                    f"{s.key}: {what} by another writer since the in-place upgrade began (neither its original "
+                    f"nor its upgraded document): refusing to {action} over it; the journal "
+                    f"{UPGRADE_JOURNAL_KEY} holds both versions: put one of them back, then run "
+                    f"`{resume_upgrade_command(self.location)}` or `{undo_upgrade_command(self.location)}`", key=s.key)
+        return [(s, s.state(c)) for s, c in zip(journal.steps, currents)]
+
+    def forward(self, states: list[tuple[DocumentStep, str]]) -> None:
+        """Replace every document still original, the root's last (resumable at each step)."""
+        todo = [s for s, state in states if state != "new"]
+        self.report.already += len(states) - len(todo)
+
+        def write(s: DocumentStep) -> None:
+            self.retried(self.inner.set, s.key, s.new)
+            fault_point(FAULT_UPGRADE)
+
+        root = [s for s in todo if s.key == ENTRY_POINT_KEY]
+        self.map(write, [s for s in todo if s.key != ENTRY_POINT_KEY], write=True)
+        self.map(write, root, write=True)
+        self.report.written += len(todo)
+
+    def backward(self, states: list[tuple[DocumentStep, str]]) -> None:
+        """Write back every original (delete what had none), the root's first."""
+        todo = [s for s, state in states if state != "original"]
+        self.report.already += len(states) - len(todo)
+
+        def restore(s: DocumentStep) -> None:
+            if s.original is None:
+                self.retried(self.inner.delete, s.key)
+            else:
+                self.retried(self.inner.set, s.key, s.original)
+            fault_point(FAULT_UNDO)
+
+        root = [s for s in todo if s.key == ENTRY_POINT_KEY]
+        self.map(restore, root, write=True)
+        self.map(restore, [s for s in todo if s.key != ENTRY_POINT_KEY], write=True)
+        self.report.deleted += sum(s.original is None for s in todo)
+        self.report.restored += sum(s.original is not None for s in todo)
+
+    def verify(self, journal: UpgradeJournal, *, walk: bool) -> None:
+        """See the module docstring: documents, every shard index, and (``walk``: on a
+        resume, whose plan is not at hand) the generation of the whole hierarchy."""
+        undo = f"`{undo_upgrade_command(self.location)}` restores the original documents"
+
+        def check(s: DocumentStep) -> int:
+            got = self.retried(self.inner.get, s.key)
+            if got != s.new:
+                raise VerificationError(f"{s.key}: not the document the upgrade wrote; {undo}", key=s.key)
+            norm = meta2023.normalise_node(got, s.key)
+            if not norm.is_final or norm.hidden_checksum is None:
+                raise VerificationError(f"{s.key}: the upgraded document is not final v1.0 ({'; '.join(norm.changes)}); "
+                                        f"{undo}", key=s.key)
+            if norm.node_type != "array" or migrate2023.sharding_of(norm.document) is None:
+                return 0
+            prefix = f"{s.path}/" if s.path else ""
+            pattern = migrate2023.chunk_key_pattern(norm.document)
+            objects = [(k, size) for k, size in self.retried(lambda: list(self.inner.list_sized(prefix)))
+                       if pattern.fullmatch(k[len(prefix):])]
+            try:
+                migrate2023.check_declared_indices(self.inner, norm.document, objects)
+            except ShardCorruptError as e:
+                raise VerificationError(f"{e} (array '{s.path or '/'}' read through its upgraded document); {undo}",
+                                        key=e.key) from e
+            return len(objects)
+
+        self.report.shards_checked += sum(self.map(check, journal.steps))
+        if walk and not journal.skipped:
+            first = walk_v3_nodes(self.inner).first_2023()
+            if first is not None:
+                raise VerificationError(f"{first}: still spelled as before v1.0 after the upgrade; {undo}", key=first)
+        self.report.verified = True
+        fault_point(FAULT_UPGRADE)
+
+    def finish(self) -> None:
+        self.retried(self.inner.delete, UPGRADE_JOURNAL_KEY)
+
+
+def upgrade_in_place(
+    path: Any,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    index_checksum: bool = True,
+    resume: bool = False,
+    undo: bool = False,
+    skip_damaged: bool = False,
+    dry_run: bool = False,
+    verify: bool = True,
+    jobs: int = JOBS,
+    retries: int = RETRY_ATTEMPTS,
+    retry_delay: float = RETRY_DELAY,
+) -> InPlaceReport:
+    """Upgrade the 2023-generation store at ``path`` (a path, fsspec URL or store object) to
+    final Zarr v3 in place, rewriting only its ``zarr.json`` documents (module docstring).
+
+    ``resume`` finishes an interrupted run, ``undo`` rolls it back (the journal decides what
+    they write; ``index_checksum`` and ``skip_damaged`` then do not apply). Raises
+    :class:`UsageError` (exit 2: the store needs data objects changed, keys not final, a
+    2022 store; nothing to resume or undo), :class:`StoreNotFoundError` (exit 7: already
+    Zarr v3, Zarr v2, no hierarchy), the damage's own class (exit 3/4) without
+    ``skip_damaged``, :class:`LinkOutsideStoreError` (13), :class:`MigrationError` (exit 10:
+    an upgrade is already in progress or interrupted; a document changed by another
+    writer) and :class:`VerificationError` (exit 9; the journal is kept, ``undo`` restores).
+    """
+    started = time.perf_counter()
+    if resume and undo:
+        raise UsageError("--resume and --undo contradict each other: finish the upgrade or roll it back")
+    ref = StoreRef.of(path, storage_options)
+    inner = ref.open()
+    location = ref.describe()
+    journal = interrupted_upgrade(inner)
+    if resume or undo:
+        if journal is None:
+            raise UsageError(f"{location}: no interrupted in-place upgrade here (no {UPGRADE_JOURNAL_KEY}): nothing to "
+                             f"{'resume' if resume else 'undo'}", key=UPGRADE_JOURNAL_KEY)
+        report = InPlaceReport(location, "resume" if resume else "undo", skipped=dict(journal.skipped))
+        _count(report, journal)
+        runner = _Runner(inner, location, report, retries, retry_delay, jobs)
+        if dry_run:
+            report.action = "dry-run"
+            return report
+        with _interrupted_on_error(location):
+            if undo:
+                runner.backward(runner.states(journal, "restore"))
+            else:
+                runner.forward(runner.states(journal, "write"))
+                if verify:
+                    runner.verify(journal, walk=True)
+            runner.finish()
+        report.seconds = time.perf_counter() - started
+        return report
+    if journal is not None:
+        raise interrupted_upgrade_error(journal, location, "nothing was changed by this run")
+    journal, report = _plan(inner, location, index_checksum=index_checksum, skip_damaged=skip_damaged)
+    if dry_run:
+        report.action = "dry-run"
+        report.seconds = time.perf_counter() - started
+        return report
+    runner = _Runner(inner, location, report, retries, retry_delay, jobs)
+    if not journal.steps:
+        report.verified = None
+        report.seconds = time.perf_counter() - started
+        return report
+    if not runner.retried(inner.create_exclusive, UPGRADE_JOURNAL_KEY, journal.encode()):
+        raise interrupted_upgrade_error(UpgradeJournal.parse(inner.get(UPGRADE_JOURNAL_KEY) or b"{}"), location,
+                                        "another run created its journal while this one planned; nothing was changed")
+    fault_point(FAULT_UPGRADE)
+    try:
+        states = runner.states(journal, "write")
+    except MigrationError:  # changed between the plan and the journal: nothing written yet
+        runner.finish()
+        raise
+    with _interrupted_on_error(location):
+        runner.forward(states)
+        if verify:
+            runner.verify(journal, walk=False)
+        runner.finish()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+@contextlib.contextmanager
+def _interrupted_on_error(location: str) -> Iterator[None]:
+    """An error once the journal exists says how to end the upgrade (same class, same exit
+    code): the store holds a mix of original and upgraded documents until then."""
+    try:
+        yield
+    except (ShardingStoreError, OSError) as e:
+        if isinstance(e, ShardingStoreError) and "--in-place --" in str(e):
+            raise  # says it already
+        hint = (f"the upgrade is interrupted: finish it with `{resume_upgrade_command(location)}` or roll it back "
+                f"with `{undo_upgrade_command(location)}`")
+        if isinstance(e, ShardingStoreError):
+            raise type(e)(f"{e}; {hint}", key=e.key) from e
+        cause = e.strerror or str(e) or type(e).__name__
+        raise StoreIOError(f"{e.filename or 'a write'}: {type(e).__name__}: {cause}; {hint}",
+                           key=str(e.filename) if e.filename else None) from e
+
+
+def _count(report: InPlaceReport, journal: UpgradeJournal) -> None:
+    for s in journal.steps:
+        kind = json.loads(s.new).get("node_type")
+        if kind == "array":
+            report.arrays += 1
+        else:
+            report.groups += 1
+            report.created += s.original is None
+
+
+def upgrade_status(inner: Inner, location: str) -> dict[str, Any] | None:
+    """An interrupted in-place upgrade of ``inner`` for ``info`` (one get, plus one per
+    document when there is one), or None."""
+    journal = interrupted_upgrade(inner)
+    if journal is None:
+        return None
+    progress = journal.progress(inner)
+    return {"journal": UPGRADE_JOURNAL_KEY, "documents": len(journal.steps), "upgraded": progress["new"],
+            "original": progress["original"], "changed_by_others": progress["other"], "skipped": journal.skipped,
+            "resume": resume_upgrade_command(location), "undo": undo_upgrade_command(location)}

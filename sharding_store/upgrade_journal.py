@@ -1,0 +1,198 @@
+"""The in-place upgrade journal: the one object an in-place upgrade of a 2023 store keeps while it runs.
+
+``sharding-store migrate PATH --in-place`` (:mod:`sharding_store.inplace`) rewrites only
+the ``zarr.json`` documents of a 2023-generation store. Before it changes any of them it
+creates ``.sharding-store-upgrade.json`` at the store's root, exclusively (so two runs
+cannot both proceed), holding the whole plan: for every document it will write, its key,
+its **original bytes** (None for a group that had no document) and the new bytes. That one
+object is the backup: nothing else is written beside the documents, so readers see no
+extra node (zarr-python 3, tensorstore and this package ignore a root file that is not
+``zarr.json``), and the state of an interrupted run is read from the store itself, each
+document being either its original, its new version, or something a third party wrote
+(a conflict, never overwritten):
+
+* ``--resume`` writes the new version of each document still original, verifies, then
+  deletes the journal;
+* ``--undo`` writes back each original (a created document is deleted), then deletes the
+  journal: the store is byte for byte what it was.
+
+This module owns the document (key, encoding, parsing: pure) and the question every
+command reading such a store asks first: is an in-place upgrade unfinished
+(:func:`interrupted_upgrade`, one get)? ``migrate`` refuses (exit 10, naming ``--resume``
+and ``--undo``), ``info`` reports it.
+
+Layer: format. Imports only :mod:`errors`; a store is any object with ``get``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .errors import MigrationError
+
+__all__ = [
+    "UPGRADE_JOURNAL_KEY",
+    "UPGRADE_JOURNAL_VERSION",
+    "DocumentStep",
+    "UpgradeJournal",
+    "interrupted_upgrade",
+    "interrupted_upgrade_error",
+    "refuse_interrupted_upgrade",
+    "resume_upgrade_command",
+    "undo_upgrade_command",
+]
+
+#: the journal's key, at the store's root (not a node document: every reader ignores it)
+UPGRADE_JOURNAL_KEY = ".sharding-store-upgrade.json"
+UPGRADE_JOURNAL_VERSION = 1
+_KIND = "sharding-store in-place upgrade"
+
+
+class _Readable(Protocol):
+    def get(self, key: str) -> bytes | None: ...
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _encode_bytes(data: bytes) -> dict[str, str]:
+    """Bytes as the journal keeps them: readable text when they are UTF-8, else base64."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii"), "sha256": _sha(data)}
+    return {"text": text, "sha256": _sha(data)}
+
+
+def _decode_bytes(value: Any, where: str) -> bytes:
+    if not isinstance(value, dict) or not isinstance(value.get("sha256"), str):
+        raise ValueError(f"{where}: expected {{\"text\" or \"base64\", \"sha256\"}}")
+    if isinstance(value.get("text"), str):
+        data = value["text"].encode("utf-8")
+    elif isinstance(value.get("base64"), str):
+        data = base64.b64decode(value["base64"], validate=True)
+    else:
+        raise ValueError(f"{where}: neither \"text\" nor \"base64\"")
+    if _sha(data) != value["sha256"]:
+        raise ValueError(f"{where}: its bytes do not match their sha256")
+    return data
+
+
+@dataclass(frozen=True)
+class DocumentStep:
+    """One document the upgrade writes: ``original`` None when the node had none (an
+    implicit group made explicit)."""
+
+    path: str
+    key: str
+    original: bytes | None
+    new: bytes
+
+    def state(self, current: bytes | None) -> str:
+        """``"new"``, ``"original"`` (None counts when there was no original) or ``"other"``."""
+        if current is not None and current == self.new:
+            return "new"
+        if current == self.original:
+            return "original"
+        return "other"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "key": self.key,
+                "original": None if self.original is None else _encode_bytes(self.original),
+                "new": _encode_bytes(self.new)}
+
+
+@dataclass
+class UpgradeJournal:
+    """The plan of one in-place upgrade (see the module docstring)."""
+
+    location: str  # the store as the run spelled it (for messages only)
+    index_checksum: bool
+    steps: list[DocumentStep]
+    #: nodes left as they were (``--skip-damaged``): path -> reason
+    skipped: dict[str, str] = field(default_factory=dict)
+    version: int = UPGRADE_JOURNAL_VERSION
+
+    key = UPGRADE_JOURNAL_KEY
+
+    def encode(self) -> bytes:
+        doc = {"kind": _KIND, "version": self.version, "location": self.location,
+               "index_checksum": self.index_checksum, "skipped": self.skipped,
+               "steps": [s.to_json() for s in self.steps]}
+        return json.dumps(doc, indent=1).encode()
+
+    @classmethod
+    def parse(cls, raw: bytes, key: str = UPGRADE_JOURNAL_KEY) -> UpgradeJournal:
+        """The journal stored at ``key``; :class:`MigrationError` naming it when it is not one."""
+        try:
+            doc = json.loads(raw)
+            if not isinstance(doc, dict) or doc.get("kind") != _KIND:
+                raise ValueError(f"not a journal of this tool (kind {doc.get('kind')!r})" if isinstance(doc, dict)
+                                 else "not a JSON object")
+            if doc.get("version") != UPGRADE_JOURNAL_VERSION:
+                raise ValueError(f"unknown version {doc.get('version')!r}")
+            if not isinstance(doc.get("index_checksum"), bool) or not isinstance(doc.get("location"), str):
+                raise ValueError("field 'index_checksum' or 'location' has the wrong type")
+            skipped = doc.get("skipped", {})
+            if not isinstance(skipped, dict) or not all(isinstance(v, str) for v in skipped.values()):
+                raise ValueError("field 'skipped' has the wrong type")
+            steps_raw = doc.get("steps")
+            if not isinstance(steps_raw, list):
+                raise ValueError("field 'steps' is not a list")
+            steps = []
+            for i, s in enumerate(steps_raw):
+                if not isinstance(s, dict) or not isinstance(s.get("path"), str) or not isinstance(s.get("key"), str):
+                    raise ValueError(f"steps[{i}]: expected {{\"path\", \"key\", \"original\", \"new\"}}")
+                original = None if s.get("original") is None else _decode_bytes(s["original"], f"steps[{i}].original")
+                steps.append(DocumentStep(s["path"], s["key"], original, _decode_bytes(s.get("new"), f"steps[{i}].new")))
+        except (ValueError, TypeError, RecursionError) as e:
+            raise MigrationError(f"{key}: unreadable in-place upgrade journal ({e}); inspect it before deleting it "
+                                 "by hand: it holds the original documents", key=key) from None
+        return cls(doc["location"], doc["index_checksum"], steps, dict(skipped))
+
+    def progress(self, inner: _Readable) -> dict[str, list[str]]:
+        """The state of each document now (one get each): keys by ``"new"``,
+        ``"original"``, ``"other"``."""
+        out: dict[str, list[str]] = {"new": [], "original": [], "other": []}
+        for s in self.steps:
+            out[s.state(inner.get(s.key))].append(s.key)
+        return out
+
+
+def interrupted_upgrade(inner: _Readable) -> UpgradeJournal | None:
+    """The journal of an unfinished in-place upgrade of this store (one get), or None.
+    An object at the key that is not a journal raises :class:`MigrationError` naming it."""
+    raw = inner.get(UPGRADE_JOURNAL_KEY)
+    return None if raw is None else UpgradeJournal.parse(raw)
+
+
+def resume_upgrade_command(location: str) -> str:
+    return f"sharding-store migrate {location} --in-place --resume"
+
+
+def undo_upgrade_command(location: str) -> str:
+    return f"sharding-store migrate {location} --in-place --undo"
+
+
+def interrupted_upgrade_error(journal: UpgradeJournal, location: str, consequence: str = "") -> MigrationError:
+    """The error (exit 10) naming the interrupted upgrade and the two commands that end it."""
+    tail = f" ({consequence})" if consequence else ""
+    return MigrationError(
+        f"{location}: an in-place upgrade of this store ({len(journal.steps)} documents) is in progress or was "
+        f"interrupted (its journal {UPGRADE_JOURNAL_KEY} holds the original documents){tail}; finish it with "
+        f"`{resume_upgrade_command(location)}` or roll it back with `{undo_upgrade_command(location)}`",
+        key=UPGRADE_JOURNAL_KEY,
+    )
+
+
+def refuse_interrupted_upgrade(inner: _Readable, location: str, consequence: str = "") -> None:
+    """Raise :class:`MigrationError` (exit 10) when an in-place upgrade of the store is
+    unfinished: its documents are a mix of old and new until ``--resume`` or ``--undo``."""
+    journal = interrupted_upgrade(inner)
+    if journal is not None:
+        raise interrupted_upgrade_error(journal, location, consequence)
