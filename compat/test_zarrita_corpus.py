@@ -75,9 +75,6 @@ KNOWN_GAPS: dict[tuple[str, str], str | tuple[str, set[str]]] = {
     ("0.2.1", "outer_codec"): (
         "a bytes->bytes codec after sharding_indexed (valid v1.0): the 2023 migration reads the index "
         "from the tail of the gzip/crc32c-wrapped shard object and refuses it as corrupt (exit 4)"),
-    ("0.2.1", "keys"): (
-        "migrate --in-place refuses chunk_key_encoding default with separator '.' (keys c.0.0, valid v1.0: "
-        "only documents would change) -- seen on h-inplace 0e1c4dc", {"test_migrate_in_place_then_readers"}),
 }
 
 

@@ -12,10 +12,10 @@ the store unchanged):
 * the 2023 generation only: a final v3 store is "already Zarr v3" (exit 7, as ``migrate``
   says), a 2022 ``meta/root`` store or Zarr v2 store is another layout (exit 2 / 7:
   migrate it to a destination);
-* **keys already final**: every array's ``chunk_key_encoding`` is ``default`` with the
-  separator ``"/"`` (keys ``c/0/0``; the spelling of every v3 writer's default, and the one
-  the issue calls final). ``"."`` and ``v2`` keys are refused (exit 2: migrate to a
-  destination) — :data:`FINAL_KEY_ENCODINGS` is the one place that says so. Objects in an
+* **keys already final**: every array's ``chunk_key_encoding`` is one v1.0 defines and the
+  copy migration keeps: ``default`` with ``"/"`` or ``"."`` (``c/0/0``, ``c.0.0``) or ``v2``
+  (``0.0``, ``0/0``) — :data:`FINAL_KEY_ENCODINGS` is the one place that says so; any other
+  is refused (exit 2: migrate to a destination). Objects in an
   array's directory that are no chunk key of it are left as they are (a warning), as the
   copy migration leaves them out;
 * **no data object changes**: a shard index that the document does not declare is decided
@@ -83,7 +83,7 @@ from .upgrade_journal import (
 __all__ = ["FINAL_KEY_ENCODINGS", "InPlaceReport", "upgrade_in_place", "upgrade_status"]
 
 #: chunk key encodings whose keys the in-place upgrade takes as final: (name, separator)
-FINAL_KEY_ENCODINGS = frozenset({("default", "/")})
+FINAL_KEY_ENCODINGS = frozenset({("default", "/"), ("default", "."), ("v2", "."), ("v2", "/")})
 RETRY_ATTEMPTS = 4
 #: threads for reads (and object-store writes): documents and shard tails are small requests
 JOBS = 8

@@ -219,14 +219,22 @@ def _respell_keys(array: Path, encoding: dict) -> None:
 
 @pytest.mark.parametrize("encoding", [{"name": "default", "configuration": {"separator": "."}},
                                       {"name": "v2", "configuration": {"separator": "."}}], ids=["dot", "v2"])
-def test_keys_that_are_not_final_are_refused(tmp_path, capsys, encoding):
+def test_other_final_key_encodings_are_upgraded_in_place(tmp_path, encoding):
+    """``c.0.0`` and v2 keys are v1.0 keys (the copy migration keeps them): only documents change."""
     src = _endian(tmp_path)
     array = src / "2d.chunked.i2"
     _respell_keys(array, encoding)
-    assert migrate(str(src), str(tmp_path / "dst")).verification.ok  # the copy migration takes them
-    err = _refused(["migrate", str(src), "--in-place"], src, UsageError.exit_code, capsys,
-                   "2d.chunked.i2/zarr.json", "chunk_key_encoding", "migrate it to a destination")
-    assert encoding["name"] in err
+    copy = tmp_path / "dst"
+    assert migrate(str(src), str(copy)).verification.ok  # the copy migration takes them as they are
+    before = data_hash(src)
+    assert main(["migrate", str(src), "--in-place"]) == 0
+    assert data_hash(src) == before
+    doc = json.loads((array / NODE_KEY).read_bytes())
+    assert doc["chunk_key_encoding"] == encoding
+    assert doc == json.loads((copy / "2d.chunked.i2" / NODE_KEY).read_bytes())
+    want = _expected(fixtures.ZARRITAJS_2023_ENDIAN.name, "data.zarr", "2d.chunked.i2")
+    _same(_read_zarr(src, "2d.chunked.i2"), want)
+    _same(_read_ts(src, "2d.chunked.i2"), want)
 
 
 def test_a_damaged_document_is_refused_or_left_as_it_was(tmp_path, capsys):
