@@ -95,6 +95,15 @@ def sharding_of(doc: dict) -> dict | None:
 _sharding = sharding_of
 
 
+def index_readable(doc: dict) -> bool:
+    """Whether a sharded document's shard objects end (or start) with their index as stored:
+    ``sharding_indexed`` is the last codec. A bytes->bytes codec after it (valid v1.0: the
+    whole shard is compressed or checksummed) hides the index; such objects are copied and
+    compared verbatim, their readers decode them."""
+    codecs = doc.get("codecs") or []
+    return bool(codecs) and isinstance(codecs[-1], dict) and codecs[-1].get("name") == "sharding_indexed"
+
+
 @dataclass
 class ArrayPlan2023:
     path: str
@@ -149,6 +158,8 @@ def check_declared_indices(src: Inner, doc: dict, objects: list[tuple[str, int |
     ``index_codecs`` are the plain little-endian entries (with or without a CRC32C): a shard
     whose index is corrupt is refused (:class:`ShardCorruptError`), never copied as valid."""
     cfg = _sharding(doc)
+    if not index_readable(doc):
+        return  # the index is inside an encoded object: copied verbatim, the reader checks it
     codecs = cfg["index_codecs"]
     names = [c.get("name") for c in codecs]
     if names not in (["bytes"], ["bytes", "crc32c"]):
@@ -213,7 +224,7 @@ def plan_hierarchy(src: Inner, walk: V3Walk | None = None, *, left_out: str = "n
         a = ArrayPlan2023(node.path, norm, objects)
         if norm.hidden_checksum is None:
             cfg = _sharding(norm.document)
-            if cfg is None or cfg.get("index_location") != "end":
+            if cfg is None or cfg.get("index_location") != "end" or not index_readable(norm.document):
                 plan.damaged[node.path] = DraftMetadataError(
                     f"{node.key}: an undeclared shard index must be at the end to be decided from the bytes", key=node.key)
                 continue
@@ -458,6 +469,8 @@ def live_chunks(doc: dict, data: bytes) -> int:
     cfg = _sharding(doc)
     if cfg is None:
         return 1
+    if not index_readable(doc):
+        return 0
     names = [c.get("name") for c in cfg["index_codecs"]]
     if names not in (["bytes"], ["bytes", "crc32c"]) or (cfg["index_codecs"][0].get("configuration") or {}).get("endian", "little") != "little":
         return 0

@@ -681,8 +681,11 @@ class _IndexCheck:
 
 
 def _sharding_config(doc: dict) -> dict | None:
+    """The configuration of a ``sharding_indexed`` whose index the stored objects carry as
+    they are: the only codec. After a bytes->bytes codec the index is inside an encoded
+    object (valid v1.0): its objects are passed through and zarr decodes and checks them."""
     codecs = doc.get("codecs") or []
-    first = codecs[0] if codecs else None
+    first = codecs[0] if len(codecs) == 1 else None
     if isinstance(first, dict) and first.get("name") == "sharding_indexed":
         return first["configuration"]
     return None
@@ -764,6 +767,10 @@ class _View2023:
         doc = norm.document
         cfg = _sharding_config(doc) if norm.node_type == "array" else None
         if cfg is None:
+            if norm.hidden_checksum is None:  # undeclared index inside an encoded shard: undecidable
+                key = _node_prefix(path) + ZARR_JSON
+                raise DraftMetadataError(f"{key}: a shard index without index_codecs behind another codec cannot "
+                                         "be decided from the bytes", key=key)
             self._checks[path] = None
             return doc
         grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
