@@ -694,15 +694,21 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
     chunk's, or a codec error): the reference path decides those. None when the native
     libraries are unavailable or the pipeline has filters.
 
-    Python threads only decode in parallel when the GIL is released for long enough, so:
-    zstd and uncompressed chunks that follow each other in the buffer are decoded with one
-    call per run (zstd decodes concatenated frames in one go); blosc has no such call, so
-    small blosc chunks are decoded with the GIL held (see :data:`HOLD_GIL_BELOW`).
+    Python threads only decode in parallel when the GIL is released for long enough, so
+    blosc and zstd chunks are decoded by one call of our loops over all of them
+    (:func:`_native.loops`, ``_loops.c``: the GIL is released once per call), checking each
+    payload's announced sizes in C exactly as below. Without that library: zstd and
+    uncompressed chunks that follow each other in the buffer are decoded with one call per
+    run (zstd decodes concatenated frames in one go), and small blosc chunks one by one
+    with the GIL held (see :data:`HOLD_GIL_BELOW`).
     """
     if meta.filters:
         return None
     nbytes = chunk_nbytes(meta)
     comp = meta.compressor
+    batch = _batch_decoder(comp, nbytes)
+    if batch is not None:
+        return batch
     if comp is None:
         memmove = _native.memmove
 
@@ -759,6 +765,48 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
 
         return zstd
     return None
+
+
+def _batch_decoder(comp: Any, nbytes: int) -> SpanDecoder | None:
+    """The :class:`SpanDecoder` of a blosc or zstd compressor through our C loops (one call,
+    the GIL released once, per batch), or None (no loops library, another codec)."""
+    loops = _native.loops()
+    if loops is None or nbytes < 1:
+        return None
+    if isinstance(comp, numcodecs.Blosc) and loops.blosc_rows is not None and _native.blosc() is not None:
+        rows_fn, blosc_fn = loops.blosc_rows, loops.blosc_decompress
+
+        def call(address: int, table: int, n: int, dst: int, failed: int) -> int:
+            return rows_fn(blosc_fn, address, table, table + 8 * n, table + 16 * n, n, dst, nbytes, failed)
+
+    elif _is_zstd(comp) and loops.zstd_rows is not None and loops.zstd_functions is not None:
+        lib = _native.zstd()
+        if lib is None:
+            return None
+        zstd_rows, (content_size, frame_size, decompress) = loops.zstd_rows, loops.zstd_functions
+        dctx = _native.zstd_dctx
+
+        def call(address: int, table: int, n: int, dst: int, failed: int) -> int:
+            return zstd_rows(
+                content_size, frame_size, decompress, dctx(lib), address, table, table + 8 * n, table + 16 * n, n, dst, nbytes, failed
+            )
+
+    else:
+        return None
+    int64, uint8 = np.int64, np.uint8
+
+    def decode(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
+        n = len(rows)
+        if not n:
+            return []
+        # rows, offsets, sizes as one (3, n) int64 table; failure flags written by the loop
+        table = np.array((rows, offsets, sizes), dtype=int64)
+        failed = np.zeros(n, dtype=uint8)
+        if not call(address, table.ctypes.data, n, dst, failed.ctypes.data):
+            return []
+        return [rows[i] for i in np.flatnonzero(failed).tolist()]
+
+    return decode
 
 
 def decode_chunk_into(meta: DraftArrayMeta, payload: Any, out: np.ndarray, *, key: str | None = None) -> None:
@@ -945,7 +993,7 @@ class ChunkCodec:
 class _Cached(NamedTuple):
     meta: DraftArrayMeta  # held, so that its id cannot be reused while cached
     codec: ChunkCodec
-    native: bool  # the :func:`set_native` setting it was built with
+    native: tuple[bool, bool]  # the native switches it was built with (``_native.switches()``)
 
 
 _CODECS: dict[int, _Cached] = {}
@@ -955,9 +1003,9 @@ _CODECS_MAX = 256
 def codec_for(meta: DraftArrayMeta) -> ChunkCodec:
     """The :class:`ChunkCodec` of ``meta`` (kept for the last few hundred metadata objects
     seen, by identity: metadata objects are not hashable; rebuilt when :func:`set_native`
-    changed since)."""
+    or ``_native.using_loops`` changed since)."""
     hit = _CODECS.get(id(meta))
-    native = _native.enabled()
+    native = _native.switches()
     if hit is not None and hit.meta is meta and hit.native == native:
         return hit.codec
     codec = ChunkCodec(meta)
