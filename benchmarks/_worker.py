@@ -327,8 +327,10 @@ def task_probe(spec: dict) -> dict:
                 jobs_default = mm.default_jobs()
     except Exception:  # noqa: BLE001
         jobs_default = None
+    import importlib.util
+
     return {"available": found, "migrate_jobs_default": jobs, "migrate_DEFAULT_JOBS": jobs_default,
-            "cpu_count": os.cpu_count()}
+            "cpu_count": os.cpu_count(), "zarrs": importlib.util.find_spec("zarrs") is not None}
 
 
 def task_versions(spec: dict) -> dict:

@@ -16,14 +16,15 @@ is missing is decided in one place:
   ``memcmp`` (``verify`` compares copied shards block by block without the GIL).
 * **our own loops**, ``sharding_store/_loops.c``, built by ``setup.py`` into
   ``sharding_store/_loops<EXTENSION_SUFFIX>`` (e.g. ``_loops.cpython-311-x86_64-linux-gnu.so``
-  beside this file; :data:`LOOPS_PATH` is where it was found). A plain shared library,
+  beside this file; :func:`loops_path` tells where it was found). A plain shared library,
   no Python API: it decodes a whole shard's chunks in one call, calling the libzstd /
   libblosc functions above through pointers, so the GIL is released once per shard instead
   of once per chunk (neither c-blosc 1 nor libzstd has a call over many independent
   buffers; see benchmarks/profile_notes.md). Optional: without a C compiler at install
   time it is absent and callers take the per-chunk path.
 
-Each binding is made once, at import, and checked: the library's version must be the one
+Each binding is made once, on first use (importing this module loads nothing of numcodecs),
+and checked: the library's version must be the one
 numcodecs reports for itself (so a symbol of another copy of the library can never be
 picked up) and of the API generation the signatures below were written for (zstd 1.4 to
 1.x, c-blosc 1.6 to 1.x). When a library, a symbol or the expected version is missing,
@@ -47,13 +48,13 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "HOLD_GIL_BELOW",
-    "LOOPS_PATH",
     "Library",
     "Loops",
     "blosc",
     "blosc_for",
     "enabled",
     "loops",
+    "loops_path",
     "madvise",
     "memcmp",
     "memmove",
@@ -250,13 +251,35 @@ def _try(bind: Callable[[], Any]) -> Any:
         return None
 
 
-# bound at import (cheap: the libraries are numcodecs' own, loaded already) rather than by
-# the first array opened, whose first read is what users time
-_ZSTD: Library | None = _try(_bind_zstd)
-_BLOSC: Library | None = _try(_bind_blosc)
-_LOOPS: Loops | None = _try(lambda: _bind_loops(_ZSTD, _BLOSC))
-#: the file of our loops' library in use (None: not built, or refused)
-LOOPS_PATH: str | None = _LOOPS.path if _LOOPS is not None else None
+class _Bound(NamedTuple):
+    zstd: Library | None
+    blosc: Library | None
+    loops: Loops | None
+
+
+_BOUND: _Bound | None = None
+_BIND_LOCK = threading.Lock()
+
+
+def _bound() -> _Bound:
+    """The codec libraries, bound on first use: importing this module loads nothing of
+    numcodecs (a verbatim migration and the CLI's start-up never need it); the first
+    codec call pays the binding (a few ctypes look-ups; numcodecs is loaded by then)."""
+    global _BOUND
+    bound = _BOUND
+    if bound is None:
+        with _BIND_LOCK:
+            bound = _BOUND
+            if bound is None:
+                zstd, blosc = _try(_bind_zstd), _try(_bind_blosc)
+                bound = _BOUND = _Bound(zstd, blosc, _try(lambda: _bind_loops(zstd, blosc)))
+    return bound
+
+
+def loops_path() -> str | None:
+    """The file of our loops' library in use (None: not built, refused, or no codec library)."""
+    lib = _bound().loops
+    return lib.path if lib is not None else None
 _MEMCMP = _bind_libc("memcmp", ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t])
 _MADVISE = (
     _bind_libc("madvise", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], use_errno=True)
@@ -299,12 +322,12 @@ def using(flag: bool) -> Iterator[None]:
 
 def zstd() -> Library | None:
     """numcodecs' libzstd, or None (missing, another version, or switched off)."""
-    return _ZSTD if _enabled else None
+    return _bound().zstd if _enabled else None
 
 
 def blosc() -> Library | None:
     """numcodecs' libblosc (c-blosc 1), or None (missing, another version, or switched off)."""
-    return _BLOSC if _enabled else None
+    return _bound().blosc if _enabled else None
 
 
 _loops_enabled = True
@@ -313,7 +336,7 @@ _loops_enabled = True
 def loops() -> Loops | None:
     """Our batch loops over a shard's chunks (``_loops.c``), or None (not built, another
     interface generation, or switched off with :func:`set_enabled` or :func:`using_loops`)."""
-    return _LOOPS if _enabled and _loops_enabled else None
+    return _bound().loops if _enabled and _loops_enabled else None
 
 
 @contextmanager
@@ -447,10 +470,11 @@ def thread_buffer(name: str, nbytes: int) -> Any:
 def report() -> dict[str, str | None]:
     """What is bound (library -> version, None when not), for ``--version``-style output and
     bug reports; independent of :func:`set_enabled`."""
+    bound = _bound()
     return {
-        "zstd": _ZSTD.version if _ZSTD is not None else None,
-        "blosc": _BLOSC.version if _BLOSC is not None else None,
-        "loops": _LOOPS.path if _LOOPS is not None else None,
+        "zstd": bound.zstd.version if bound.zstd is not None else None,
+        "blosc": bound.blosc.version if bound.blosc is not None else None,
+        "loops": bound.loops.path if bound.loops is not None else None,
         "memcmp": "libc" if _MEMCMP is not None else None,
         "madvise": "libc" if _MADVISE is not None else None,
     }

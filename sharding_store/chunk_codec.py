@@ -49,17 +49,17 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numcodecs
 import numpy as np
-from numcodecs.abc import Codec
-from numcodecs.compat import ensure_bytes, ensure_ndarray_like
 
 from . import _native
 from ._native import HOLD_GIL_BELOW
 from .draft_metadata import DraftArrayMeta
 from .errors import ChunkDecodeError, UsageError
+
+if TYPE_CHECKING:
+    from numcodecs.abc import Codec
 
 __all__ = [
     "BloscHeader",
@@ -88,6 +88,36 @@ __all__ = [
     "zstd_frames",
     "ZstdFrame",
 ]
+
+# numcodecs is imported where a codec is used, not with this module (``import numcodecs``
+# costs ~80 ms here: every codec module and an entry-point scan): importing the package's
+# modules loads it only once a codec object is built
+
+
+def ensure_bytes(buf: Any) -> bytes:
+    """``numcodecs.compat.ensure_bytes`` (imported on first use)."""
+    from numcodecs.compat import ensure_bytes as ensure
+
+    return ensure(buf)
+
+
+def ensure_ndarray_like(buf: Any) -> Any:
+    """``numcodecs.compat.ensure_ndarray_like`` (imported on first use)."""
+    from numcodecs.compat import ensure_ndarray_like as ensure
+
+    return ensure(buf)
+
+
+def _blosc_class() -> type:
+    import numcodecs
+
+    return numcodecs.Blosc
+
+
+def _is_blosc(comp: Any) -> bool:
+    """``isinstance(comp, numcodecs.Blosc)``, without importing numcodecs for a codec that
+    cannot be one (no compressor; numcodecs is loaded once any codec object exists)."""
+    return comp is not None and isinstance(comp, _blosc_class())
 
 
 class _Keep:
@@ -196,7 +226,7 @@ def decode(meta: DraftArrayMeta, payload: Any, *, key: str | None = None, out: n
         if fast is not None and out.flags.c_contiguous | out.flags.f_contiguous:
             if fast(payload, out.ctypes.data if takes_address(fast) else out.reshape(-1, order="A").view(np.uint8)):
                 return out
-        if isinstance(meta.compressor, numcodecs.Blosc):
+        if _is_blosc(meta.compressor):
             return _blosc_into(meta, payload, out, where, key)
     nbytes = chunk_nbytes(meta)
     limit = nbytes if not meta.filters else nbytes * FILTER_GROWTH + FILTER_SLACK
@@ -499,24 +529,34 @@ def _lz4(codec: Any, data: Any, limit: int) -> Any:
     return codec.decode(data)
 
 
-#: bounded decoders of the codecs whose output can be bounded before (or while) decoding
-_BOUNDED: dict[type, Callable[[Any, Any, int], Any]] = {
-    numcodecs.Zlib: _zlib,
-    numcodecs.GZip: _gzip,
-    numcodecs.BZ2: _bz2,
-    numcodecs.LZMA: _lzma,
-    numcodecs.Zstd: _zstd,
-    numcodecs.Blosc: _blosc,
-}
-if getattr(numcodecs, "LZ4", None) is not None:
-    _BOUNDED[numcodecs.LZ4] = _lz4
+#: bounded decoders of the codecs whose output can be bounded before (or while) decoding,
+#: by codec class (filled on first use: see :func:`_bounded_decoders`)
+_BOUNDED: dict[type, Callable[[Any, Any, int], Any]] = {}
+
+
+def _bounded_decoders() -> dict[type, Callable[[Any, Any, int], Any]]:
+    if not _BOUNDED:
+        import numcodecs
+
+        table = {
+            numcodecs.Zlib: _zlib,
+            numcodecs.GZip: _gzip,
+            numcodecs.BZ2: _bz2,
+            numcodecs.LZMA: _lzma,
+            numcodecs.Zstd: _zstd,
+            numcodecs.Blosc: _blosc,
+        }
+        if getattr(numcodecs, "LZ4", None) is not None:
+            table[numcodecs.LZ4] = _lz4
+        _BOUNDED.update(table)
+    return _BOUNDED
 
 
 def _bounded_decode(codec: Codec, data: Any, limit: int, stage: str, where: str, key: str | None) -> Any:
     """``codec.decode(data)``, refusing an output of more than ``limit`` bytes: before
     allocating it where the codec's headers tell, by stopping there for stream
     decompressors, after decoding for any other codec."""
-    bounded = _BOUNDED.get(type(codec))
+    bounded = _bounded_decoders().get(type(codec))
     if bounded is None and _is_zstd(codec):
         bounded = _zstd
     try:
@@ -598,7 +638,7 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
             return True
 
         return _native_decoder(raw)
-    if isinstance(comp, numcodecs.Blosc):
+    if _is_blosc(comp):
         sizes = _BLOSC_SIZES.unpack_from
         funcs = _native.blosc_for(nbytes)
         if funcs is not None:
@@ -722,7 +762,7 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
             return failed
 
         return raw
-    funcs = _native.blosc_for(nbytes) if isinstance(comp, numcodecs.Blosc) else None
+    funcs = _native.blosc_for(nbytes) if _is_blosc(comp) else None
     if funcs is not None:
         sizes_of, blosc_ctx = _BLOSC_SIZES.unpack_from, funcs.blosc_decompress_ctx
 
@@ -773,7 +813,7 @@ def _batch_decoder(comp: Any, nbytes: int) -> SpanDecoder | None:
     loops = _native.loops()
     if loops is None or nbytes < 1:
         return None
-    if isinstance(comp, numcodecs.Blosc) and loops.blosc_rows is not None and _native.blosc() is not None:
+    if _is_blosc(comp) and loops.blosc_rows is not None and _native.blosc() is not None:
         rows_fn, blosc_fn = loops.blosc_rows, loops.blosc_decompress
 
         def call(address: int, table: int, n: int, dst: int, failed: int) -> int:
@@ -825,8 +865,10 @@ def fast_encoder(meta: DraftArrayMeta) -> FastEncoder:
         return lambda chunk: encode(meta, chunk)
     if comp is None:
         return lambda chunk: chunk.tobytes(order="A")
+    from numcodecs.compat import ensure_bytes as ensure
+
     encode_ = comp.encode  # blosc: its *_ctx function (GIL released) off the main thread
-    return lambda chunk: ensure_bytes(encode_(chunk))
+    return lambda chunk: ensure(encode_(chunk))
 
 
 def _zstd_native_encoder(comp: Any, nbytes: int) -> RowEncoder | None:
@@ -903,7 +945,7 @@ def fast_row_encoder(meta: DraftArrayMeta) -> RowEncoder | None:
         return None
     if _is_zstd(meta.compressor):
         return _zstd_native_encoder(meta.compressor, chunk_nbytes(meta))
-    if type(meta.compressor) is numcodecs.Blosc:
+    if _is_blosc(meta.compressor) and type(meta.compressor) is _blosc_class():
         return _blosc_native_encoder(meta.compressor, meta.dtype, chunk_nbytes(meta))
     return None
 

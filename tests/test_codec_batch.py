@@ -77,11 +77,11 @@ def test_the_loops_release_the_gil_and_point_into_numcodecs_libraries():
         assert not fn._flags_ & ctypes._FUNCFLAG_PYTHONAPI
     assert loops.blosc_decompress == ctypes.cast(_native.blosc().held.blosc_decompress_ctx, ctypes.c_void_p).value
     assert loops.zstd_functions[2] == ctypes.cast(_native.zstd().held.ZSTD_decompressDCtx, ctypes.c_void_p).value
-    assert _native.report()["loops"] == _native.LOOPS_PATH == loops.path
+    assert _native.report()["loops"] == _native.loops_path() == loops.path
 
 
 def test_loops_of_another_interface_generation_or_absent_are_not_bound(monkeypatch):
-    if _native.LOOPS_PATH is None:
+    if _native.loops_path() is None:
         pytest.skip("sharding_store/_loops.c is not built here")
     zstd, blosc = _native.zstd(), _native.blosc()
     assert _native._bind_loops(zstd, blosc) is not None
