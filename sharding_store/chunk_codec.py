@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+from array import array as _array
 import io
 import lzma
 import math
@@ -833,18 +834,19 @@ def _batch_decoder(comp: Any, nbytes: int) -> SpanDecoder | None:
 
     else:
         return None
-    int64, uint8 = np.int64, np.uint8
-
     def decode(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
         n = len(rows)
         if not n:
             return []
-        # rows, offsets, sizes as one (3, n) int64 table; failure flags written by the loop
-        table = np.array((rows, offsets, sizes), dtype=int64)
-        failed = np.zeros(n, dtype=uint8)
-        if not call(address, table.ctypes.data, n, dst, failed.ctypes.data):
+        # rows, offsets, sizes back to back as int64; failure flags written by the loop
+        # (array.array: a few microseconds less per shard than numpy arrays and .ctypes)
+        table = _array("q", rows)
+        table.extend(offsets)
+        table.extend(sizes)
+        failed = _array("B", bytes(n))
+        if not call(address, table.buffer_info()[0], n, dst, failed.buffer_info()[0]):
             return []
-        return [rows[i] for i in np.flatnonzero(failed).tolist()]
+        return [r for r, bad in zip(rows, failed) if bad]
 
     return decode
 
