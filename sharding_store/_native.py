@@ -261,6 +261,16 @@ _BOUND: _Bound | None = None
 _BIND_LOCK = threading.Lock()
 
 
+def _new_bind_lock() -> None:
+    """In a forked child: a fresh lock (a thread of the parent may have held it at the fork)."""
+    global _BIND_LOCK
+    _BIND_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_bind_lock)
+
+
 def _bound() -> _Bound:
     """The codec libraries, bound on first use: importing this module loads nothing of
     numcodecs (a verbatim migration and the CLI's start-up never need it); the first
