@@ -10,7 +10,7 @@ OUT    := demo-out/sample-v3.zarr
 
 .PHONY: install demo test bench legacy clean
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg setup.py pyproject.toml sharding_store/_loops.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,bench]'

@@ -204,6 +204,22 @@ def task_read_zarr3(spec: dict) -> dict:
     return out
 
 
+def task_read_zarrs(spec: dict) -> dict:
+    """zarr-python 3 with the zarrs codec pipeline (Rust: decodes a shard's chunks in
+    parallel) on the same v1.0 copy: the third independent reader of scenario 2."""
+    import zarr
+    import zarrs  # noqa: F401 - registers zarrs.ZarrsCodecPipeline
+
+    zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
+    t0 = time.perf_counter()
+    y = zarr.open_array(spec["src"], path="a", mode="r")[...]
+    dt = time.perf_counter() - t0
+    out = {"seconds": dt}
+    if spec.get("verify"):
+        out["verified"] = _same(y, spec)
+    return out
+
+
 def chunk_targets(spec: dict) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """(cold chunk, warm chunk) pairs: the middle chunk of a shard, then its neighbour in
     the same shard; one pair per shard, up to spec['iterations'] shards, spread out."""
@@ -311,15 +327,17 @@ def task_probe(spec: dict) -> dict:
                 jobs_default = mm.default_jobs()
     except Exception:  # noqa: BLE001
         jobs_default = None
+    import importlib.util
+
     return {"available": found, "migrate_jobs_default": jobs, "migrate_DEFAULT_JOBS": jobs_default,
-            "cpu_count": os.cpu_count()}
+            "cpu_count": os.cpu_count(), "zarrs": importlib.util.find_spec("zarrs") is not None}
 
 
 def task_versions(spec: dict) -> dict:
     import importlib.metadata as md
 
     out = {"python": sys.version.split()[0]}
-    for name in ("numpy", "zarr", "tensorstore", "numcodecs", "matplotlib", "psutil", "sharding-store"):
+    for name in ("numpy", "zarr", "tensorstore", "zarrs", "numcodecs", "matplotlib", "psutil", "sharding-store"):
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:

@@ -130,6 +130,13 @@ def matrix(sizes: list[int]) -> list[Case]:
     return cases
 
 
+#: issue 15 states its read target (≤ the time of zarr-python 3 with the zarrs codec
+#: pipeline, on the migrated copy) for this case: uint16, blosc-lz4, 64×64 chunks, 105 MiB
+#: (16 chunks per shard); scenario 2 runs it beside the matrix
+READ_EXTRA = (Case(105, "u2", "lz4", 16),)
+ZARRS_TARGET_KEYS = {c.key for c in READ_EXTRA}
+
+
 #: the read and migrate targets (issues 3 and 4) are stated for a 128 MiB array/store;
 #: smaller cases report their ratios without a target (interpreter start-up and fixed
 #: per-run costs weigh more there)
@@ -512,6 +519,9 @@ class Bench:
             Competitor("tensorstore", lambda v: run_task(self.spec(case, "read_ts", src=str(v1), verify=v))),
             Competitor("zarr-python 3", lambda v: run_task(self.spec(case, "read_zarr3", src=str(v1), verify=v)),
                        budget=INFO_BUDGET_S),
+            # zarr-python 3 with the zarrs codec pipeline (Rust, decodes in parallel): issue 15's anchor
+            Competitor("zarrs", lambda v: run_task(self.spec(case, "read_zarrs", src=str(v1), verify=v)),
+                       skip=None if self.avail.get("zarrs") is True else "not available (zarrs)"),
         ]
         m = measure(comps, self.reps(case), not self.args.quick, self.log)
         note = f"draft {how}; v1.0 copy: {v1how}"
@@ -526,6 +536,12 @@ class Bench:
             if ours == "open_draft":
                 self.rows.append(make_row("2 read", case, lbl, m[ours], "zarr-python 3 (v1.0 copy)",
                                           m["zarr-python 3"]))
+                stated = case.key in ZARRS_TARGET_KEYS
+                self.rows.append(make_row("2 read", case, lbl, m[ours], "zarr-python 3 + zarrs (v1.0 copy)",
+                                          m["zarrs"], target="≤ zarrs' time", min_speedup=1.0, applies=stated,
+                                          note="zarr-python 3 with zarrs.ZarrsCodecPipeline (Rust, parallel decode)"
+                                          + ("" if stated else "; target stated for the 105 MiB uint16/blosc-lz4/16 "
+                                             "case (issue 15): ratio shown without it")))
 
     def s_chunk(self, case: Case) -> None:
         src, how = self.draft_source(case)
@@ -727,6 +743,8 @@ class Bench:
     def run(self) -> None:
         sizes = [1] if self.args.quick else self.args.sizes
         cases = [Case(1, "u2", "lz4", 16)] if self.args.quick else matrix(sizes)
+        if not self.args.quick and "read" in (self.args.only or SCENARIOS):
+            cases += [c for c in READ_EXTRA if c not in cases]  # read only: see s_* below
         if self.args.case:
             cases = [c for c in cases if c.key in self.args.case]
         only = self.args.only or list(SCENARIOS)
@@ -748,6 +766,8 @@ class Bench:
             extra = [] if self.args.quick else [c for c in EXTRA_CASES.get(scenario, []) if c not in cases and (
                 not self.args.case or c.key in self.args.case)]
             for case in cases + extra:
+                if case in READ_EXTRA and scenario != "read" and case not in matrix(sizes):
+                    continue
                 self.log(f"{scenario} {case.key} (repeat {self.reps(case)})")
                 getattr(self, f"s_{scenario}")(case)
         self.elapsed = time.perf_counter() - self.t_start
@@ -872,7 +892,7 @@ def write_markdown(path: Path, bench: Bench, rows: list[dict], chunk_details: li
         "or 256 (16×16).",
         "- Configurations: small size: uint16/blosc-lz4/16, uint16/blosc-lz4/256, float32/zstd/256; "
         "large size: uint16/blosc-lz4/256, float32/zstd/16 (each dtype, codec and cps value at both sizes, "
-        "not the full 2×2×2 cross product). blosc-lz4 = `Blosc(lz4, clevel 5, shuffle)` (zarr 2's default), "
+        "not the full 2×2×2 cross product); scenario 2 also reads 105 MiB uint16/blosc-lz4/16 (issue 15's case). blosc-lz4 = `Blosc(lz4, clevel 5, shuffle)` (zarr 2's default), "
         "zstd = `Zstd(level 1)`; the same codec settings for every library.",
         f"- Repeats: median of up to {runs_meta.get('repeats')} runs per competitor (the n in each cell); a competitor "
         f"stops repeating once its timed runs add up to {BUDGET_S:.0f} s ({INFO_BUDGET_S:.0f} s for competitors no "

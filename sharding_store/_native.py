@@ -14,8 +14,17 @@ is missing is decided in one place:
   numcodecs once per configuration, and the property tests compare every path.
 * **libc's** ``madvise`` (Linux: big read outputs are faulted in with small pages) and
   ``memcmp`` (``verify`` compares copied shards block by block without the GIL).
+* **our own loops**, ``sharding_store/_loops.c``, built by ``setup.py`` into
+  ``sharding_store/_loops<EXTENSION_SUFFIX>`` (e.g. ``_loops.cpython-311-x86_64-linux-gnu.so``
+  beside this file; :func:`loops_path` tells where it was found). A plain shared library,
+  no Python API: it decodes a whole shard's chunks in one call, calling the libzstd /
+  libblosc functions above through pointers, so the GIL is released once per shard instead
+  of once per chunk (neither c-blosc 1 nor libzstd has a call over many independent
+  buffers; see benchmarks/profile_notes.md). Optional: without a C compiler at install
+  time it is absent and callers take the per-chunk path.
 
-Each binding is made once, at import, and checked: the library's version must be the one
+Each binding is made once, on first use (importing this module loads nothing of numcodecs),
+and checked: the library's version must be the one
 numcodecs reports for itself (so a symbol of another copy of the library can never be
 picked up) and of the API generation the signatures below were written for (zstd 1.4 to
 1.x, c-blosc 1.6 to 1.x). When a library, a symbol or the expected version is missing,
@@ -27,7 +36,9 @@ Python path, which is the reference.
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
 import mmap
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -38,9 +49,12 @@ from typing import Any, NamedTuple
 __all__ = [
     "HOLD_GIL_BELOW",
     "Library",
+    "Loops",
     "blosc",
     "blosc_for",
     "enabled",
+    "loops",
+    "loops_path",
     "madvise",
     "memcmp",
     "memmove",
@@ -50,8 +64,10 @@ __all__ = [
     "Source",
     "set_enabled",
     "string_at",
+    "switches",
     "thread_buffer",
     "using",
+    "using_loops",
     "zstd",
     "zstd_cctx",
     "zstd_dctx",
@@ -142,6 +158,73 @@ def _bind_blosc() -> Library | None:
     return Library("blosc", version, libs[0], libs[1])
 
 
+#: the interface generation of _loops.c this module was written for (``ss_loops_abi()``)
+LOOPS_ABI = 1
+
+
+@dataclass(frozen=True)
+class Loops:
+    """Our batch loops (``_loops.c``), bound to this process's libzstd / libblosc.
+
+    ``blosc_rows`` / ``zstd_rows`` take, after the codec's function pointers: the read
+    buffer's address, three int64 arrays (rows, offsets, sizes), their length, the rows'
+    address, the row size and a uint8 array of failure flags; they return the number of
+    chunks not decoded. Called through ``ctypes.CDLL``: the GIL is released for the call.
+    """
+
+    path: str
+    blosc_rows: Any  # None without libblosc
+    zstd_rows: Any  # None without libzstd
+    #: function pointers handed to the loops (addresses inside numcodecs' libraries)
+    blosc_decompress: int | None
+    zstd_functions: tuple[int, int, int] | None  # content size, frame size, decompressDCtx
+
+
+def _loops_path() -> str | None:
+    """Where setup.py put ``_loops.c``'s library (beside this module), or None."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(here, "_loops" + suffix)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _fn_address(fn: Any) -> int:
+    address = ctypes.cast(fn, ctypes.c_void_p).value
+    if not address:
+        raise OSError("no address for a bound function")
+    return address
+
+
+def _bind_loops(zstd: Library | None, blosc: Library | None) -> Loops | None:
+    path = _loops_path()
+    if path is None or (zstd is None and blosc is None):
+        return None
+    lib = ctypes.CDLL(path)
+    lib.ss_loops_abi.restype, lib.ss_loops_abi.argtypes = ctypes.c_int, []
+    if lib.ss_loops_abi() != LOOPS_ABI:
+        return None
+    i64, vp = ctypes.c_int64, ctypes.c_void_p
+    tail = [vp, vp, vp, vp, i64, vp, i64, vp]  # buf, rows, offsets, sizes, n, dst, nbytes, failed
+    blosc_rows = zstd_rows = None
+    blosc_fn = zstd_fns = None
+    if blosc is not None:
+        blosc_rows = lib.ss_blosc_rows
+        blosc_rows.restype, blosc_rows.argtypes = i64, [vp, *tail]
+        blosc_fn = _fn_address(blosc.released.blosc_decompress_ctx)
+    if zstd is not None:
+        zstd_rows = lib.ss_zstd_rows
+        zstd_rows.restype, zstd_rows.argtypes = i64, [vp, vp, vp, vp, *tail]
+        z = zstd.released
+        zstd_fns = (
+            _fn_address(z.ZSTD_getFrameContentSize),
+            _fn_address(z.ZSTD_findFrameCompressedSize),
+            _fn_address(z.ZSTD_decompressDCtx),
+        )
+    return Loops(path, blosc_rows, zstd_rows, blosc_fn, zstd_fns)
+
+
 def _major_minor(version: str) -> tuple[int, int]:
     """``(1, 21)`` for ``"1.21.7.dev"``; ``(0, 0)`` for what does not parse."""
     try:
@@ -168,10 +251,45 @@ def _try(bind: Callable[[], Any]) -> Any:
         return None
 
 
-# bound at import (cheap: the libraries are numcodecs' own, loaded already) rather than by
-# the first array opened, whose first read is what users time
-_ZSTD: Library | None = _try(_bind_zstd)
-_BLOSC: Library | None = _try(_bind_blosc)
+class _Bound(NamedTuple):
+    zstd: Library | None
+    blosc: Library | None
+    loops: Loops | None
+
+
+_BOUND: _Bound | None = None
+_BIND_LOCK = threading.Lock()
+
+
+def _new_bind_lock() -> None:
+    """In a forked child: a fresh lock (a thread of the parent may have held it at the fork)."""
+    global _BIND_LOCK
+    _BIND_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_bind_lock)
+
+
+def _bound() -> _Bound:
+    """The codec libraries, bound on first use: importing this module loads nothing of
+    numcodecs (a verbatim migration and the CLI's start-up never need it); the first
+    codec call pays the binding (a few ctypes look-ups; numcodecs is loaded by then)."""
+    global _BOUND
+    bound = _BOUND
+    if bound is None:
+        with _BIND_LOCK:
+            bound = _BOUND
+            if bound is None:
+                zstd, blosc = _try(_bind_zstd), _try(_bind_blosc)
+                bound = _BOUND = _Bound(zstd, blosc, _try(lambda: _bind_loops(zstd, blosc)))
+    return bound
+
+
+def loops_path() -> str | None:
+    """The file of our loops' library in use (None: not built, refused, or no codec library)."""
+    lib = _bound().loops
+    return lib.path if lib is not None else None
 _MEMCMP = _bind_libc("memcmp", ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t])
 _MADVISE = (
     _bind_libc("madvise", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], use_errno=True)
@@ -214,12 +332,38 @@ def using(flag: bool) -> Iterator[None]:
 
 def zstd() -> Library | None:
     """numcodecs' libzstd, or None (missing, another version, or switched off)."""
-    return _ZSTD if _enabled else None
+    return _bound().zstd if _enabled else None
 
 
 def blosc() -> Library | None:
     """numcodecs' libblosc (c-blosc 1), or None (missing, another version, or switched off)."""
-    return _BLOSC if _enabled else None
+    return _bound().blosc if _enabled else None
+
+
+_loops_enabled = True
+
+
+def loops() -> Loops | None:
+    """Our batch loops over a shard's chunks (``_loops.c``), or None (not built, another
+    interface generation, or switched off with :func:`set_enabled` or :func:`using_loops`)."""
+    return _bound().loops if _enabled and _loops_enabled else None
+
+
+@contextmanager
+def using_loops(flag: bool) -> Iterator[None]:
+    """``with using_loops(False): ...``: the batch loops alone off for the block (the
+    per-chunk bindings stay on), so that tests compare both native paths."""
+    global _loops_enabled
+    previous, _loops_enabled = _loops_enabled, bool(flag)
+    try:
+        yield
+    finally:
+        _loops_enabled = previous
+
+
+def switches() -> tuple[bool, bool]:
+    """``(native on, loops on)``: what decoders and encoders built now depend on."""
+    return _enabled, _loops_enabled
 
 
 def blosc_for(nbytes: int) -> Any:
@@ -336,9 +480,11 @@ def thread_buffer(name: str, nbytes: int) -> Any:
 def report() -> dict[str, str | None]:
     """What is bound (library -> version, None when not), for ``--version``-style output and
     bug reports; independent of :func:`set_enabled`."""
+    bound = _bound()
     return {
-        "zstd": _ZSTD.version if _ZSTD is not None else None,
-        "blosc": _BLOSC.version if _BLOSC is not None else None,
+        "zstd": bound.zstd.version if bound.zstd is not None else None,
+        "blosc": bound.blosc.version if bound.blosc is not None else None,
+        "loops": bound.loops.path if bound.loops is not None else None,
         "memcmp": "libc" if _MEMCMP is not None else None,
         "madvise": "libc" if _MADVISE is not None else None,
     }

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+from array import array as _array
 import io
 import lzma
 import math
@@ -49,17 +50,17 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numcodecs
 import numpy as np
-from numcodecs.abc import Codec
-from numcodecs.compat import ensure_bytes, ensure_ndarray_like
 
 from . import _native
 from ._native import HOLD_GIL_BELOW
 from .draft_metadata import DraftArrayMeta
 from .errors import ChunkDecodeError, UsageError
+
+if TYPE_CHECKING:
+    from numcodecs.abc import Codec
 
 __all__ = [
     "BloscHeader",
@@ -88,6 +89,36 @@ __all__ = [
     "zstd_frames",
     "ZstdFrame",
 ]
+
+# numcodecs is imported where a codec is used, not with this module (``import numcodecs``
+# costs ~80 ms here: every codec module and an entry-point scan): importing the package's
+# modules loads it only once a codec object is built
+
+
+def ensure_bytes(buf: Any) -> bytes:
+    """``numcodecs.compat.ensure_bytes`` (imported on first use)."""
+    from numcodecs.compat import ensure_bytes as ensure
+
+    return ensure(buf)
+
+
+def ensure_ndarray_like(buf: Any) -> Any:
+    """``numcodecs.compat.ensure_ndarray_like`` (imported on first use)."""
+    from numcodecs.compat import ensure_ndarray_like as ensure
+
+    return ensure(buf)
+
+
+def _blosc_class() -> type:
+    import numcodecs
+
+    return numcodecs.Blosc
+
+
+def _is_blosc(comp: Any) -> bool:
+    """``isinstance(comp, numcodecs.Blosc)``, without importing numcodecs for a codec that
+    cannot be one (no compressor; numcodecs is loaded once any codec object exists)."""
+    return comp is not None and isinstance(comp, _blosc_class())
 
 
 class _Keep:
@@ -196,7 +227,7 @@ def decode(meta: DraftArrayMeta, payload: Any, *, key: str | None = None, out: n
         if fast is not None and out.flags.c_contiguous | out.flags.f_contiguous:
             if fast(payload, out.ctypes.data if takes_address(fast) else out.reshape(-1, order="A").view(np.uint8)):
                 return out
-        if isinstance(meta.compressor, numcodecs.Blosc):
+        if _is_blosc(meta.compressor):
             return _blosc_into(meta, payload, out, where, key)
     nbytes = chunk_nbytes(meta)
     limit = nbytes if not meta.filters else nbytes * FILTER_GROWTH + FILTER_SLACK
@@ -499,24 +530,34 @@ def _lz4(codec: Any, data: Any, limit: int) -> Any:
     return codec.decode(data)
 
 
-#: bounded decoders of the codecs whose output can be bounded before (or while) decoding
-_BOUNDED: dict[type, Callable[[Any, Any, int], Any]] = {
-    numcodecs.Zlib: _zlib,
-    numcodecs.GZip: _gzip,
-    numcodecs.BZ2: _bz2,
-    numcodecs.LZMA: _lzma,
-    numcodecs.Zstd: _zstd,
-    numcodecs.Blosc: _blosc,
-}
-if getattr(numcodecs, "LZ4", None) is not None:
-    _BOUNDED[numcodecs.LZ4] = _lz4
+#: bounded decoders of the codecs whose output can be bounded before (or while) decoding,
+#: by codec class (filled on first use: see :func:`_bounded_decoders`)
+_BOUNDED: dict[type, Callable[[Any, Any, int], Any]] = {}
+
+
+def _bounded_decoders() -> dict[type, Callable[[Any, Any, int], Any]]:
+    if not _BOUNDED:
+        import numcodecs
+
+        table = {
+            numcodecs.Zlib: _zlib,
+            numcodecs.GZip: _gzip,
+            numcodecs.BZ2: _bz2,
+            numcodecs.LZMA: _lzma,
+            numcodecs.Zstd: _zstd,
+            numcodecs.Blosc: _blosc,
+        }
+        if getattr(numcodecs, "LZ4", None) is not None:
+            table[numcodecs.LZ4] = _lz4
+        _BOUNDED.update(table)
+    return _BOUNDED
 
 
 def _bounded_decode(codec: Codec, data: Any, limit: int, stage: str, where: str, key: str | None) -> Any:
     """``codec.decode(data)``, refusing an output of more than ``limit`` bytes: before
     allocating it where the codec's headers tell, by stopping there for stream
     decompressors, after decoding for any other codec."""
-    bounded = _BOUNDED.get(type(codec))
+    bounded = _bounded_decoders().get(type(codec))
     if bounded is None and _is_zstd(codec):
         bounded = _zstd
     try:
@@ -598,7 +639,7 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
             return True
 
         return _native_decoder(raw)
-    if isinstance(comp, numcodecs.Blosc):
+    if _is_blosc(comp):
         sizes = _BLOSC_SIZES.unpack_from
         funcs = _native.blosc_for(nbytes)
         if funcs is not None:
@@ -694,15 +735,21 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
     chunk's, or a codec error): the reference path decides those. None when the native
     libraries are unavailable or the pipeline has filters.
 
-    Python threads only decode in parallel when the GIL is released for long enough, so:
-    zstd and uncompressed chunks that follow each other in the buffer are decoded with one
-    call per run (zstd decodes concatenated frames in one go); blosc has no such call, so
-    small blosc chunks are decoded with the GIL held (see :data:`HOLD_GIL_BELOW`).
+    Python threads only decode in parallel when the GIL is released for long enough, so
+    blosc and zstd chunks are decoded by one call of our loops over all of them
+    (:func:`_native.loops`, ``_loops.c``: the GIL is released once per call), checking each
+    payload's announced sizes in C exactly as below. Without that library: zstd and
+    uncompressed chunks that follow each other in the buffer are decoded with one call per
+    run (zstd decodes concatenated frames in one go), and small blosc chunks one by one
+    with the GIL held (see :data:`HOLD_GIL_BELOW`).
     """
     if meta.filters:
         return None
     nbytes = chunk_nbytes(meta)
     comp = meta.compressor
+    batch = _batch_decoder(comp, nbytes)
+    if batch is not None:
+        return batch
     if comp is None:
         memmove = _native.memmove
 
@@ -716,7 +763,7 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
             return failed
 
         return raw
-    funcs = _native.blosc_for(nbytes) if isinstance(comp, numcodecs.Blosc) else None
+    funcs = _native.blosc_for(nbytes) if _is_blosc(comp) else None
     if funcs is not None:
         sizes_of, blosc_ctx = _BLOSC_SIZES.unpack_from, funcs.blosc_decompress_ctx
 
@@ -761,6 +808,49 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
     return None
 
 
+def _batch_decoder(comp: Any, nbytes: int) -> SpanDecoder | None:
+    """The :class:`SpanDecoder` of a blosc or zstd compressor through our C loops (one call,
+    the GIL released once, per batch), or None (no loops library, another codec)."""
+    loops = _native.loops()
+    if loops is None or nbytes < 1:
+        return None
+    if _is_blosc(comp) and loops.blosc_rows is not None and _native.blosc() is not None:
+        rows_fn, blosc_fn = loops.blosc_rows, loops.blosc_decompress
+
+        def call(address: int, table: int, n: int, dst: int, failed: int) -> int:
+            return rows_fn(blosc_fn, address, table, table + 8 * n, table + 16 * n, n, dst, nbytes, failed)
+
+    elif _is_zstd(comp) and loops.zstd_rows is not None and loops.zstd_functions is not None:
+        lib = _native.zstd()
+        if lib is None:
+            return None
+        zstd_rows, (content_size, frame_size, decompress) = loops.zstd_rows, loops.zstd_functions
+        dctx = _native.zstd_dctx
+
+        def call(address: int, table: int, n: int, dst: int, failed: int) -> int:
+            return zstd_rows(
+                content_size, frame_size, decompress, dctx(lib), address, table, table + 8 * n, table + 16 * n, n, dst, nbytes, failed
+            )
+
+    else:
+        return None
+    def decode(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
+        n = len(rows)
+        if not n:
+            return []
+        # rows, offsets, sizes back to back as int64; failure flags written by the loop
+        # (array.array: a few microseconds less per shard than numpy arrays and .ctypes)
+        table = _array("q", rows)
+        table.extend(offsets)
+        table.extend(sizes)
+        failed = _array("B", bytes(n))
+        if not call(address, table.buffer_info()[0], n, dst, failed.buffer_info()[0]):
+            return []
+        return [r for r, bad in zip(rows, failed) if bad]
+
+    return decode
+
+
 def decode_chunk_into(meta: DraftArrayMeta, payload: Any, out: np.ndarray, *, key: str | None = None) -> None:
     """The general path of a batch decode: :func:`decode`, then its bytes in memory order
     into the uint8 row ``out`` (raises :class:`ChunkDecodeError`)."""
@@ -777,8 +867,10 @@ def fast_encoder(meta: DraftArrayMeta) -> FastEncoder:
         return lambda chunk: encode(meta, chunk)
     if comp is None:
         return lambda chunk: chunk.tobytes(order="A")
+    from numcodecs.compat import ensure_bytes as ensure
+
     encode_ = comp.encode  # blosc: its *_ctx function (GIL released) off the main thread
-    return lambda chunk: ensure_bytes(encode_(chunk))
+    return lambda chunk: ensure(encode_(chunk))
 
 
 def _zstd_native_encoder(comp: Any, nbytes: int) -> RowEncoder | None:
@@ -855,7 +947,7 @@ def fast_row_encoder(meta: DraftArrayMeta) -> RowEncoder | None:
         return None
     if _is_zstd(meta.compressor):
         return _zstd_native_encoder(meta.compressor, chunk_nbytes(meta))
-    if type(meta.compressor) is numcodecs.Blosc:
+    if _is_blosc(meta.compressor) and type(meta.compressor) is _blosc_class():
         return _blosc_native_encoder(meta.compressor, meta.dtype, chunk_nbytes(meta))
     return None
 
@@ -945,7 +1037,7 @@ class ChunkCodec:
 class _Cached(NamedTuple):
     meta: DraftArrayMeta  # held, so that its id cannot be reused while cached
     codec: ChunkCodec
-    native: bool  # the :func:`set_native` setting it was built with
+    native: tuple[bool, bool]  # the native switches it was built with (``_native.switches()``)
 
 
 _CODECS: dict[int, _Cached] = {}
@@ -955,9 +1047,9 @@ _CODECS_MAX = 256
 def codec_for(meta: DraftArrayMeta) -> ChunkCodec:
     """The :class:`ChunkCodec` of ``meta`` (kept for the last few hundred metadata objects
     seen, by identity: metadata objects are not hashable; rebuilt when :func:`set_native`
-    changed since)."""
+    or ``_native.using_loops`` changed since)."""
     hit = _CODECS.get(id(meta))
-    native = _native.enabled()
+    native = _native.switches()
     if hit is not None and hit.meta is meta and hit.native == native:
         return hit.codec
     codec = ChunkCodec(meta)

@@ -16,13 +16,14 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numcodecs
 import numpy as np
-from numcodecs.abc import Codec
 
 from .errors import DraftMetadataError
+
+if TYPE_CHECKING:
+    from numcodecs.abc import Codec
 
 __all__ = [
     "ENTRY_POINT_KEY",
@@ -548,6 +549,8 @@ def _parse_compressor(value: Any, key: str) -> Codec | None:
     if not isinstance(config, dict):
         raise _error(key, fld + ".configuration", "expected an object")
     if name == "blosc":
+        import numcodecs.blosc
+
         cname, shuffle = config.get("cname", "lz4"), config.get("shuffle", 1)
         if cname not in numcodecs.blosc.list_compressors():
             raise _error(key, fld, f"blosc: unknown cname {cname!r}")
@@ -557,6 +560,10 @@ def _parse_compressor(value: Any, key: str) -> Codec | None:
 
 
 def _make_codec(config: dict, key: str, fld: str) -> Codec:
+    """numcodecs' codec object (numcodecs is imported here, on the first codec parsed, not
+    with this module)."""
+    import numcodecs
+
     try:
         return numcodecs.get_codec(dict(config))
     except Exception as e:  # unknown id, bad keyword arguments, bad values

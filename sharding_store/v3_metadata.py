@@ -26,15 +26,23 @@ import struct
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numcodecs
 import numpy as np
-from numcodecs.abc import Codec
-from numcodecs.compat import ensure_contiguous_ndarray
 
 from .draft_metadata import DraftArrayMeta, array_meta_key
 from .errors import DraftMetadataError, UsageError
+
+if TYPE_CHECKING:
+    from numcodecs.abc import Codec
+
+
+def ensure_contiguous_ndarray(buf: Any) -> Any:
+    """``numcodecs.compat.ensure_contiguous_ndarray``; numcodecs is imported when a codec is
+    translated, not with this module."""
+    from numcodecs.compat import ensure_contiguous_ndarray as ensure
+
+    return ensure(buf)
 
 __all__ = [
     "v3_array_document",
@@ -263,6 +271,8 @@ def _json_config(meta: DraftArrayMeta, codec: Codec, fld: str) -> dict:
     config.pop("id", None)
     try:
         config = json.loads(json.dumps(config))
+        import numcodecs
+
         numcodecs.get_codec({"id": codec.codec_id, **config})
     except Exception as e:  # noqa: BLE001 - non-JSON values, or numcodecs refusing its own config
         raise _untranslatable(

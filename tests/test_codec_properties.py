@@ -390,6 +390,7 @@ def test_set_native_switches_every_binding_and_restores():
     meta = make_meta(numcodecs.Zstd(level=1), (16, 8), "<f4")
     with using_native(False):
         assert _native.zstd() is None and _native.blosc() is None and _native.memcmp() is None
+        assert _native.loops() is None
         assert fast_row_encoder(meta) is None and span_decoder(meta) is None
         assert not takes_address(fast_decoder(meta))
     assert _native.enabled()
@@ -399,7 +400,7 @@ def test_set_native_switches_every_binding_and_restores():
     finally:
         set_native(previous)
     report = _native.report()
-    assert set(report) == {"zstd", "blosc", "memcmp", "madvise"}
+    assert set(report) == {"zstd", "blosc", "loops", "memcmp", "madvise"}
 
 
 def test_bindings_refuse_a_library_of_another_version(monkeypatch):

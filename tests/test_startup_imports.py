@@ -1,0 +1,58 @@
+"""Start-up (issue 15): the command line and the metadata, index and codec modules import
+nothing of numcodecs until a codec object is built (``import numcodecs`` loads every codec
+module and scans the installed packages' entry points: ~80 ms of a command's start-up).
+
+Each check runs in a fresh interpreter and reads ``sys.modules``; a positive control in the
+same process shows that the check sees numcodecs once a codec is parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+LIGHT_MODULES = [
+    "sharding_store.cli",
+    "sharding_store.cli.migrate",
+    "sharding_store.cli.reshard",
+    "sharding_store.cli.info",
+    "sharding_store.errors",
+    "sharding_store.keys",
+    "sharding_store.draft_metadata",
+    "sharding_store.v3_metadata",
+    "sharding_store.shard_index",
+    "sharding_store.chunk_codec",
+    "sharding_store._native",
+]
+
+
+def _loaded_after(code: str) -> dict:
+    probe = (
+        "import sys, json\n"
+        + code
+        + "\nprint(json.dumps({m: m in sys.modules for m in ('numcodecs', 'numcodecs.blosc', 'numcodecs.zstd', 'numpy')}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_cli_parser_imports_neither_numcodecs_nor_numpy():
+    seen = _loaded_after("from sharding_store.cli import build_parser\nbuild_parser().parse_args(['migrate', 'a', 'b'])")
+    assert seen == {"numcodecs": False, "numcodecs.blosc": False, "numcodecs.zstd": False, "numpy": False}
+
+
+def test_metadata_index_and_codec_modules_import_numcodecs_only_when_a_codec_is_built():
+    imports = "\n".join(f"import {m}" for m in LIGHT_MODULES)
+    # importing, binding the native libraries' accessors aside, and parsing an uncompressed array
+    doc = {
+        "shape": [4], "data_type": "<u2", "chunk_grid": {"type": "regular", "chunk_shape": [2], "separator": "/"},
+        "chunk_memory_layout": "C", "fill_value": 0, "extensions": [], "attributes": {}, "compressor": None,
+    }
+    parse = f"from sharding_store.draft_metadata import parse_array_metadata\nparse_array_metadata({json.dumps(doc)!r}.encode(), 'meta/root/a.array.json')"
+    assert _loaded_after(imports + "\n" + parse)["numcodecs"] is False
+    # the control: a compressor is a numcodecs object, built on first use
+    doc["compressor"] = {"codec": "https://purl.org/zarr/spec/codec/zstd/1.0", "configuration": {"level": 1}}
+    parse = f"from sharding_store.draft_metadata import parse_array_metadata\nm = parse_array_metadata({json.dumps(doc)!r}.encode(), 'meta/root/a.array.json')"
+    seen = _loaded_after(imports + "\n" + parse + "\nassert type(m.compressor).__name__ == 'Zstd'")
+    assert seen["numcodecs"] is True and seen["numcodecs.zstd"] is True
