@@ -518,7 +518,7 @@ def migrate(
                                 hint="use --overwrite, or --resume to finish an interrupted migration")
         migrate2023.migrate_copy(src_inner, dst_inner, report, dst_name=dst_ref.describe(), index_checksum=index_checksum,
                                  dry_run=dry_run, skip_damaged=skip_damaged, jobs=jobs, retries=retries,
-                                 retry_delay=retry_delay, resume=resume and not dry_run)
+                                 retry_delay=retry_delay, resume=resume and not dry_run, consolidate=consolidate)
         report.seconds = time.perf_counter() - started
         if verify and not dry_run:
             report.verification = run_verify(src_ref, dst_ref, jobs=jobs, progress=progress, retries=retries,

@@ -60,6 +60,7 @@ from .jobs import fault_point, with_retries
 from .migrate_units import MARKER_KEY, ArrayReport, UnitResult, json_bytes, node_key
 from .shard_index import CHECKSUM_NBYTES, ENTRY_NBYTES, ShardIndex, index_nbytes, read_index
 from .stores import Inner
+from .v3_metadata import consolidated_metadata
 
 SKIP_HINT = "--skip-damaged migrates the other nodes and lists the damaged ones"
 GROUP_DOCUMENT = {"zarr_format": 3, "node_type": "group", "attributes": {}}
@@ -327,7 +328,7 @@ def refuse_damage(plan: Plan2023, skip_damaged: bool, consequence: str) -> None:
 def migrate_copy(
     src: Inner, dst: Inner, report: Any, *, dst_name: str, index_checksum: bool = True, dry_run: bool = False,
     skip_damaged: bool = False, jobs: int = 4, retries: int = 4, retry_delay: float = 0.2,
-    walk: V3Walk | None = None, resume: bool = False,
+    walk: V3Walk | None = None, resume: bool = False, consolidate: bool = True,
 ) -> Plan2023:
     """Copy-migrate the 2023 hierarchy in ``src`` into ``dst`` (found empty or emptied by the
     caller), filling ``report`` (a :class:`~sharding_store.migrate.MigrationReport`).
@@ -370,7 +371,7 @@ def migrate_copy(
             "after the destination was found empty); wait for it, or use another destination", key=MARKER_KEY)
     try:
         _write_all(plan, src, dst, report, index_checksum=index_checksum, jobs=jobs, retried=retried,
-                   existing=existing)
+                   existing=existing, consolidate=consolidate)
     except Exception as e:
         raise incomplete(e) from e
     return plan
@@ -421,8 +422,9 @@ def incomplete(error: BaseException) -> ShardingStoreError:
 
 
 def _write_all(plan: Plan2023, src: Inner, dst: Inner, report: Any, *, index_checksum: bool, jobs: int,
-               retried: Any, existing: dict[str, int | None] | None = None) -> None:
+               retried: Any, existing: dict[str, int | None] | None = None, consolidate: bool = True) -> None:
     root_doc: dict | None = None
+    docs: dict[str, dict] = {}  # what the root group's consolidated metadata lists
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="migrate2023") as pool:
         for a in plan.arrays:
             append = a.appends(index_checksum)
@@ -442,8 +444,12 @@ def _write_all(plan: Plan2023, src: Inner, dst: Inner, report: Any, *, index_che
             if a.path == "":
                 root_doc = doc
             else:
+                docs[a.path] = doc
                 retried(dst.set, node_key(a.path), json_bytes(doc))
-    for path, doc in plan.groups:
+    for path, doc in plan.groups:  # deepest first, the root last
+        if path == "" and consolidate:
+            doc = {**doc, "consolidated_metadata": consolidated_metadata(docs)}
+        docs[path] = doc
         retried(dst.set, node_key(path), json_bytes(doc))
     if root_doc is not None:
         retried(dst.set, node_key(""), json_bytes(root_doc))
@@ -516,12 +522,19 @@ def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = Fal
     check = report.check
     for path, error in plan.damaged.items():
         report.skip(path, known.get(path, str(error)), dst)
+    found: dict[str, Any] = {}  # documents found right: what consolidated metadata must list
+    consolidated: Any = None
     for path, expected in plan.groups:
         report.groups += 1
         key = node_key(path)
         actual = _load(dst, key)
+        if path == "" and isinstance(actual, dict) and "consolidated_metadata" in actual:
+            actual = dict(actual)
+            consolidated = actual.pop("consolidated_metadata")
         if actual != expected:
             check.problem(key, f"{key}: missing" if actual is None else f"{key}: not the normalised group document")
+        elif path:
+            found[path] = actual
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="verify2023") as pool:
         for a in plan.arrays:
             report.arrays += 1
@@ -538,6 +551,8 @@ def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = Fal
             if not match:
                 check.problem(key, f"{key}: not the normalised document of the source array")
                 continue
+            if a.path:
+                found[a.path] = actual
             appended = a.appends(match[0])
             results = [pool.submit(_check_object, src, dst, k, a.n_entries, appended, actual) for k, _ in a.objects]
             for f in results:
@@ -553,6 +568,14 @@ def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = Fal
             for k, _ in dst.list_sized(prefix):
                 if k not in src_keys and pattern.fullmatch(k[len(prefix):]):
                     check.problem(k, f"{k}: not in the source")
+    if consolidated is not None:
+        bad = {p for p, _ in plan.groups if p and p not in found} | {a.path for a in plan.arrays if a.path not in found}
+        listed = consolidated.get("metadata") if isinstance(consolidated, dict) else None
+        if isinstance(listed, dict):
+            consolidated = {**consolidated, "metadata": {p: d for p, d in listed.items() if p not in bad}}
+        if consolidated != consolidated_metadata(found):
+            key = node_key("")
+            check.problem(key, f"{key}: consolidated_metadata is not the destination's documents")
 
 
 __all__: Sequence[str] = ["migrate_copy", "verify_copy", "plan_hierarchy", "decide_reading", "chunk_key_pattern", "live_chunks"]

@@ -91,7 +91,7 @@ def upgraded(tmp_path_factory):
             before = data_hash(src)
             originals = documents(src)
             copy_dst = base / "copy" / collection.name / store.name
-            migrate(str(src), str(copy_dst), verify=False)
+            migrate(str(src), str(copy_dst), verify=False, consolidate=False)  # in place adds none
             assert main(["migrate", str(src), "--in-place"]) == 0
             out[(collection.name, store.name)] = (src, before, documents(copy_dst), originals)
     return out

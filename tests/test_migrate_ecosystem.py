@@ -145,3 +145,30 @@ def test_verify_catches_stale_consolidated_metadata(tmp_path):
     assert not report.ok
     assert any("consolidated_metadata" in msg and "'images/mean': field 'shape'" in msg for _, msg in report.check.problems)
     assert main(["verify", str(SAMPLE), str(dst)]) == 9
+
+
+# --------------------------------------------------------------------------- the 2023 generation
+
+
+def test_a_2023_copy_gets_consolidated_metadata_and_verify_checks_it(tmp_path):
+    import zarr
+
+    from tests import fixtures
+
+    src = fixtures.require(fixtures.ZARRITAJS_2023_ENDIAN) / "data.zarr"
+    dst = tmp_path / "out.zarr"
+    migrate(src, dst, progress=False)
+    root = _doc(dst)
+    listed = root["consolidated_metadata"]["metadata"]
+    assert listed and all(listed[p] == {**_doc(dst, p), **({"consolidated_metadata": listed[p]["consolidated_metadata"]}
+                                                           if "consolidated_metadata" in listed[p] else {})}
+                          for p in listed)
+    g = zarr.open_consolidated(str(dst), mode="r")
+    assert sorted(g.array_keys()) == sorted(p for p in listed if "/" not in p and listed[p]["node_type"] == "array")
+    path = next(p for p in listed if listed[p]["node_type"] == "array")
+    root["consolidated_metadata"]["metadata"][path]["shape"] = [1] * len(listed[path]["shape"])
+    (dst / "zarr.json").write_text(json.dumps(root))
+    report = verify(src, dst, progress=False, raise_on_error=False)
+    assert not report.ok and any("consolidated_metadata" in msg for _, msg in report.check.problems)
+    migrate(src, tmp_path / "plain.zarr", progress=False, consolidate=False)
+    assert "consolidated_metadata" not in _doc(tmp_path / "plain.zarr")
