@@ -41,7 +41,7 @@ from typing import Any, NamedTuple, TypeVar
 from . import draft_metadata as dm
 from .errors import DestinationExistsError, DraftMetadataError, LinkOutsideStoreError, ShardingStoreError, UsageError
 from .hierarchy import DraftHierarchy, Node
-from .keys import Coords
+from .keys import Coords, parse_chunk_suffix
 from .stores import Inner, as_inner
 
 R = TypeVar("R")
@@ -85,8 +85,12 @@ class StoreRef:
         is keyed by process id, so a forked child never uses its parent's connections, and
         holds at most :data:`MAX_OPENED` stores. No lock: two threads opening the same URL
         at once both open it and one adapter is kept."""
-        if self.url is None:
-            return as_inner(self.obj)
+        if self.url is None:  # adapted once: a unit of a small shard costs less than adapting a mapping
+            inner = self.__dict__.get("_inner")
+            if inner is None:
+                inner = as_inner(self.obj)
+                object.__setattr__(self, "_inner", inner)
+            return inner
         url = self.url
         if "://" not in url and "::" not in url:  # a local path: relative to this cwd, this ~
             url = os.path.abspath(os.path.expanduser(url))
@@ -187,9 +191,22 @@ def lost_transformer(h: DraftHierarchy, node: Node) -> ShardingStoreError | None
     from .inspect import detect_lost_transformer  # only unsharded arrays need the inspector
 
     others = other_prefixes(h, node.path)
-    keys = [k for k, _ in h.inner.list_sized(dm.data_prefix(node.path)) if not (others and k.startswith(others))]
+    prefix = dm.data_prefix(node.path)
+
+    def keys() -> Iterator[str]:
+        return (k for k, _ in h.inner.list_sized(prefix) if not (others and k.startswith(others)))
+
+    first, first_coords = None, None  # the object the detection looks at first: the least coordinates
+    for key in keys():
+        coords = parse_chunk_suffix(key[len(prefix) :], node.meta.separator, node.meta.ndim)
+        if coords is not None and (first_coords is None or coords < first_coords):
+            first, first_coords = key, coords
     try:
-        found = detect_lost_transformer(h.inner, node.meta, sorted(keys))
+        # that object decides (a shard or not): only a shard's array is listed again and
+        # held, to rank the candidate shapes; a sound array's listing is never held
+        if first is None or detect_lost_transformer(h.inner, node.meta, [first]) is None:
+            return None
+        found = detect_lost_transformer(h.inner, node.meta, sorted(keys()))
     except LinkOutsideStoreError as e:  # one of its objects links out of the store: damaged
         return e
     return None if found is None else found.error()
