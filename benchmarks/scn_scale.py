@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,56 @@ def compare(sizes: list[int], old: Path | None) -> list[dict[str, Any]]:
             row["old"] = run_child(n, old)
         print(json.dumps(row), flush=True)
         out.append(row)
+    return out
+
+
+@dataclass(frozen=True)
+class ScaleCase:
+    """What a results row says about its case (run.py's ``Case`` fields ``make_row`` reads)."""
+
+    n: int
+
+    @property
+    def size_label(self) -> str:
+        return f"{self.n // 1_000_000}M shards" if self.n >= 1_000_000 else f"{self.n // 1000}k shards"
+
+    @property
+    def label(self) -> str:
+        return f"u1/none/cps {CPS[0]}x{CPS[1]}, compact, Mapping → sink"
+
+    @property
+    def key(self) -> str:
+        return f"scale-{self.n}"
+
+
+def rows(results: list[dict[str, Any]], make_row: Any) -> list[dict[str, Any]]:
+    """Results rows (prefix "7 "): peak RSS against the target and, with an old tree, against
+    it; client time per shard likewise."""
+    out = []
+    for r in results:
+        case, new, old = ScaleCase(r["n"]), r["new"], r.get("old")
+        cpu = f"CPU {new['cpu_us_per_shard']:.0f} µs/shard"
+        old_txt = (f"; old tree {old['peak_rss_mb']:.0f} MB, {old['us_per_shard']:.0f} µs/shard wall, "
+                   f"{old['cpu_us_per_shard']:.0f} µs/shard CPU") if old else ""
+        out.append(make_row("7 scale RSS", case, "peak RSS (VmHWM), migrate", {"median": new["peak_rss_mb"],
+                            "runs": [new["peak_rss_mb"]]}, f"limit {RSS_TARGET_MB:.0f} MB",
+                            {"median": RSS_TARGET_MB, "runs": []}, target=f"≤ {RSS_TARGET_MB:.0f} MB, flat in N",
+                            min_speedup=1.0, unit="MB",
+                            note=f"child process, one run; before migrating {new['rss_before_mb']:.0f} MB{old_txt}"))
+        out.append(make_row("7 scale time", case, "µs per shard (wall), migrate", {"median": new["us_per_shard"],
+                            "runs": [new["us_per_shard"]]}, f"limit {US_TARGET:.0f} µs",
+                            {"median": US_TARGET, "runs": []}, target=f"≤ {US_TARGET:.0f} µs", min_speedup=1.0,
+                            unit="µs", note=f"wall time of migrate() / N in the child (verify off); {cpu}"))
+        if old:
+            out.append(make_row("7 scale RSS", case, "peak RSS, this tree", {"median": new["peak_rss_mb"],
+                                "runs": [new["peak_rss_mb"]]}, f"old tree ({r.get('old_label', 'old')})",
+                                {"median": old["peak_rss_mb"], "runs": [old["peak_rss_mb"]]}, unit="MB",
+                                note="side by side in one run (speedup: old ÷ new)"))
+            out.append(make_row("7 scale time", case, "µs per shard (wall), this tree", {"median": new["us_per_shard"],
+                                "runs": [new["us_per_shard"]]}, f"old tree ({r.get('old_label', 'old')})",
+                                {"median": old["us_per_shard"], "runs": [old["us_per_shard"]]}, unit="µs",
+                                note=f"side by side in one run; CPU {new['cpu_us_per_shard']:.0f} vs "
+                                     f"{old['cpu_us_per_shard']:.0f} µs/shard"))
     return out
 
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from contextlib import closing
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from . import draft_metadata as dm
 from .errors import DestinationExistsError, DraftMetadataError, LinkOutsideStoreError, ShardingStoreError, UsageError
@@ -391,12 +391,12 @@ def run_bounded(
     *,
     window: int,
     max_batch: int = MAX_BATCH,
-) -> Iterator[tuple[tuple[Any, ...], Future[R]]]:
+) -> Iterator[tuple[tuple[Any, ...], Outcome[R]]]:
     """Run ``fn(*item)`` for each item with at most ``window`` batches pending.
 
-    Yields ``(item, future)`` as items complete (``future.result()`` may raise: each
-    item fails alone). Items travel in batches, one executor task each, growing from 1
-    to ``max_batch`` items: handing a task to a worker and its result back costs a
+    Yields ``(item, outcome)`` as items complete (``outcome.result()`` may raise: each
+    item fails alone; an :class:`Outcome` reads like a done future). Items travel in
+    batches, one executor task each, growing from 1 to ``max_batch`` items: handing a task to a worker and its result back costs a
     thread wake-up each way (a dask round trip on a cluster), which on a busy machine
     costs more than copying a small shard. Memory stays bounded by the window: a worker
     runs its batch's items one after the other. When the consumer stops early (an
@@ -426,15 +426,26 @@ def run_bounded(
                 except BaseException as e:  # noqa: BLE001 - the task itself failed (e.g. a lost worker)
                     outcomes = [(False, e)] * len(batch)
                 for item, (ok, value) in zip(batch, outcomes):
-                    one: Future[R] = Future()
-                    if ok:
-                        one.set_result(value)
-                    else:
-                        one.set_exception(value)
-                    yield item, one
+                    yield item, Outcome(ok, value)
     finally:
         for future in pending:
             future.cancel()
+
+
+class Outcome(Generic[R]):
+    """One item's finished outcome, read like a done future: :meth:`result` returns its
+    value or raises its exception (a ``Future`` per item would cost a condition variable
+    and its locks, a visible share of a small unit)."""
+
+    __slots__ = ("_ok", "_value")
+
+    def __init__(self, ok: bool, value: Any) -> None:
+        self._ok, self._value = ok, value
+
+    def result(self) -> R:
+        if self._ok:
+            return self._value  # type: ignore[no-any-return]
+        raise self._value
 
 
 def _run_batch(fn: Callable[..., R], batch: list[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
@@ -497,6 +508,7 @@ __all__ = [
     "MAX_BATCH",
     "FaultHook",
     "Group",
+    "Outcome",
     "Source",
     "StoreRef",
     "block_shape",

@@ -30,6 +30,7 @@ import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numcodecs
@@ -161,6 +162,12 @@ class ArrayJob:
         assert self.dst_cps is not None
         return index_nbytes(self.dst_cps, self.checksum)
 
+    @cached_property
+    def src_index_nbytes(self) -> int:
+        """Bytes of a (draft, checksum-less) index of a target-shaped shard, computed once."""
+        assert self.dst_cps is not None
+        return index_nbytes(self.dst_cps)
+
 
 @dataclass
 class ArrayPlan:
@@ -251,12 +258,15 @@ class UnitResult:
     dead_bytes: int = 0  # unreferenced source bytes dropped by compaction
 
     def add(self, other: UnitResult) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        for name in _RESULT_FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
     def objects(self) -> int:
         return self.written + self.copied + self.skipped
+
+
+_RESULT_FIELDS = tuple(f.name for f in fields(UnitResult))
 
 
 @dataclass
@@ -513,7 +523,7 @@ def _shard_copy_plan(job: ArrayJob, raw: bytes, size: int, src_key: str) -> tupl
     chunk (nothing to write); None when it has dead bytes or a bad index (the general path
     rebuilds it, or reports the damage with the whole object in hand)."""
     assert job.dst_cps is not None
-    limit = size - index_nbytes(job.dst_cps)
+    limit = size - job.src_index_nbytes
     try:
         live = live_entries(raw, job.dst_cps, key=src_key, payload_limit=max(0, limit))
     except ShardCorruptError:
@@ -532,7 +542,7 @@ def _try_copy_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str)
     (_, src_key, size), = unit.sources
     if size is None or not src.can_copy_to(dst, append=job.checksum):
         return None  # reading the index would be wasted: the shard is read whole next
-    n = index_nbytes(job.dst_cps)  # type: ignore[arg-type]
+    n = job.src_index_nbytes
     tail = src.get_tails([(src_key, n)])[0]
     if tail is None:
         return None  # deleted since listed: the general path reports it
@@ -559,7 +569,7 @@ def _try_pass_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str)
     blob = read_whole(src, src_key, size)
     if blob is None or len(blob) != size:
         return None  # deleted or changed since listed: the general path reads it afresh
-    n = index_nbytes(job.dst_cps)  # type: ignore[arg-type]
+    n = job.src_index_nbytes
     plan = _shard_copy_plan(job, blob[-n:] if size >= n else b"", size, src_key)
     if isinstance(plan, UnitResult):
         plan.bytes_read = size
