@@ -15,6 +15,8 @@ from collections.abc import Iterator, MutableMapping
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sharding_store import create_draft_array, migrate_units
 from sharding_store.errors import StoreIOError
@@ -192,3 +194,12 @@ def test_present_merges_a_sorted_listing():
     with pytest.raises(StoreIOError, match="not in sorted order"):
         q = Present(iter([("a/c/1", 1), ("a/c/0", 1)]))
         q.size("a/c/5")
+
+
+@settings(max_examples=200, deadline=None)
+@given(old=st.sets(st.text("ab/c0", max_size=4)), staged=st.sets(st.text("ab/c0", max_size=4)))
+def test_reshard_swap_merges_sorted_listings_like_a_set_difference(old, staged):
+    from sharding_store.reshard import _not_staged
+
+    old_keys, staged_keys = iter(sorted(old)), iter(sorted(staged))
+    assert list(_not_staged(old_keys, staged_keys)) == sorted(old - staged)
