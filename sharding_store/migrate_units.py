@@ -339,7 +339,7 @@ class Present:
 
 
 #: units planned ahead at most, to interleave their target directories (:func:`~sharding_store.jobs.interleave`)
-INTERLEAVE_SPAN = 1024
+INTERLEAVE_SPAN = 16384
 
 
 def _sources(job: ArrayJob, listing: Iterable[tuple[str, int | None]], ignore: tuple[str, ...],
