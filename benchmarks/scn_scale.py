@@ -261,7 +261,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         if not pts:
             continue
         a.plot([n for n, _ in pts], [m["peak_rss_mb"] for _, m in pts], style, label=which)
-        b.plot([n for n, _ in pts], [m["us_per_shard"] for _, m in pts], style, label=which)
+        b.plot([n for n, _ in pts], [m["us_per_shard"] for _, m in pts], style, label=f"{which} (wall)")
+        b.plot([n for n, _ in pts], [m["cpu_us_per_shard"] for _, m in pts], style, alpha=0.4, lw=0.8,
+               label=f"{which} (CPU)")
     a.axhline(RSS_TARGET_MB, color="#c62828", lw=0.8, ls=":", label=f"target {RSS_TARGET_MB:.0f} MB")
     b.axhline(US_TARGET, color="#c62828", lw=0.8, ls=":", label=f"target {US_TARGET:.0f} µs")
     for ax, title in ((a, "peak RSS (VmHWM, MB)"), (b, "client time per shard (µs)")):
