@@ -256,13 +256,13 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for which, style in (("old", "o--"), ("new", "s-")):
+    for which, style, color in (("old", "o--", "#1f77b4"), ("new", "s-", "#ff7f0e")):
         pts = [(r["n"], r[which]) for r in results if r.get(which)]
         if not pts:
             continue
-        a.plot([n for n, _ in pts], [m["peak_rss_mb"] for _, m in pts], style, label=which)
-        b.plot([n for n, _ in pts], [m["us_per_shard"] for _, m in pts], style, label=f"{which} (wall)")
-        b.plot([n for n, _ in pts], [m["cpu_us_per_shard"] for _, m in pts], style, alpha=0.4, lw=0.8,
+        a.plot([n for n, _ in pts], [m["peak_rss_mb"] for _, m in pts], style, color=color, label=which)
+        b.plot([n for n, _ in pts], [m["us_per_shard"] for _, m in pts], style, color=color, label=f"{which} (wall)")
+        b.plot([n for n, _ in pts], [m["cpu_us_per_shard"] for _, m in pts], style, color=color, alpha=0.4, lw=0.8,
                label=f"{which} (CPU)")
     a.axhline(RSS_TARGET_MB, color="#c62828", lw=0.8, ls=":", label=f"target {RSS_TARGET_MB:.0f} MB")
     b.axhline(US_TARGET, color="#c62828", lw=0.8, ls=":", label=f"target {US_TARGET:.0f} µs")
