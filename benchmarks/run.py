@@ -41,7 +41,7 @@ WORKER = HERE / "_worker.py"
 LEGACY_WORKER = HERE / "_legacy_worker.py"
 DATA = HERE / ".data"
 TIME_BIN = shutil.which("time", path="/usr/bin:/bin")
-SCENARIOS = ("write", "read", "chunk", "migrate", "reshard", "gen2023", "latency", "xarray")
+SCENARIOS = ("write", "read", "chunk", "migrate", "reshard", "gen2023", "scale", "latency", "xarray")
 TASK_TIMEOUT = 1200
 #: CPU busy (% of all cores, sampled while this benchmark is idle) before each run
 LOADS: list[float] = []
@@ -719,6 +719,25 @@ class Bench:
 
         scn_latency.run_scenario(self, case, sys.modules[__name__])
 
+    def s_scale(self, case: Case) -> None:
+        """Scenario 7 (benchmarks/scn_scale.py): once per run, not per case."""
+        if getattr(self, "_scale_done", False):
+            return
+        self._scale_done = True
+        import scn_scale
+
+        sizes = [10_000] if self.args.quick else list(scn_scale.SIZES)
+        old = self.args.old_tree
+        results = []
+        for n in sizes:
+            r: dict[str, Any] = {"n": n, "new": scn_scale.run_child(n)}
+            if old is not None:
+                r["old"], r["old_label"] = scn_scale.run_child(n, old), _tree(old)
+            self.log(f"  scale {n}: {json.dumps(r)}")
+            results.append(r)
+        self.rows += scn_scale.rows(results, make_row)
+        scn_scale.plot(results, (self.args.out or (DATA / "quick" if self.args.quick else HERE)) / "scale.png")
+
     def timed_command(self, case: Case, argv: list[str], dst: Path, verify: bool) -> dict:
         """One whole command writing ``dst`` (removed before and after), timed from outside;
         with ``verify``, ``dst`` is read back and compared with the input first."""
@@ -827,12 +846,12 @@ def machine_info(bench: Bench) -> dict:
     return info
 
 
-def _tree() -> str:
+def _tree(root: Path = ROOT) -> str:
     """The commit measured, and whether the package had uncommitted changes."""
     try:
-        tree = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+        tree = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                               text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "sharding_store"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "sharding_store"], cwd=root,
                                capture_output=True, text=True).stdout.strip()
         return tree + (" + uncommitted changes in sharding_store/" if dirty else "")
     except OSError:
@@ -1014,6 +1033,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only this scenario (repeatable); other rows are kept from the last run")
     p.add_argument("--case", action="append", metavar="KEY",
                    help="with --only: re-run only this case (e.g. 128MiB-f4-zstd-cps16; repeatable)")
+    p.add_argument("--old-tree", type=Path, default=None,
+                   help="scale: also measure this older working tree side by side (e.g. a git worktree)")
     p.add_argument("--out", type=Path, default=None, help="where results.md/png go (default benchmarks/)")
     p.add_argument("--render", action="store_true",
                    help="only rebuild results.md/png from the last run's .data/results-raw.json (e.g. after "
@@ -1089,7 +1110,7 @@ def render(args: argparse.Namespace) -> int:
 
 def _scenario_prefixes(only: list[str]) -> list[str]:
     return [{"write": "1 ", "read": "2 ", "chunk": "3 ", "migrate": "4 ", "reshard": "5 ",
-             "gen2023": "6 ", "latency": "8 ", "xarray": "9 "}[s] for s in only]
+             "gen2023": "6 ", "scale": "7 ", "latency": "8 ", "xarray": "9 "}[s] for s in only]
 
 
 if __name__ == "__main__":

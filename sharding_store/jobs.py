@@ -36,12 +36,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from contextlib import closing
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from . import draft_metadata as dm
 from .errors import DestinationExistsError, DraftMetadataError, LinkOutsideStoreError, ShardingStoreError, UsageError
 from .hierarchy import DraftHierarchy, Node
-from .keys import Coords
+from .keys import Coords, parse_chunk_suffix
 from .stores import Inner, as_inner
 
 R = TypeVar("R")
@@ -85,8 +85,12 @@ class StoreRef:
         is keyed by process id, so a forked child never uses its parent's connections, and
         holds at most :data:`MAX_OPENED` stores. No lock: two threads opening the same URL
         at once both open it and one adapter is kept."""
-        if self.url is None:
-            return as_inner(self.obj)
+        if self.url is None:  # adapted once: a unit of a small shard costs less than adapting a mapping
+            inner = self.__dict__.get("_inner")
+            if inner is None:
+                inner = as_inner(self.obj)
+                object.__setattr__(self, "_inner", inner)
+            return inner
         url = self.url
         if "://" not in url and "::" not in url:  # a local path: relative to this cwd, this ~
             url = os.path.abspath(os.path.expanduser(url))
@@ -187,9 +191,22 @@ def lost_transformer(h: DraftHierarchy, node: Node) -> ShardingStoreError | None
     from .inspect import detect_lost_transformer  # only unsharded arrays need the inspector
 
     others = other_prefixes(h, node.path)
-    keys = [k for k, _ in h.inner.list_sized(dm.data_prefix(node.path)) if not (others and k.startswith(others))]
+    prefix = dm.data_prefix(node.path)
+
+    def keys() -> Iterator[str]:
+        return (k for k, _ in h.inner.list_sized(prefix) if not (others and k.startswith(others)))
+
+    first, first_coords = None, None  # the object the detection looks at first: the least coordinates
+    for key in keys():
+        coords = parse_chunk_suffix(key[len(prefix) :], node.meta.separator, node.meta.ndim)
+        if coords is not None and (first_coords is None or coords < first_coords):
+            first, first_coords = key, coords
     try:
-        found = detect_lost_transformer(h.inner, node.meta, sorted(keys))
+        # that object decides (a shard or not): only a shard's array is listed again and
+        # held, to rank the candidate shapes; a sound array's listing is never held
+        if first is None or detect_lost_transformer(h.inner, node.meta, [first]) is None:
+            return None
+        found = detect_lost_transformer(h.inner, node.meta, sorted(keys()))
     except LinkOutsideStoreError as e:  # one of its objects links out of the store: damaged
         return e
     return None if found is None else found.error()
@@ -374,12 +391,12 @@ def run_bounded(
     *,
     window: int,
     max_batch: int = MAX_BATCH,
-) -> Iterator[tuple[tuple[Any, ...], Future[R]]]:
+) -> Iterator[tuple[tuple[Any, ...], Outcome[R]]]:
     """Run ``fn(*item)`` for each item with at most ``window`` batches pending.
 
-    Yields ``(item, future)`` as items complete (``future.result()`` may raise: each
-    item fails alone). Items travel in batches, one executor task each, growing from 1
-    to ``max_batch`` items: handing a task to a worker and its result back costs a
+    Yields ``(item, outcome)`` as items complete (``outcome.result()`` may raise: each
+    item fails alone; an :class:`Outcome` reads like a done future). Items travel in
+    batches, one executor task each, growing from 1 to ``max_batch`` items: handing a task to a worker and its result back costs a
     thread wake-up each way (a dask round trip on a cluster), which on a busy machine
     costs more than copying a small shard. Memory stays bounded by the window: a worker
     runs its batch's items one after the other. When the consumer stops early (an
@@ -409,15 +426,26 @@ def run_bounded(
                 except BaseException as e:  # noqa: BLE001 - the task itself failed (e.g. a lost worker)
                     outcomes = [(False, e)] * len(batch)
                 for item, (ok, value) in zip(batch, outcomes):
-                    one: Future[R] = Future()
-                    if ok:
-                        one.set_result(value)
-                    else:
-                        one.set_exception(value)
-                    yield item, one
+                    yield item, Outcome(ok, value)
     finally:
         for future in pending:
             future.cancel()
+
+
+class Outcome(Generic[R]):
+    """One item's finished outcome, read like a done future: :meth:`result` returns its
+    value or raises its exception (a ``Future`` per item would cost a condition variable
+    and its locks, a visible share of a small unit)."""
+
+    __slots__ = ("_ok", "_value")
+
+    def __init__(self, ok: bool, value: Any) -> None:
+        self._ok, self._value = ok, value
+
+    def result(self) -> R:
+        if self._ok:
+            return self._value  # type: ignore[no-any-return]
+        raise self._value
 
 
 def _run_batch(fn: Callable[..., R], batch: list[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
@@ -480,6 +508,7 @@ __all__ = [
     "MAX_BATCH",
     "FaultHook",
     "Group",
+    "Outcome",
     "Source",
     "StoreRef",
     "block_shape",

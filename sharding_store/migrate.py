@@ -77,7 +77,9 @@ from .migrate_units import (
     ArrayPlan,
     ArrayReport,
     IndexLocation,
+    Listed,
     Options,
+    Present,
     Unit,
     UnitResult,
     array_units,
@@ -223,31 +225,57 @@ def _unit_name(job: ArrayJob, unit: Unit) -> str:
 
 
 class _Driver:
-    """Feeds every array's units to the executor and writes metadata as arrays complete."""
+    """Feeds every array's units to the executor as its listing arrives, and writes an
+    array's metadata once its listing is exhausted and its last unit has finished.
+
+    Holds per array a few counters, never per shard: the units in flight are those of
+    :func:`~sharding_store.jobs.run_bounded`'s window (plus the interleaving span of
+    :func:`~sharding_store.migrate_units.job_units`), and under ``resume`` the
+    destination's listing is read as a stream beside the source's (:class:`Present`)."""
 
     def __init__(self, h: DraftHierarchy, plans: list[ArrayPlan], src: Inner, dst: Inner, report: MigrationReport,
                  *, resume: bool, attempts: int, delay: float, progress: bool | None, skip_damaged: bool) -> None:
         self.h, self.plans, self.src, self.dst, self.report = h, plans, src, dst, report
         self.resume, self.attempts, self.delay, self.skip_damaged = resume, attempts, delay, skip_damaged
         self.damaged: dict[str, ShardingStoreError] = {}
-        self.remaining: dict[str, int] = {}
+        self.remaining: dict[str, int] = {}  # units handed out and not finished, per array
+        self.listing: dict[str, Listed] = {}  # per array, while its units are planned
         self.root_doc: dict[str, Any] | None = None
         self.by_path = {p.node.path: p for p in plans}
         self.bar = progress_bar(0, "migrate", "shard", progress)
 
+    def present(self, plan: ArrayPlan) -> Present | None:
+        """Under ``resume``: what the destination holds for this array, as a sorted stream."""
+        if not self.resume:
+            return None
+        return Present(self.dst.list_sized(plan.job.dst_prefix), probe=self.dst.size)
+
     def items(self) -> Iterator[tuple[Any, ...]]:
         for plan in self.plans:
-            existing = dict(self.dst.list_sized(plan.job.dst_prefix)) if self.resume else None
-            units, warnings = array_units(plan, self.h, self.src, existing)
-            self.report.warnings += warnings
-            self.remaining[plan.node.path] = len(units)
-            self.bar.total += len(units)
-            self.bar.refresh()
-            if not units:
-                self.finish(plan)
+            path = plan.node.path
+            units, listed = array_units(plan, self.h, self.src, self.present(plan))
+            self.listing[path] = listed
+            self.remaining[path] = 0
             for unit in units:
-                if plan.node.path not in self.damaged:
-                    yield plan.job, unit, self.attempts, self.delay
+                if path in self.damaged:
+                    continue  # the listing still runs out: it counts the array's objects
+                self.remaining[path] += 1
+                self.bar.total += 1
+                if self.bar.total % 1024 == 1:
+                    self.bar.refresh()
+                yield plan.job, unit, self.attempts, self.delay
+            self.report.warnings += listed.warnings(path)
+            self.bar.refresh()
+            self.done_if_complete(plan)
+
+    def done_if_complete(self, plan: ArrayPlan) -> None:
+        """Write an array's ``zarr.json`` once its units are all planned and finished."""
+        path = plan.node.path
+        listed = self.listing.get(path)
+        if listed is None or not listed.done or self.remaining[path] or path in self.damaged:
+            return
+        del self.listing[path]
+        self.finish(plan)
 
     def retried(self, fn: Any, key: str, *args: Any) -> Any:
         """``fn(key, *args)`` on the destination, retried like a unit; when the retries run
@@ -308,7 +336,7 @@ class _Driver:
         """Delete what the completed units of damaged arrays wrote (their zarr.json never was)."""
         for path in self.damaged:
             job = self.by_path[path].job
-            for key, _ in list(self.dst.list_sized(job.dst_prefix)):
+            for key, _ in self.dst.list_sized(job.dst_prefix):  # deletes keys listed already: safe
                 if is_v3_chunk_key(key[len(job.dst_prefix) :], job.src_layout.separator, job.src_layout.ndim):
                     self.retried(self.dst.delete, key)
 
@@ -327,7 +355,7 @@ class _Driver:
                 self.bar.set_postfix_str(f"{(result.bytes_read + result.bytes_copied) / MiB:.1f} MiB", refresh=False)
                 self.remaining[job.path] -= 1
                 if self.remaining[job.path] == 0:
-                    self.finish(self.by_path[job.path])
+                    self.done_if_complete(self.by_path[job.path])
                 fault_point("unit")
 
 
@@ -537,8 +565,11 @@ def migrate(
     report.groups = len(groups)
     _prepare(dst_ref, dst_inner, overwrite=overwrite, resume=resume, dry_run=dry_run)
     if dry_run:
-        for plan in plans:
-            report.warnings += array_units(plan, h, src_inner)[1]
+        for plan in plans:  # counted as listed, never held
+            units, listed = array_units(plan, h, src_inner)
+            for _ in units:
+                pass
+            report.warnings += listed.warnings(plan.node.path)
         report.seconds = time.perf_counter() - started
         return report
     source = src_inner.location()

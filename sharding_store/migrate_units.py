@@ -26,16 +26,25 @@ Targets:
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from functools import cached_property
+from typing import Any, TypeVar
 
 from crc32c import crc32c
 
 from .draft_metadata import DraftArrayMeta
 from .engine import ArrayLayout, ShardEngine, gather, read_shard_index
-from .errors import ChunkDecodeError, ChunkKeyError, DraftMetadataError, LinkOutsideStoreError, ShardCorruptError
+from .errors import (
+    ChunkDecodeError,
+    ChunkKeyError,
+    DraftMetadataError,
+    LinkOutsideStoreError,
+    ShardCorruptError,
+    StoreIOError,
+)
 from .hierarchy import DraftHierarchy, Node
 from .jobs import Source, StoreRef, interleave, other_prefixes, plan_units, resolve_chunks_per_shard
 from .keys import Coords
@@ -52,6 +61,7 @@ CHUNK_BATCH = 256
 #: a destination object that exists, its size unknown (stores whose listing has no sizes)
 PRESENT = -1
 MiB = 1 << 20
+R = TypeVar("R")
 
 
 # --------------------------------------------------------------------------- destination keys
@@ -149,6 +159,12 @@ class ArrayJob:
         assert self.dst_cps is not None
         return index_nbytes(self.dst_cps, self.checksum)
 
+    @cached_property
+    def src_index_nbytes(self) -> int:
+        """Bytes of a (draft, checksum-less) index of a target-shaped shard, computed once."""
+        assert self.dst_cps is not None
+        return index_nbytes(self.dst_cps)
+
 
 @dataclass
 class ArrayPlan:
@@ -234,74 +250,178 @@ class UnitResult:
     dead_bytes: int = 0  # unreferenced source bytes dropped by compaction
 
     def add(self, other: UnitResult) -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        for name in _RESULT_FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
     def objects(self) -> int:
         return self.written + self.copied + self.skipped
 
 
-def job_units(
-    job: ArrayJob,
-    listing: Iterable[tuple[str, int | None]],
-    *,
-    existing: Mapping[str, int | None] | None = None,
-    ignore: tuple[str, ...] = (),
-) -> tuple[list[Unit], list[str], int]:
-    """The units of one array from a listing of its source prefix.
+_RESULT_FIELDS = tuple(f.name for f in fields(UnitResult))
 
-    Returns ``(units, stray keys, source bytes)``. Keys under ``ignore`` (other nodes'
-    prefixes) are skipped silently; other keys that are not this array's chunk or shard
-    keys are reported as stray. ``existing`` maps destination keys to sizes (resume).
-    """
-    layout = job.src_layout
-    existing = existing or {}
 
-    def dst_size(key: str) -> int | None:
-        if key not in existing:
+@dataclass
+class Listed:
+    """What planning one array has seen so far, as counters (never per object): the
+    numbers of its report, complete once ``done``."""
+
+    objects: int = 0  # target objects: shards (units) of a sharded target, chunk objects of an unsharded one
+    units: int = 0
+    bytes: int = 0  # source bytes listed
+    stray: int = 0
+    first_stray: str | None = None
+    done: bool = False
+
+    def warnings(self, path: str) -> list[str]:
+        if not self.stray:
+            return []
+        return [f"{path or '/'}: {self.stray} stray key(s) under its data prefix not migrated, e.g. {self.first_stray}"]
+
+
+class Present:
+    """The destination objects under one array's prefix, from the destination's *sorted*
+    listing read as a stream, side by side with units that ask for their keys in ascending
+    order (a merge of two sorted streams): resume and verify learn what is already there
+    without holding the listing. :meth:`size` gives a key's size (:data:`PRESENT` when the
+    listing has no sizes; None: absent). Listed keys no unit asked for go to ``other``
+    (verify reports the chunk keys among them) as the merge passes them, or at
+    :meth:`close`. A key asked out of order is probed (``probe``) instead; a listing
+    that is not sorted raises :class:`StoreIOError`."""
+
+    def __init__(self, listing: Iterable[tuple[str, int | None]], *, other: Callable[[str], None] | None = None,
+                 probe: Callable[[str], int | None] | None = None) -> None:
+        self._it = iter(listing)
+        self._other = other
+        self._probe = probe
+        self._head: tuple[str, int | None] | None = None
+        self._asked: str | None = None
+        self._listed: str | None = None
+        self._next()
+
+    def _next(self) -> None:
+        head = next(self._it, None)
+        if head is not None:
+            if self._listed is not None and head[0] <= self._listed:
+                raise StoreIOError(f"{head[0]}: the destination's listing is not in sorted order (after {self._listed!r})",
+                                   key=head[0])
+            self._listed = head[0]
+        self._head = head
+
+    def size(self, key: str) -> int | None:
+        if self._asked is not None and key <= self._asked:  # not in the merge's order: ask the store
+            return None if self._probe is None else self._probe(key)
+        self._asked = key
+        while self._head is not None and self._head[0] < key:
+            if self._other is not None:
+                self._other(self._head[0])
+            self._next()
+        if self._head is None or self._head[0] != key:
             return None
-        size = existing[key]
+        size = self._head[1]
+        self._next()
         return PRESENT if size is None else size
 
-    objects: list[Source] = []
-    stray: list[str] = []
-    nbytes = 0
+    def close(self) -> None:
+        """Pass the rest of the listing to ``other``."""
+        while self._head is not None:
+            if self._other is not None:
+                self._other(self._head[0])
+            self._next()
+
+
+#: units planned ahead at most, to interleave their target directories (:func:`~sharding_store.jobs.interleave`)
+INTERLEAVE_SPAN = 16384
+
+
+def _sources(job: ArrayJob, listing: Iterable[tuple[str, int | None]], ignore: tuple[str, ...],
+             listed: Listed) -> Iterator[Source]:
+    layout = job.src_layout
     for key, size in listing:
         coords = layout.parse(key)
         if coords is None:
             if not (ignore and key.startswith(ignore)):
-                stray.append(key)
+                listed.stray += 1
+                listed.first_stray = listed.first_stray or key
             continue
-        objects.append(Source(coords, key, size))
-        nbytes += size or 0
-    if job.dst_cps is None:
-        units = []
-        for i in range(0, len(objects), CHUNK_BATCH):
-            batch = tuple(objects[i : i + CHUNK_BATCH])
-            units.append(Unit(batch, None, None, tuple(dst_size(job.dst_key(s.coords)) for s in batch)))
-        return units, stray, nbytes
-    if job.same_grid:  # one unit per source shard, even one outside the grid (copied as it is)
-        by_coords = {s.coords: s for s in objects}  # two spellings of one key: the later wins
-        groups = plan_units(by_coords.values(), job.dst_cps, job.dst_cps)
+        listed.bytes += size or 0
+        yield Source(coords, key, size)
+
+
+def job_units(
+    job: ArrayJob,
+    listing: Iterable[tuple[str, int | None]],
+    listed: Listed,
+    *,
+    present: Present | None = None,
+    ignore: tuple[str, ...] = (),
+) -> Iterator[Unit]:
+    """The units of one array, planned lazily as the listing of its source prefix arrives.
+
+    Keys under ``ignore`` (other nodes' prefixes) are skipped silently; other keys that
+    are not this array's chunk or shard keys are counted as stray in ``listed``, with the
+    source bytes and the objects planned. ``present``: the destination's objects (resume,
+    verify), asked in ascending destination key order.
+
+    Memory does not grow with the array: one unit per source object (same grid: a
+    source shard is a target shard; unsharded target: batches of chunk objects) is made
+    as its object is listed, and at most :data:`INTERLEAVE_SPAN` are held to interleave
+    their directories. Only a target grid other than the source's (``chunks_per_shard``
+    changes) groups the whole array's listing by target first (its key order is not
+    the targets' order), as does a 0-d array (two spellings of its one key).
+    """
+    sources = _sources(job, listing, ignore, listed)
+
+    def size(key: str) -> int | None:
+        return None if present is None else present.size(key)
+
+    units: Iterator[Unit]
+    if job.dst_cps is None:  # unsharded target: the source's key order is the target's (same suffix)
+        for batch in _batched(sources, CHUNK_BATCH):
+            listed.units += 1
+            listed.objects += len(batch)
+            yield Unit(batch, None, None, tuple(size(job.dst_key(s.coords)) for s in batch))
+        listed.done = True
+        return
+    if job.same_grid and job.src_layout.ndim > 0:  # one unit per source shard, even one outside the grid
+        units = (Unit((s,), s.coords, size(job.dst_key(s.coords))) for s in sources)
     else:
-        src_cps = layout.chunks_per_shard or (1,) * layout.ndim
-        groups = plan_units(objects, src_cps, job.dst_cps, grid=layout.grid_shape)
-    units = [Unit(g.sources, g.target, dst_size(job.dst_key(g.target))) for g in groups if g.target is not None]
-    return interleave(units, lambda u: job.dst_key(u.target).rpartition("/")[0]), stray, nbytes  # type: ignore[arg-type]
+        if job.same_grid:  # 0-d: "c" and "c0" spell one key; the later wins
+            groups = plan_units({s.coords: s for s in sources}.values(), job.dst_cps, job.dst_cps)
+        else:
+            layout = job.src_layout
+            src_cps = layout.chunks_per_shard or (1,) * layout.ndim
+            groups = plan_units(sources, src_cps, job.dst_cps, grid=layout.grid_shape)
+        ordered = sorted((job.dst_key(g.target), g) for g in groups if g.target is not None)  # the merge's order
+        units = (Unit(g.sources, g.target, size(key)) for key, g in ordered)
+    for span in _batched(units, INTERLEAVE_SPAN):
+        listed.units += len(span)
+        listed.objects += len(span)
+        yield from interleave(list(span), lambda u: job.dst_key(u.target).rpartition("/")[0])  # type: ignore[arg-type]
+    listed.done = True
+
+
+def _batched(items: Iterable[R], n: int) -> Iterator[tuple[R, ...]]:
+    it = iter(items)
+    while batch := tuple(itertools.islice(it, n)):
+        yield batch
 
 
 def array_units(
-    plan: ArrayPlan, h: DraftHierarchy, src: Inner, existing: Mapping[str, int | None] | None = None
-) -> tuple[list[Unit], list[str]]:
-    """The units of one array; ``existing``: the destination listing (key -> size)."""
-    units, stray, nbytes = job_units(
-        plan.job, src.list_sized(plan.job.src_layout.prefix), existing=existing, ignore=other_prefixes(h, plan.node.path)
-    )
-    plan.report.bytes = nbytes
-    plan.report.shards = len(units) if plan.job.dst_cps is not None else sum(len(u.sources) for u in units)
-    warnings = [f"{plan.node.path or '/'}: {len(stray)} stray key(s) under its data prefix not migrated, e.g. {stray[0]}"] if stray else []
-    return units, warnings
+    plan: ArrayPlan, h: DraftHierarchy, src: Inner, present: Present | None = None
+) -> tuple[Iterator[Unit], Listed]:
+    """The units of one array, lazily, and their counters; when the units are exhausted
+    the counters are complete and the array's report has its shards and bytes."""
+    listed = Listed()
+    units = job_units(plan.job, src.list_sized(plan.job.src_layout.prefix), listed, present=present,
+                      ignore=other_prefixes(h, plan.node.path))
+
+    def run() -> Iterator[Unit]:
+        yield from units
+        plan.report.bytes = listed.bytes
+        plan.report.shards = listed.objects
+
+    return run(), listed
 
 
 # --------------------------------------------------------------------------- reading
@@ -364,6 +484,8 @@ def run_unit(job: ArrayJob, unit: Unit) -> UnitResult:
         return UnitResult(skipped=1)
     if job.can_copy_shards:
         copied = _try_copy_shard(job, unit, src, dst, key)
+        if copied is None:
+            copied = _try_pass_shard(job, unit, src, dst, key)
         if copied is not None:
             return copied
     got = read_source_chunks(job, unit, src)
@@ -393,7 +515,7 @@ def _shard_copy_plan(job: ArrayJob, raw: bytes, size: int, src_key: str) -> tupl
     chunk (nothing to write); None when it has dead bytes or a bad index (the general path
     rebuilds it, or reports the damage with the whole object in hand)."""
     assert job.dst_cps is not None
-    limit = size - index_nbytes(job.dst_cps)
+    limit = size - job.src_index_nbytes
     try:
         live = live_entries(raw, job.dst_cps, key=src_key, payload_limit=max(0, limit))
     except ShardCorruptError:
@@ -412,7 +534,7 @@ def _try_copy_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str)
     (_, src_key, size), = unit.sources
     if size is None or not src.can_copy_to(dst, append=job.checksum):
         return None  # reading the index would be wasted: the shard is read whole next
-    n = index_nbytes(job.dst_cps)  # type: ignore[arg-type]
+    n = job.src_index_nbytes
     tail = src.get_tails([(src_key, n)])[0]
     if tail is None:
         return None  # deleted since listed: the general path reports it
@@ -424,6 +546,32 @@ def _try_copy_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str)
     if not src.copy_to(src_key, dst, key, size=size, append=suffix, version=tail.version):
         return None
     return UnitResult(copied=1, chunks=n_live, bytes_copied=size, bytes_written=len(suffix))
+
+
+def _try_pass_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str) -> UnitResult | None:
+    """Between stores that cannot copy (a mapping, two object stores): a compact source
+    shard read whole (one request) is written as it is, followed by its index's CRC32C,
+    after the same check of its index as :func:`_try_copy_shard` makes; neither the shard
+    engine nor a re-encoding is needed. None when its size is not listed (the general
+    path reads it, learning its size), it has dead bytes or a bad index (the general path
+    reads it again, to rebuild it or report the damage), or it is gone."""
+    (_, src_key, size), = unit.sources
+    if size is None or size < 0 or src.can_copy_to(dst, append=job.checksum):
+        return None
+    blob = read_whole(src, src_key, size)
+    if blob is None or len(blob) != size:
+        return None  # deleted or changed since listed: the general path reads it afresh
+    n = job.src_index_nbytes
+    plan = _shard_copy_plan(job, blob[-n:] if size >= n else b"", size, src_key)
+    if isinstance(plan, UnitResult):
+        plan.bytes_read = size
+        return plan
+    if plan is None:
+        return None
+    n_live, suffix = plan
+    out = blob + suffix if suffix else blob
+    dst.set(key, out)
+    return UnitResult(written=1, chunks=n_live, bytes_read=size, bytes_written=len(out))
 
 
 def _copy_chunks(job: ArrayJob, unit: Unit, src: Inner, dst: Inner) -> UnitResult:
@@ -454,7 +602,9 @@ __all__ = [
     "ArrayJob",
     "ArrayPlan",
     "ArrayReport",
+    "Listed",
     "Options",
+    "Present",
     "Unit",
     "UnitResult",
     "array_units",

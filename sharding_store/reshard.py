@@ -161,13 +161,28 @@ def list_objects(inner: Inner, layout: ArrayLayout, under: str = "") -> dict[Coo
     Keys that are not chunk keys of this array (stray keys, other arrays' keys under a
     root array's ``data/root/``) are left out. ``under`` is ``STAGING`` for staged objects.
     """
+    return dict(iter_objects(inner, layout, under))
+
+
+def iter_objects(inner: Inner, layout: ArrayLayout, under: str = "") -> Iterator[tuple[Coords, str]]:
+    """:func:`list_objects` as a stream, in key order (the listing's)."""
     prefix = under + layout.prefix
-    out: dict[Coords, str] = {}
     for key in inner.list_prefix(prefix):
         coords = layout.parse(key[len(under) :])
         if coords is not None:
-            out[coords] = key[len(under) :]
-    return out
+            yield coords, key[len(under) :]
+
+
+def _not_staged(old_keys: Iterable[str], staged_keys: Iterable[str]) -> Iterator[str]:
+    """The old keys that no staged key replaces: a merge of two sorted streams (the staged
+    keys without the staging prefix keep their order), so neither listing is held."""
+    staged = iter(staged_keys)
+    head = next(staged, None)
+    for key in old_keys:
+        while head is not None and head < key:
+            head = next(staged, None)
+        if head != key:
+            yield key
 
 
 def _with_zero_d(layout: ArrayLayout, objects: Mapping[Coords, str]) -> ArrayLayout:
@@ -426,8 +441,8 @@ def _swap(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options)
     inner.delete(journal.meta_key)
     fault_point("hide")
     old, new = _layouts(journal)
-    staged = set(list_objects(inner, new, STAGING).values())
-    doomed = [k for k in list_objects(inner, old).values() if k not in staged]
+    # streamed: each listing is read as the deletions go (a key is deleted after it was listed)
+    doomed = _not_staged((k for _, k in iter_objects(inner, old)), (k for _, k in iter_objects(inner, new, STAGING)))
 
     def delete(key: str) -> None:
         inner.delete(key)
@@ -440,7 +455,7 @@ def _swap(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options)
 def _move(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> None:
     """Phase ``move``: staged objects over their final keys, then the new metadata."""
     _, new = _layouts(journal)
-    staged = list(list_objects(inner, new, STAGING).values())
+    staged = (k for _, k in iter_objects(inner, new, STAGING))  # streamed: moved after it was listed
 
     def move(key: str) -> None:
         inner.move(STAGING + key, key)

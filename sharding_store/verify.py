@@ -25,7 +25,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -63,6 +63,7 @@ from .migrate_units import (
     ArrayJob,
     ArrayPlan,
     Options,
+    Present,
     SourceChunks,
     Unit,
     array_units,
@@ -396,16 +397,15 @@ def _check_with_retries(job: ArrayJob, unit: Unit, attempts: int, delay: float) 
     return with_retries(check_unit, job, unit, attempts=attempts, base_delay=delay)
 
 
-def _extra_objects(plan: ArrayPlan, units: list[Unit], existing: Mapping[str, int | None], check: UnitCheck) -> None:
-    """Destination chunk/shard keys no unit accounts for (they would read as data)."""
-    job = plan.job
-    if job.dst_cps is None:
-        expected = {job.dst_key(s.coords) for u in units for s in u.sources}
-    else:
-        expected = {job.dst_key(u.target) for u in units if u.target is not None}
-    for key in existing:
-        if key not in expected and is_v3_chunk_key(key[len(job.dst_prefix) :], job.src_layout.separator, job.src_layout.ndim):
+def _extra_object(job: ArrayJob, check: UnitCheck) -> Callable[[str], None]:
+    """What the merge with the destination's listing calls for each listed key no unit
+    accounts for: a chunk/shard key among them is reported (it would read as data)."""
+
+    def other(key: str) -> None:
+        if is_v3_chunk_key(key[len(job.dst_prefix) :], job.src_layout.separator, job.src_layout.ndim):
             check.problem(key, f"{key}: unexpected object (the source has no chunk there)")
+
+    return other
 
 
 SKIP_HINT = "--skip-damaged checks the other arrays"
@@ -608,11 +608,13 @@ class _Checker:
             plan = self.plan(node)
             if plan is None:
                 continue
-            existing = dict(self.dst_inner.list_sized(plan.job.dst_prefix))
-            units, _ = array_units(plan, self.h, self.h.inner, existing)
-            _extra_objects(plan, units, existing, self.check)
+            # the destination's listing is merged with the units as both arrive (never held)
+            present = Present(self.dst_inner.list_sized(plan.job.dst_prefix), other=_extra_object(plan.job, self.check),
+                              probe=self.dst_inner.size)
+            units, _ = array_units(plan, self.h, self.h.inner, present)
             for unit in units:
                 yield plan.job, unit, self.retries, self.retry_delay
+            present.close()
 
     def run(self, pool: Executor, window: int) -> None:
         for (job, *_), future in run_bounded(pool, _check_with_retries, self.items(), window=window):

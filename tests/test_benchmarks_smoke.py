@@ -21,6 +21,6 @@ def test_quick_benchmark_run(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
-    for scenario in ("1 write", "2 read", "3 one chunk", "4 migrate", "5 reshard", "8 latency", "9 xarray"):
+    for scenario in ("1 write", "2 read", "3 one chunk", "4 migrate", "5 reshard", "7 scale", "8 latency", "9 xarray"):
         assert scenario in text, scenario
     assert "error" not in text.lower().split("## profile notes")[0], text[:3000]

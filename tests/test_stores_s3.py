@@ -153,3 +153,18 @@ def test_read_into_is_one_get_with_the_etag(bucket):
     assert s3.counts() == {"GET": 1}
     assert bytes(got.data) == b"0123456789" and got.size == 10 and got.version == version
     assert inner.read_into("missing", bytearray) is None
+
+
+def test_list_sized_reads_one_page_at_a_time(bucket):
+    s3, inner = bucket
+    inner.fs.pipe({f"bkt/store/k/{i:04d}": b"x" * (i % 7) for i in range(1500)})
+    inner.set("a", b"1")
+    inner.set("z", b"1")
+    s3.start_counting()
+    listing = inner.list_sized("k/")
+    first = next(listing)
+    assert first == ("k/0000", 0) and s3.counts() == {"LIST": 1}  # one request: the first page only
+    s3.start_counting()
+    rest = list(listing)
+    assert s3.counts() == {"LIST": 1}  # the second page
+    assert [first, *rest] == [(f"k/{i:04d}", i % 7) for i in range(1500)]

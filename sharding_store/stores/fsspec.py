@@ -25,6 +25,8 @@ from .location import fs_location, is_local_fs, protocol_of
 __all__ = ["FsspecInner", "S3_COPY_LIMIT"]
 
 S3_COPY_LIMIT = 5 * 2**30
+#: objects taken from a streamed S3 listing at a time (one LIST request returns up to 1000)
+S3_LIST_PAGE = 1000
 
 
 def _is_s3(fs: Any) -> bool:
@@ -286,8 +288,11 @@ class FsspecInner(BaseInner):
     @_translate
     def list_sized(self, prefix: str, *, fresh: bool = True) -> Iterator[tuple[str, int | None]]:
         """Sorted ``(key, size)`` of the objects under ``prefix``, from one listing (sizes
-        come with it). ``fresh``: drop fsspec's cached listing first (another process may
-        have written)."""
+        come with it): on S3 page by page as it is read (:meth:`_s3_pages`, never cached),
+        elsewhere from one ``find``. ``fresh``: drop fsspec's cached listing first (another
+        process may have written)."""
+        if _is_s3(self.fs) and hasattr(self.fs, "_iterdir"):
+            return self._s3_pages(prefix)
         base = prefix.rpartition("/")[0]
         path = self._path(base) if base else self.root
         if fresh:
@@ -298,6 +303,42 @@ class FsspecInner(BaseInner):
             listed = {}
         found = ((self._key(p), info.get("size")) for p, info in listed.items())
         return iter(sorted((k, n) for k, n in found if k.startswith(prefix) and not is_temp(k)))
+
+    def _s3_pages(self, prefix: str) -> Iterator[tuple[str, int | None]]:
+        """S3: the listing one page (one LIST request, up to 1000 objects) at a time, so that
+        a prefix of millions of objects is never held. S3 lists keys in UTF-8 byte order,
+        which is the order of Python strings: the pairs come sorted. Directory markers
+        (keys ending in ``/``) are no objects."""
+        from fsspec.asyn import sync
+
+        bucket, _, key_prefix = self._path(prefix).partition("/")
+        pages = self.fs._iterdir(bucket, delimiter="", prefix=key_prefix)
+
+        async def page() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            for _ in range(S3_LIST_PAGE):
+                try:
+                    out.append(await pages.__anext__())
+                except StopAsyncIteration:
+                    break
+            return out
+
+        # a listing abandoned half way is closed by the event loop's async-generator hooks
+        fetch = _translate(lambda _self: sync(self.fs.loop, page))
+        while True:
+            try:
+                infos = fetch(self)
+            except FileNotFoundError:  # no such bucket: nothing listed, as ``find`` says
+                return
+            for info in infos:
+                name = info.get("name", "")
+                if info.get("type") == "directory" or name.endswith("/"):
+                    continue
+                key = self._key(name)
+                if key.startswith(prefix) and not is_temp(key):
+                    yield key, info.get("size")
+            if len(infos) < S3_LIST_PAGE:
+                return
 
     def _find(self, prefix: str, path: str) -> dict[str, Any]:
         """``fs.find`` below ``prefix``. Where the filesystem filters by prefix on the server

@@ -95,6 +95,12 @@ class MappingInner(BaseInner):
         keys = lister(prefix) if lister is not None else (k for k in list(self.mapping) if k.startswith(prefix))
         return iter(sorted(keys))
 
+    def list_sized(self, prefix: str) -> Iterator[tuple[str, int | None]]:
+        """Sorted ``(key, size)``. A mapping with its own ``list_sized`` (sorted pairs, e.g. a
+        generated store too large to list into memory) is listed through it, lazily."""
+        own = getattr(self.mapping, "list_sized", None)
+        return iter(own(prefix)) if own is not None else super().list_sized(prefix)
+
     def exists(self, key: str) -> bool:
         return key in self.mapping
 
