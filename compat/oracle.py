@@ -47,10 +47,12 @@ class LegacyError(RuntimeError):
 
 
 @contextlib.contextmanager
-def _lock(name: str) -> Iterator[None]:
-    """Inter-process lock (pytest-xdist workers, parallel sessions)."""
-    CORPUS_ROOT.mkdir(parents=True, exist_ok=True)
-    with open(CORPUS_ROOT / f".{name}.lock", "w") as fh:
+def _lock(name: str, root: Path | None = None) -> Iterator[None]:
+    """Inter-process lock (pytest-xdist workers, parallel sessions), a file in ``root``
+    (default: this corpus's directory)."""
+    root = CORPUS_ROOT if root is None else root
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

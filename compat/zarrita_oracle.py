@@ -12,8 +12,6 @@ and is run only as a subprocess on the scripts in compat/zarrita/.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -23,9 +21,11 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
+
+from compat import oracle
 
 COMPAT_DIR = Path(__file__).resolve().parent
 SCRIPTS = COMPAT_DIR / "zarrita"
@@ -53,15 +53,9 @@ class ZarritaError(RuntimeError):
     """The zarrita venv could not be built, or a zarrita script failed."""
 
 
-@contextlib.contextmanager
-def _lock(name: str) -> Iterator[None]:
-    CORPUS_ROOT.mkdir(parents=True, exist_ok=True)
-    with open(CORPUS_ROOT / f".{name}.lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def _lock(name: str) -> Any:
+    """The oracle's inter-process lock, a file in this corpus's directory."""
+    return oracle._lock(name, CORPUS_ROOT)
 
 
 def _clean_env(**extra: str) -> dict[str, str]:

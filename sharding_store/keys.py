@@ -22,12 +22,16 @@ def parse_chunk_suffix(suffix: str, separator: str, ndim: int) -> Coords | None:
     body = suffix[1:]
     if ndim == 0:
         return () if body in ("", "0") else None
-    parts = body.split(separator)
+    return _coords(body.split(separator), ndim)
+
+
+def _coords(parts: list[str], ndim: int) -> Coords | None:
+    """The coordinates the parts of a key spell, or None: plain decimal digits only (no
+    sign, no whitespace, no leading zeros: "01" is another key), ``ndim`` of them."""
     if len(parts) != ndim:
         return None
     coords = []
     for p in parts:
-        # plain decimal digits only: no sign, no whitespace, no leading zeros ("01" is another key)
         if not p.isascii() or not p.isdigit() or (len(p) > 1 and p[0] == "0"):
             return None
         coords.append(int(p))
@@ -117,12 +121,4 @@ def parse_key_suffix(suffix: str, encoding: str, separator: str, ndim: int) -> C
     head = key_head(encoding, separator)
     if not suffix.startswith(head):
         return None
-    parts = suffix[len(head) :].split(separator)
-    if len(parts) != ndim:
-        return None
-    coords = []
-    for p in parts:
-        if not p.isascii() or not p.isdigit() or (len(p) > 1 and p[0] == "0"):
-            return None
-        coords.append(int(p))
-    return tuple(coords)
+    return _coords(suffix[len(head) :].split(separator), ndim)

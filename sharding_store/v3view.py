@@ -350,7 +350,22 @@ class _View:
         ]
 
 
-class _ReadOnlyView(Store):
+class _Pickled:
+    """An object with a ``_lock`` that pickles without it (a new lock after unpickling)."""
+
+    _lock: threading.Lock
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+class _ReadOnlyView(_Pickled, Store):
     """What both views share: construction from anything :func:`~sharding_store.hierarchy.inner_of`
     accepts, equality by location, pickling, and refusing every write."""
 
@@ -394,15 +409,6 @@ class _ReadOnlyView(Store):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._source!r})"
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def with_read_only(self, read_only: bool = False) -> Any:
         """A new (unopened) view of the same data; only ``read_only=True`` is possible."""
@@ -717,7 +723,7 @@ def _checkable_index(cfg: dict) -> bool | None:
     return names[-1] == "crc32c"
 
 
-class _View2023:
+class _View2023(_Pickled):
     """What the node documents of a 2023 hierarchy say (one walk; documents normalised once)."""
 
     def __init__(self, inner: Inner, walk: V3Walk) -> None:
@@ -734,15 +740,6 @@ class _View2023:
         self.doc_keys = {_node_prefix(p) + ZARR_JSON: p for p in [*self.normalised, *self.implicit]}
         self._documents: dict[str, bytes] = {}
         self._checks: dict[str, _IndexCheck | None] = {}
-        self._lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
         self._lock = threading.Lock()
 
     def document(self, path: str) -> bytes:
