@@ -102,3 +102,15 @@ class LinkOutsideStoreError(ShardingStoreError, PermissionError):
     on the machine. Exit 13."""
 
     exit_code = 13
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, or SIGTERM (the CLI's handler raises it), with what was running when it came:
+    ``phase`` is ``"verify"`` once a migration had written everything and was verifying it
+    (the CLI then advises ``verify``, not ``--resume``). Exit 130, like any interruption."""
+
+    exit_code = 130
+
+    def __init__(self, phase: str = "") -> None:
+        super().__init__(phase)
+        self.phase = phase

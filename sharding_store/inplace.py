@@ -67,7 +67,7 @@ from .errors import (
     VerificationError,
 )
 from .hierarchy import Generation, detect_generation, walk_v3_nodes
-from .jobs import StoreRef, fault_point, with_retries
+from .jobs import StoreRef, cancelling, fault_point, with_retries
 from .migrate_units import json_bytes, node_key
 from .stores import Inner
 from .upgrade_journal import (
@@ -262,7 +262,7 @@ class _Runner:
         """``fn`` over ``items`` (in order), on the pool unless writing locally."""
         if len(items) < 2 or self.jobs == 1 or (write and self.local):
             return [fn(item) for item in items]
-        with ThreadPoolExecutor(min(self.jobs, len(items)), thread_name_prefix="inplace") as pool:
+        with cancelling(ThreadPoolExecutor(min(self.jobs, len(items)), thread_name_prefix="inplace")) as pool:
             return list(pool.map(fn, items))
 
     def states(self, journal: UpgradeJournal, action: str) -> list[tuple[DocumentStep, str]]:

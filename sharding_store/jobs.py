@@ -12,7 +12,9 @@ The machinery the three drivers (:mod:`~sharding_store.migrate`,
   :func:`resolve_chunks_per_shard`, :func:`prepare_destination`).
 * **Running** — :func:`run_bounded` feeds units to any ``concurrent.futures.Executor``
   (a thread pool or ``distributed.Client.get_executor()``) in batches with a bounded
-  window; :func:`run_all` is the thread-pool form that stops at the first error.
+  window; :func:`run_all` is the thread-pool form that stops at the first error;
+  :func:`cancelling` shuts a driver's thread pool down so that an interruption (Ctrl-C,
+  SIGTERM) or an error leaves promptly: work not started is cancelled.
 * **Retries** — :func:`with_retries` re-runs a unit after a *transient* error
   (:func:`is_transient`); a full disk or a permission error is not one.
 * **Fault points** — :func:`fault_point` marks where a crash must be survivable. In
@@ -25,15 +27,17 @@ import it; it imports no driver.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import json
 import math
 import os
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, CancelledError, Executor, Future, ThreadPoolExecutor, wait
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -120,6 +124,13 @@ def check_picklable(*refs: StoreRef) -> None:
 def both_local(src: Inner, dst: Inner) -> bool:
     """Whether both stores are local directories (work is then CPU-bound: one thread per core)."""
     return src.location().kind == "file" and dst.location().kind == "file"
+
+
+def copy_words(dst: Inner) -> str:
+    """What a copy the stores make themselves (:meth:`Inner.copy_to`, :meth:`Inner.compose`)
+    is called in reports: between local directories the kernel copies (``copy_file_range``,
+    ``sendfile``), on an object store the server does."""
+    return "kernel copy" if dst.location().kind == "file" else "server-side copy"
 
 
 def default_jobs(local: bool = False) -> int:
@@ -400,13 +411,16 @@ def run_bounded(
     thread wake-up each way (a dask round trip on a cluster), which on a busy machine
     costs more than copying a small shard. Memory stays bounded by the window: a worker
     runs its batch's items one after the other. When the consumer stops early (an
-    error), the pending batches are cancelled.
+    error, an interruption), the pending batches are cancelled and, on a thread pool, the
+    running ones stop after their current item.
     """
     pending: dict[Future[list[tuple[bool, Any]]], list[tuple[Any, ...]]] = {}
     iterator = iter(items)
     exhausted = False
     window = max(1, window)
     submitted = 0
+    # threads share this process: a running batch can be told to stop (a cluster's cannot)
+    stop = threading.Event() if isinstance(executor, ThreadPoolExecutor) else None
     try:
         while True:
             while not exhausted and len(pending) < window:
@@ -414,7 +428,7 @@ def run_bounded(
                 if not batch:
                     exhausted = True
                     break
-                pending[executor.submit(_run_batch, fn, batch)] = batch
+                pending[executor.submit(_run_batch, fn, batch, stop)] = batch
                 submitted += len(batch)
             if not pending:
                 return
@@ -428,6 +442,8 @@ def run_bounded(
                 for item, (ok, value) in zip(batch, outcomes):
                     yield item, Outcome(ok, value)
     finally:
+        if stop is not None:
+            stop.set()
         for future in pending:
             future.cancel()
 
@@ -448,10 +464,15 @@ class Outcome(Generic[R]):
         raise self._value
 
 
-def _run_batch(fn: Callable[..., R], batch: list[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
-    """The executor task: every item of a batch, each one's result or exception."""
+def _run_batch(fn: Callable[..., R], batch: list[tuple[Any, ...]],
+               stop: threading.Event | None = None) -> list[tuple[bool, Any]]:
+    """The executor task: every item of a batch, each one's result or exception; once
+    ``stop`` is set (the consumer left) the remaining items are not run."""
     out: list[tuple[bool, Any]] = []
     for item in batch:
+        if stop is not None and stop.is_set():
+            out.append((False, CancelledError()))
+            continue
         try:
             out.append((True, fn(*item)))
         except Exception as e:  # noqa: BLE001 - handed to the consumer, item by item
@@ -459,24 +480,40 @@ def _run_batch(fn: Callable[..., R], batch: list[tuple[Any, ...]]) -> list[tuple
     return out
 
 
-def run_all(fn: Callable[[Any], Any], items: Iterable[Any], jobs: int, on_done: Callable[[], Any] = lambda: None) -> None:
+def run_all(fn: Callable[[Any], Any], items: Iterable[Any], jobs: int,
+            on_done: Callable[[Any], Any] = lambda item: None) -> None:
     """``fn(item)`` for every item on ``jobs`` threads (in this thread for one job), at most
-    ``2 * jobs`` in flight, one item per task (:func:`run_bounded` with batches of one).
+    ``2 * jobs`` in flight, one item per task (:func:`run_bounded` with batches of one);
+    ``on_done(item)`` in this thread after each.
 
-    The first exception stops submitting, cancels the items not started, waits for those
-    running and is raised: after a failure no further item starts.
+    The first exception (or an interruption) stops submitting, cancels the items not
+    started, waits for those running and is raised: after a failure no further item starts.
     """
     if jobs <= 1:
         for item in items:
             fn(item)
-            on_done()
+            on_done(item)
         return
-    with ThreadPoolExecutor(jobs) as pool, closing(
+    with cancelling(ThreadPoolExecutor(jobs)) as pool, closing(
         run_bounded(pool, fn, ((item,) for item in items), window=2 * jobs, max_batch=1)
     ) as results:
-        for _, future in results:
+        for (item,), future in results:
             future.result()
-            on_done()
+            on_done(item)
+
+
+@contextlib.contextmanager
+def cancelling(pool: ThreadPoolExecutor) -> Iterator[ThreadPoolExecutor]:
+    """``pool`` for the block, shut down after it. When the block raises (an error, Ctrl-C,
+    SIGTERM) the work not started is cancelled and only the items running are waited for:
+    an interrupted command ends within one item's time, leaving no write half done (a plain
+    ``with pool:`` would first run everything queued)."""
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 # --------------------------------------------------------------------------- fault points
@@ -513,8 +550,10 @@ __all__ = [
     "StoreRef",
     "block_shape",
     "both_local",
+    "cancelling",
     "check_apart",
     "check_picklable",
+    "copy_words",
     "damage_error",
     "default_jobs",
     "fault_point",

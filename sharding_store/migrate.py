@@ -34,10 +34,12 @@ reader, as in the source). A source with an unfinished in-place reshard is refus
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -46,6 +48,7 @@ from . import migrate2023
 from .errors import (
     DestinationExistsError,
     DraftMetadataError,
+    Interrupted,
     MigrationError,
     ShardingStoreError,
     StoreIOError,
@@ -55,7 +58,9 @@ from .hierarchy import DraftHierarchy, is_draft_2023
 from .jobs import (
     StoreRef,
     check_apart,
+    cancelling,
     check_picklable,
+    copy_words,
     damage_error,
     default_jobs,
     fault_point,
@@ -89,7 +94,7 @@ from .migrate_units import (
     plan_array,
     run_unit,
 )
-from .progress import progress_bar
+from .progress import object_noun, progress_bar
 from .stores import Inner
 from .v3_metadata import consolidated_metadata, v3_group_document
 from .verify import verify as run_verify
@@ -146,6 +151,8 @@ class MigrationReport:
     #: arrays left out: ``{"path", "kind": "damaged" | "untranslatable", "error": class name, "reason"}``
     skipped_arrays: list[dict[str, str]] = field(default_factory=list)
     verification: Any = None  # a VerifyReport when verified
+    #: how objects counted as ``copied`` were copied, in words (:func:`copy_words`)
+    copied_by: str = ""
 
     def skip(self, path: str, kind: str, error: ShardingStoreError) -> None:
         self.skipped_arrays.append({"path": path, "kind": kind, "error": type(error).__name__, "reason": str(error)})
@@ -163,8 +170,22 @@ class MigrationReport:
     def shards(self) -> int:
         return sum(a.shards for a in self.arrays)
 
+    @property
+    def all_shards(self) -> bool:
+        """Whether every target object is a shard (no array is migrated unsharded): the
+        counts are then called shards, else objects."""
+        return all(a.chunks_per_shard is not None for a in self.arrays)
+
+    def throughput(self) -> float | None:
+        """MiB/s of the bytes this run wrote; None for a dry run or a run that wrote nothing."""
+        moved = self.totals.bytes_now
+        if self.dry_run or self.seconds <= 0 or not moved:
+            return None
+        return moved / MiB / self.seconds
+
     def to_dict(self) -> dict[str, Any]:
         t = self.totals
+        rate = self.throughput()
         return {
             "src": self.src,
             "dst": self.dst,
@@ -182,29 +203,40 @@ class MigrationReport:
             "bytes_copied": t.bytes_copied,
             "dead_bytes_dropped": t.dead_bytes,
             "seconds": round(self.seconds, 3),
-            "throughput_mib_s": round(self.bytes / MiB / self.seconds, 1) if self.seconds > 0 else None,
+            "throughput_mib_s": None if rate is None else round(rate, 1),
             "warnings": list(self.warnings),
             "skipped": {"shards": t.skipped, "arrays": list(self.skipped_arrays)},
             "verified": None if self.verification is None else self.verification.to_dict(),
         }
 
     def summary(self) -> str:
-        """A few human lines."""
-        head = f"{len(self.arrays)} arrays, {self.groups} groups: {self.shards} shards, {self.bytes / MiB:.1f} MiB"
+        """A few human lines. What this run wrote ("written now") is told apart from what an
+        interrupted run had written ("already done"); a dry run shows no rate."""
+        sharded = self.all_shards
+        head = (f"{len(self.arrays)} arrays, {self.groups} groups: {self.shards} {object_noun(sharded, self.shards)}, "
+                f"{self.bytes / MiB:.1f} MiB")
         if self.dry_run:
             lines = [f"dry run: would migrate {head} from {self.src} to {self.dst}"]
             for a in self.arrays:
-                cps = "unsharded" if a.chunks_per_shard is None else "x".join(map(str, a.chunks_per_shard)) + " chunks/shard"
+                cps = "unsharded" if a.chunks_per_shard is None else "x".join(map(str, a.chunks_per_shard)) + " chunks per shard"
                 extra = ", recompressed to zstd" if a.recompressed else ""
-                lines.append(f"  {a.path or '/'}: {a.shards} shards, {a.bytes / MiB:.1f} MiB, {cps}{extra}")
+                lines.append(f"  {a.path or '/'}: {a.shards} {object_noun(a.chunks_per_shard is not None, a.shards)}, "
+                             f"{a.bytes / MiB:.1f} MiB, {cps}{extra}")
         else:
             t = self.totals
-            rate = f" ({self.bytes / MiB / self.seconds:.0f} MiB/s)" if self.seconds > 0 else ""
-            lines = [
-                f"migrated {head} in {self.seconds:.1f} s{rate}",
-                f"  {t.written} written, {t.copied} copied by the filesystem, {t.skipped} already done"
-                + (f", {t.dead_bytes / MiB:.1f} MiB dead bytes dropped" if t.dead_bytes else ""),
-            ]
+            rate = self.throughput()
+            now = t.written + t.copied
+            done = f"  written now: {now} {object_noun(sharded, now)}, {t.bytes_now / MiB:.1f} MiB"
+            if t.copied:
+                done += f" ({t.copied} by {self.copied_by or 'copy'})"
+            if t.skipped:
+                done += f"; already done: {t.skipped} {object_noun(sharded, t.skipped)}"
+            if t.empty:
+                done += f"; {t.empty} without a live chunk, not written"
+            if t.dead_bytes:
+                done += f"; {t.dead_bytes / MiB:.1f} MiB dead bytes dropped"
+            speed = "" if rate is None else f" ({rate:.0f} MiB/s)" if rate >= 10 else f" ({rate:.1f} MiB/s)"
+            lines = [f"migrated {head} in {self.seconds:.1f} s{speed}", done]
             if self.verification is not None:
                 lines.append(f"  verified: {self.verification.summary()}")
         lines += [f"warning: {w}" for w in self.warnings]
@@ -242,7 +274,7 @@ class _Driver:
         self.listing: dict[str, Listed] = {}  # per array, while its units are planned
         self.root_doc: dict[str, Any] | None = None
         self.by_path = {p.node.path: p for p in plans}
-        self.bar = progress_bar(0, "migrate", "shard", progress)
+        self.bar = progress_bar(0, "migrate", object_noun(report.all_shards, 1), progress)
 
     def present(self, plan: ArrayPlan) -> Present | None:
         """Under ``resume``: what the destination holds for this array, as a sorted stream."""
@@ -260,12 +292,9 @@ class _Driver:
                 if path in self.damaged:
                     continue  # the listing still runs out: it counts the array's objects
                 self.remaining[path] += 1
-                self.bar.total += 1
-                if self.bar.total % 1024 == 1:
-                    self.bar.refresh()
+                self.bar.grow(unit.objects)
                 yield plan.job, unit, self.attempts, self.delay
             self.report.warnings += listed.warnings(path)
-            self.bar.refresh()
             self.done_if_complete(plan)
 
     def done_if_complete(self, plan: ArrayPlan) -> None:
@@ -341,8 +370,10 @@ class _Driver:
                     self.retried(self.dst.delete, key)
 
     def run(self, executor: Executor, window: int) -> None:
-        with self.bar:
-            for (job, unit, *_), future in run_bounded(executor, _run_with_retries, self.items(), window=window):
+        """Every unit, the bar counting target objects and the bytes written so far."""
+        results = run_bounded(executor, _run_with_retries, self.items(), window=window)
+        with self.bar, closing(results):  # closed: pending units cancelled, on error or interruption
+            for (job, unit, *_), future in results:
                 try:
                     result = future.result()
                 except Exception as e:
@@ -351,8 +382,7 @@ class _Driver:
                 if job.path in self.damaged:
                     continue
                 self.report.totals.add(result)
-                self.bar.update(1)
-                self.bar.set_postfix_str(f"{(result.bytes_read + result.bytes_copied) / MiB:.1f} MiB", refresh=False)
+                self.bar.advance(unit.objects, result.bytes_now)
                 self.remaining[job.path] -= 1
                 if self.remaining[job.path] == 0:
                     self.done_if_complete(self.by_path[job.path])
@@ -540,17 +570,19 @@ def migrate(
                                    portable=portable, executor=executor, dimension_names=names,
                                    assume_chunks_per_shard=assume_chunks_per_shard)
         jobs = jobs_for(jobs, src_inner, dst_inner, None)
-        report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)
+        report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run, copied_by=copy_words(dst_inner))
         if not (dry_run and overwrite) and not resume:
             prepare_destination(dst_inner, dst_ref.describe(), overwrite=overwrite,
                                 hint="use --overwrite, or --resume to finish an interrupted migration")
         migrate2023.migrate_copy(src_inner, dst_inner, report, dst_name=dst_ref.describe(), index_checksum=index_checksum,
                                  dry_run=dry_run, skip_damaged=skip_damaged, jobs=jobs, retries=retries,
-                                 retry_delay=retry_delay, resume=resume and not dry_run, consolidate=consolidate)
+                                 retry_delay=retry_delay, resume=resume and not dry_run, consolidate=consolidate,
+                                 progress=progress)
         report.seconds = time.perf_counter() - started
         if verify and not dry_run:
-            report.verification = run_verify(src_ref, dst_ref, jobs=jobs, progress=progress, retries=retries,
-                                             retry_delay=retry_delay, skip_arrays=report.skipped_paths)
+            with _verifying():
+                report.verification = run_verify(src_ref, dst_ref, jobs=jobs, progress=progress, retries=retries,
+                                                 retry_delay=retry_delay, skip_arrays=report.skipped_paths)
             report.seconds = time.perf_counter() - started
         return report
     refuse_interrupted_reshards(src_inner, src_ref.describe())
@@ -558,7 +590,7 @@ def migrate(
     h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False, entry_point=root_raw)
     h.assume_sharded(assume_chunks_per_shard)
     check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
-    report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run)
+    report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run, copied_by=copy_words(dst_inner))
     plans = _plan_all(h, src_ref, dst_ref, opts, report, skip_damaged=skip_damaged)
     _check_named_arrays(h, names)
     groups = [n for n in h.groups()]
@@ -583,7 +615,7 @@ def migrate(
     fault_point("claim")  # the destination was found empty (or resumable); nothing written yet
     driver.claim(json_bytes(marker), dst_ref.describe())
     if executor is None:
-        with ThreadPoolExecutor(jobs, thread_name_prefix="migrate") as pool:
+        with cancelling(ThreadPoolExecutor(jobs, thread_name_prefix="migrate")) as pool:
             driver.run(pool, window=2 * jobs)
     else:
         driver.run(executor, window=4 * jobs)
@@ -599,12 +631,23 @@ def migrate(
     driver.retried(dst_inner.delete, MARKER_KEY)
     report.seconds = time.perf_counter() - started
     if verify:
-        report.verification = run_verify(
-            src_ref, dst_ref, jobs=jobs, executor=executor, progress=progress, retries=retries, retry_delay=retry_delay,
-            assume_chunks_per_shard=assume_chunks_per_shard, skip_arrays=report.skipped_paths,
-        )
+        with _verifying():
+            report.verification = run_verify(
+                src_ref, dst_ref, jobs=jobs, executor=executor, progress=progress, retries=retries,
+                retry_delay=retry_delay, assume_chunks_per_shard=assume_chunks_per_shard, skip_arrays=report.skipped_paths,
+            )
         report.seconds = time.perf_counter() - started
     return report
+
+
+@contextlib.contextmanager
+def _verifying() -> Iterator[None]:
+    """The verification after a complete migration: an interruption there is
+    :class:`Interrupted` ``("verify")``: what remains is to verify, not to resume."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted("verify") from None
 
 
 def _in_place(src: Any, dst: Any, *, in_place: bool, undo: bool, storage_options: Mapping[str, Any] | None,

@@ -56,8 +56,9 @@ from .errors import (
 )
 from .hierarchy import V3Walk, walk_v3_nodes
 from .inspect import decide_reading
-from .jobs import fault_point, with_retries
+from .jobs import cancelling, fault_point, with_retries
 from .migrate_units import MARKER_KEY, ArrayReport, UnitResult, json_bytes, node_key
+from .progress import object_noun, progress_bar
 from .shard_index import CHECKSUM_NBYTES, ENTRY_NBYTES, ShardIndex, index_nbytes, read_index
 from .stores import Inner
 from .v3_metadata import consolidated_metadata
@@ -328,7 +329,7 @@ def refuse_damage(plan: Plan2023, skip_damaged: bool, consequence: str) -> None:
 def migrate_copy(
     src: Inner, dst: Inner, report: Any, *, dst_name: str, index_checksum: bool = True, dry_run: bool = False,
     skip_damaged: bool = False, jobs: int = 4, retries: int = 4, retry_delay: float = 0.2,
-    walk: V3Walk | None = None, resume: bool = False, consolidate: bool = True,
+    walk: V3Walk | None = None, resume: bool = False, consolidate: bool = True, progress: bool | None = None,
 ) -> Plan2023:
     """Copy-migrate the 2023 hierarchy in ``src`` into ``dst`` (found empty or emptied by the
     caller), filling ``report`` (a :class:`~sharding_store.migrate.MigrationReport`).
@@ -336,7 +337,8 @@ def migrate_copy(
     ``resume``: continue an interrupted migration into ``dst`` (its marker must say the same
     source and ``index_checksum``): an object already there with the size it must have is
     kept (the verification that follows compares every byte), every document is written
-    again. A destination without a marker but not empty is refused (nothing to resume)."""
+    again. A destination without a marker but not empty is refused (nothing to resume).
+    ``progress``: a bar of the objects (shards, or chunk objects) and bytes written."""
     plan = plan_hierarchy(src, walk)
     refuse_damage(plan, skip_damaged, "nothing was written")
     for path, error in plan.damaged.items():
@@ -371,7 +373,7 @@ def migrate_copy(
             "after the destination was found empty); wait for it, or use another destination", key=MARKER_KEY)
     try:
         _write_all(plan, src, dst, report, index_checksum=index_checksum, jobs=jobs, retried=retried,
-                   existing=existing, consolidate=consolidate)
+                   existing=existing, consolidate=consolidate, progress=progress)
     except Exception as e:
         raise incomplete(e) from e
     return plan
@@ -422,10 +424,13 @@ def incomplete(error: BaseException) -> ShardingStoreError:
 
 
 def _write_all(plan: Plan2023, src: Inner, dst: Inner, report: Any, *, index_checksum: bool, jobs: int,
-               retried: Any, existing: dict[str, int | None] | None = None, consolidate: bool = True) -> None:
+               retried: Any, existing: dict[str, int | None] | None = None, consolidate: bool = True,
+               progress: bool | None = None) -> None:
     root_doc: dict | None = None
     docs: dict[str, dict] = {}  # what the root group's consolidated metadata lists
-    with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="migrate2023") as pool:
+    total = sum(len(a.objects) for a in plan.arrays)
+    with progress_bar(total, "migrate", object_noun(report.all_shards, 1), progress) as bar, \
+            cancelling(ThreadPoolExecutor(max(1, jobs), thread_name_prefix="migrate2023")) as pool:
         for a in plan.arrays:
             append = a.appends(index_checksum)
             todo = []
@@ -433,12 +438,15 @@ def _write_all(plan: Plan2023, src: Inner, dst: Inner, report: Any, *, index_che
                 have = None if existing is None else existing.get(key)
                 if have is not None and size is not None and have == size + (CHECKSUM_NBYTES if append else 0):
                     report.totals.add(UnitResult(skipped=1))  # resume: copied by the interrupted run
+                    bar.advance(1)
                 else:
                     todo.append((key, size))
             futures = [pool.submit(retried, _copy_object, src, dst, key, size, a.n_entries, append)
                        for key, size in todo]
             for f in futures:
-                report.totals.add(f.result())
+                result = f.result()
+                report.totals.add(result)
+                bar.advance(1, result.bytes_now)
                 fault_point("unit")
             doc = a.document(index_checksum)
             if a.path == "":
@@ -513,9 +521,10 @@ def _check_object(src: Inner, dst: Inner, key: str, n_entries: int, appended: bo
 
 
 def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = False,
-                skip_arrays: dict[str, str] | None = None, jobs: int = 4, walk: V3Walk | None = None) -> None:
+                skip_arrays: dict[str, str] | None = None, jobs: int = 4, walk: V3Walk | None = None,
+                progress: bool | None = None) -> None:
     """Compare the migrated ``dst`` with the 2023 hierarchy in ``src``, filling ``report`` (a
-    :class:`~sharding_store.verify.VerifyReport`)."""
+    :class:`~sharding_store.verify.VerifyReport`); ``progress``: a bar of the objects checked."""
     plan = plan_hierarchy(src, walk)
     known = dict(skip_arrays or {})
     refuse_damage(plan, skip_damaged or set(plan.damaged) <= set(known), "it was not migrated")
@@ -535,7 +544,11 @@ def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = Fal
             check.problem(key, f"{key}: missing" if actual is None else f"{key}: not the normalised group document")
         elif path:
             found[path] = actual
-    with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="verify2023") as pool:
+    sharded = all(_sharding(a.normalised.document) is not None for a in plan.arrays)
+    total = sum(len(a.objects) for a in plan.arrays if a.path not in known)
+    report.all_shards = sharded
+    with progress_bar(total, "verify", object_noun(sharded, 1), progress) as bar, \
+            cancelling(ThreadPoolExecutor(max(1, jobs), thread_name_prefix="verify2023")) as pool:
         for a in plan.arrays:
             report.arrays += 1
             key = node_key(a.path)
@@ -560,6 +573,7 @@ def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = Fal
                 check.objects += 1
                 check.bytes += nbytes
                 check.chunks += chunks
+                bar.advance(1, nbytes)
                 for k, m in problems:
                     check.problem(k, m)
             pattern = chunk_key_pattern(actual)

@@ -234,13 +234,18 @@ class Unit:
     dst_size: int | None = None
     dst_sizes: tuple[int | None, ...] = ()
 
+    @property
+    def objects(self) -> int:
+        """The target objects it stands for (what reports and progress bars count)."""
+        return 1 if self.target is not None else len(self.sources)
+
 
 @dataclass
 class UnitResult:
     """What a unit did; results add up into the report."""
 
     written: int = 0  # objects built here and written
-    copied: int = 0  # objects copied by the store (bytes never read here)
+    copied: int = 0  # objects copied by the store (a kernel or server-side copy: bytes never read here)
     skipped: int = 0  # already complete in the destination (resume)
     empty: int = 0  # target shards without a live chunk: not written
     chunks: int = 0
@@ -256,6 +261,11 @@ class UnitResult:
     @property
     def objects(self) -> int:
         return self.written + self.copied + self.skipped
+
+    @property
+    def bytes_now(self) -> int:
+        """Bytes that reached the destination in this run (built, copied, appended)."""
+        return self.bytes_written + self.bytes_copied
 
 
 _RESULT_FIELDS = tuple(f.name for f in fields(UnitResult))

@@ -89,6 +89,7 @@ from .jobs import (
     Source,
     block_shape,
     check_apart,
+    copy_words,
     damage_error,
     fault_point,
     group_targets,
@@ -100,7 +101,7 @@ from .jobs import (
 )
 from .journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshards
 from .keys import Coords, chunk_to_shard, local_to_global, shard_chunks
-from .progress import progress_bar
+from .progress import NullBar, progress_bar
 from .shard_index import MAX_UINT64, encode_shard, index_nbytes, n_entries, parse_indices
 from .stores import Inner, Part, Version
 
@@ -132,6 +133,8 @@ class ReshardReport:
     objects_copied: int = 0  # verbatim copies (with a destination)
     bytes_read: int = 0  # bytes read into this process (not those a kernel copy moved)
     bytes_written: int = 0  # payload bytes of new objects plus verbatim copies
+    #: how the stores built or copied objects themselves, in words ("kernel copy"); "" when none did
+    copied_by: str = ""
     seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -225,8 +228,9 @@ def pack_objects(chunks: Mapping[Coords, bytes | memoryview], dst: ArrayLayout) 
         yield dst.shard_key(shard), encode_shard(local_chunks, dst.chunks_per_shard)
 
 
-def _progress(total: int, desc: str, enabled: bool | None) -> Any:
-    return progress_bar(total, desc, "task", enabled)
+def _progress(total: int, desc: str, enabled: bool | None) -> NullBar:
+    """A bar of objects (what the report counts: written, or copied verbatim) and their bytes."""
+    return progress_bar(total, desc, "object", enabled)
 
 
 @dataclass(frozen=True)
@@ -251,9 +255,15 @@ class _Repack:
         """Write every target object; tasks whose targets are all in ``skip`` are not redone."""
         src_cps, dst_cps = _object_cps(self.src), _object_cps(self.dst)
         tasks = [t for t in plan_tasks(objects, src_cps, dst_cps) if not group_targets(t, src_cps, dst_cps) <= skip]
-        task = self._compose_task if self.src_inner.can_compose_to(self.dst_inner) else self._task
-        with _progress(len(tasks), self.src.path or "/", progress) as bar:
-            run_all(lambda t: task(t, report), tasks, jobs, lambda: bar.update())
+        task = self._task
+        if self.src_inner.can_compose_to(self.dst_inner):
+            task, report.copied_by = self._compose_task, copy_words(self.dst_inner)
+        # the targets the tasks may write (one without a chunk is not written: the bar may stop short of it)
+        targets = sum(len(group_targets(t, src_cps, dst_cps) - skip) for t in tasks)
+        written, nbytes = report.objects_written, report.bytes_written  # before this array
+        with _progress(targets, self.src.path or "/", progress) as bar:
+            run_all(lambda t: task(t, report), tasks, jobs,
+                    lambda _: bar.reach(report.objects_written - written, report.bytes_written - nbytes))
 
     def _task(self, task: Group, report: ReshardReport) -> None:
         """Read the sources (whole objects, or the target's coalesced ranges), pack, write."""
@@ -567,8 +577,12 @@ def _copy_hierarchy(
     def copy(item: tuple[str, int | None]) -> None:
         report.add(objects_copied=1, bytes_written=copy_object(src_inner, dst_inner, *item))
 
+    if data and src_inner.can_copy_to(dst_inner):
+        report.copied_by = copy_words(dst_inner)
+
+    copied, nbytes = report.objects_copied, report.bytes_written
     with _progress(len(data), "copy", opts.progress) as bar:
-        run_all(copy, data, opts.jobs, lambda: bar.update())
+        run_all(copy, data, opts.jobs, lambda _: bar.reach(report.objects_copied - copied, report.bytes_written - nbytes))
     for path, target in targets.items():
         src = layouts[path]
         objects = list_objects(src_inner, src)

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -47,6 +48,7 @@ from .hierarchy import DraftHierarchy, Generation, Node, detect_generation, is_d
 from .jobs import (
     StoreRef,
     check_apart,
+    cancelling,
     check_picklable,
     damage_error,
     jobs_for,
@@ -73,6 +75,7 @@ from .migrate_units import (
     read_source_chunks,
     read_whole,
 )
+from .progress import NullBar, object_noun, progress_bar
 from .shard_index import CHECKSUM_NBYTES, encode_shard, index_nbytes, live_entries, read_index
 from .stores import Inner
 from .v3_metadata import consolidated_metadata
@@ -115,6 +118,8 @@ class VerifyReport:
     check: UnitCheck = field(default_factory=UnitCheck)
     seconds: float = 0.0
     skipped: dict[str, str] = field(default_factory=dict)  # damaged/untranslatable arrays: path -> reason
+    #: every object checked is a shard (the summary and the bar say shards, else objects)
+    all_shards: bool = True
 
     def skip(self, path: str, reason: str, dst: Inner) -> None:
         """Leave an array out; it must then be absent from the destination. A path that is
@@ -145,7 +150,8 @@ class VerifyReport:
         c = self.check
         state = "identical" if self.ok else f"{c.n_problems} difference(s)"
         skipped = f", {len(self.skipped)} damaged array(s) skipped" if self.skipped else ""
-        return f"{self.arrays} arrays, {c.objects} objects, {c.chunks} chunks: {state}{skipped} ({self.seconds:.1f} s)"
+        return (f"{self.arrays} arrays, {c.objects} {object_noun(self.all_shards, c.objects)}, {c.chunks} chunks: "
+                f"{state}{skipped} ({self.seconds:.1f} s)")
 
     def error(self) -> VerificationError:
         key, message = self.check.problems[0]
@@ -481,7 +487,8 @@ def verify(
         if assume_chunks_per_shard:
             raise UsageError(f"{src_ref.describe()}: --assume-chunks-per-shard does not apply to a 2023-generation store")
         report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=max(1, max_differences)))
-        verify_copy(src_inner, dst_inner, report, skip_damaged=skip_damaged, skip_arrays=dict(skip_arrays or {}), jobs=jobs)
+        verify_copy(src_inner, dst_inner, report, skip_damaged=skip_damaged, skip_arrays=dict(skip_arrays or {}), jobs=jobs,
+                    progress=progress)
         report.check.problems.sort()
         report.seconds = time.perf_counter() - started
         if raise_on_error and not report.ok:
@@ -493,11 +500,14 @@ def verify(
     report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=max(1, max_differences)))
     checker = _Checker(h, src_ref, dst_ref, dst_inner, report, dict(skip_arrays or {}), skip_damaged, retries, retry_delay)
     checker.groups()
-    if executor is None:
-        with ThreadPoolExecutor(jobs, thread_name_prefix="verify") as pool:
-            checker.run(pool, 2 * jobs)
-    else:
-        checker.run(executor, 4 * jobs)
+    checker.plan_arrays()  # the bar counts shards only when every array checked is sharded
+    with progress_bar(0, "verify", object_noun(report.all_shards, 1), progress) as bar:
+        checker.bar = bar
+        if executor is None:
+            with cancelling(ThreadPoolExecutor(jobs, thread_name_prefix="verify")) as pool:
+                checker.run(pool, 2 * jobs)
+        else:
+            checker.run(executor, 4 * jobs)
     checker.consolidation()
     report.check.problems.sort()  # units finish in any order: report the first keys in key order
     report.seconds = time.perf_counter() - started
@@ -519,6 +529,8 @@ class _Checker:
         #: consolidated metadata is compared with, without reading any document twice
         self.docs: dict[str, Any] = {}
         self.bad: set[str] = set()
+        self.bar: NullBar = NullBar()  # counts target objects checked, and their bytes
+        self.plans: list[ArrayPlan] = []  # the arrays whose units are checked (:meth:`plan_arrays`)
         for path, error in h.damaged.items():
             if path not in known and not skip_damaged:
                 raise damage_error(error, path, SKIP_HINT)
@@ -603,27 +615,39 @@ class _Checker:
             self.docs[node.path] = doc
         return plan
 
+    def plan_arrays(self) -> None:
+        """Every array's plan (its destination document read and checked), before any unit runs."""
+        self.plans = [plan for plan in map(self.plan, self.h.arrays()) if plan is not None]
+        self.report.all_shards = all(plan.job.dst_cps is not None for plan in self.plans)
+
     def items(self) -> Iterator[tuple[Any, ...]]:
-        for node in self.h.arrays():
-            plan = self.plan(node)
-            if plan is None:
-                continue
+        for plan in self.plans:
             # the destination's listing is merged with the units as both arrive (never held)
             present = Present(self.dst_inner.list_sized(plan.job.dst_prefix), other=_extra_object(plan.job, self.check),
                               probe=self.dst_inner.size)
             units, _ = array_units(plan, self.h, self.h.inner, present)
             for unit in units:
+                self.bar.grow(unit.objects)
                 yield plan.job, unit, self.retries, self.retry_delay
             present.close()
 
     def run(self, pool: Executor, window: int) -> None:
-        for (job, *_), future in run_bounded(pool, _check_with_retries, self.items(), window=window):
-            try:
-                self.check.add(future.result())
-            except DAMAGE_ERRORS as e:  # the source is damaged under a migrated array
-                if not self.skip_damaged:
-                    raise damage_error(e, job.path, SKIP_HINT) from e
-                self.check.problem(e.key or node_key(job.path), f"{e} (array '{job.path or '/'}' was migrated)")
+        results = run_bounded(pool, _check_with_retries, self.items(), window=window)
+        with closing(results):  # closed: pending units cancelled, on error or interruption
+            for (job, *_), future in results:
+                self._collect(job, future)
+
+    def _collect(self, job: ArrayJob, future: Any) -> None:
+        """One unit's outcome into the report and the bar."""
+        try:
+            result = future.result()
+        except DAMAGE_ERRORS as e:  # the source is damaged under a migrated array
+            if not self.skip_damaged:
+                raise damage_error(e, job.path, SKIP_HINT) from e
+            self.check.problem(e.key or node_key(job.path), f"{e} (array '{job.path or '/'}' was migrated)")
+            return
+        self.check.add(result)
+        self.bar.advance(result.objects, result.bytes)
 
 
 __all__ = ["VerifyReport", "options_from_doc", "verify"]
