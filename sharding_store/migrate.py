@@ -94,7 +94,7 @@ from .migrate_units import (
     plan_array,
     run_unit,
 )
-from .progress import object_noun, progress_bar
+from .progress import human_bytes, object_noun, progress_bar
 from .stores import Inner
 from .v3_metadata import consolidated_metadata, v3_group_document
 from .verify import verify as run_verify
@@ -214,19 +214,19 @@ class MigrationReport:
         interrupted run had written ("already done"); a dry run shows no rate."""
         sharded = self.all_shards
         head = (f"{len(self.arrays)} arrays, {self.groups} groups: {self.shards} {object_noun(sharded, self.shards)}, "
-                f"{self.bytes / MiB:.1f} MiB")
+                f"{human_bytes(self.bytes)}")
         if self.dry_run:
             lines = [f"dry run: would migrate {head} from {self.src} to {self.dst}"]
             for a in self.arrays:
-                cps = "unsharded" if a.chunks_per_shard is None else "x".join(map(str, a.chunks_per_shard)) + " chunks per shard"
+                cps = ("unsharded" if a.chunks_per_shard is None
+                       else ("x".join(map(str, a.chunks_per_shard)) or "1") + " chunks per shard")
                 extra = ", recompressed to zstd" if a.recompressed else ""
                 lines.append(f"  {a.path or '/'}: {a.shards} {object_noun(a.chunks_per_shard is not None, a.shards)}, "
-                             f"{a.bytes / MiB:.1f} MiB, {cps}{extra}")
+                             f"{human_bytes(a.bytes)}, {cps}{extra}")
         else:
             t = self.totals
-            rate = self.throughput()
             now = t.written + t.copied
-            done = f"  written now: {now} {object_noun(sharded, now)}, {t.bytes_now / MiB:.1f} MiB"
+            done = f"  written now: {now} {object_noun(sharded, now)}, {human_bytes(t.bytes_now)}"
             if t.copied:
                 done += f" ({t.copied} by {self.copied_by or 'copy'})"
             if t.skipped:
@@ -234,8 +234,8 @@ class MigrationReport:
             if t.empty:
                 done += f"; {t.empty} without a live chunk, not written"
             if t.dead_bytes:
-                done += f"; {t.dead_bytes / MiB:.1f} MiB dead bytes dropped"
-            speed = "" if rate is None else f" ({rate:.0f} MiB/s)" if rate >= 10 else f" ({rate:.1f} MiB/s)"
+                done += f"; {human_bytes(t.dead_bytes)} dead bytes dropped"
+            speed = "" if self.throughput() is None else f" ({human_bytes(round(t.bytes_now / self.seconds))}/s)"
             lines = [f"migrated {head} in {self.seconds:.1f} s{speed}", done]
             if self.verification is not None:
                 lines.append(f"  verified: {self.verification.summary()}")
