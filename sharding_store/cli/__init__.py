@@ -5,6 +5,11 @@ owns what they share: option parsing helpers and the error policy. Errors print 
 line to stderr and exit with the code of their class (see README, "Exit codes"); no
 traceback unless ``SHARDING_STORE_DEBUG=1``.
 
+Interruptions (:func:`interrupted_line`): Ctrl-C, and SIGTERM (turned into the same
+:class:`~sharding_store.errors.Interrupted` in the main thread while a command runs), exit
+130 with one line saying how to finish what was cut short: each command registers its
+advice (``set_defaults(interrupted=...)``), this module alone formats the line.
+
 The error policy (:func:`exit_status`): our own errors carry their exit code; an
 ``OSError`` from a store (no space, permission denied, connection refused, ...) is exit 12;
 an exception *class* of a storage backend (botocore's ``NoCredentialsError``, ...) is
@@ -15,13 +20,16 @@ exit 12 too, and a backend that is not installed is exit 2 naming what to instal
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
-from typing import NoReturn
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
 
-from ..errors import ShardingStoreError, UsageError
+from ..errors import Interrupted, ShardingStoreError, UsageError
 from .options import add_assume_option, assume_item, assumed, int_tuple, storage_options  # noqa: F401 - re-exported
 
 COMMAND_MODULES = ("info", "migrate", "reshard")
@@ -87,17 +95,21 @@ def _one_blas_thread() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     debug = os.environ.get("SHARDING_STORE_DEBUG") == "1"
     _one_blas_thread()
+    words = list(sys.argv[1:] if argv is None else argv)
+    args: argparse.Namespace | None = None
     try:
-        if not (sys.argv[1:] if argv is None else argv):  # bare `sharding-store`: what it can do
-            print(build_parser().format_help(), end="", file=sys.stderr)
-            return EXIT_USAGE
-        args = build_parser().parse_args(argv)
-        return int(args.func(args) or 0)
+        with _sigterm_interrupts():
+            if not words:  # bare `sharding-store`: what it can do
+                print(build_parser().format_help(), end="", file=sys.stderr)
+                return EXIT_USAGE
+            args = build_parser().parse_args(words)
+            args.argv = words  # what the advice after an interruption repeats
+            return int(args.func(args) or 0)
     except BrokenPipeError:  # e.g. `sharding-store ls ... | head`: the reader left, not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
-    except KeyboardInterrupt:
-        print("sharding-store: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Interrupted)
+        print(interrupted_line(args, e), file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - the CLI never shows a traceback
         if debug:
@@ -105,6 +117,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         code, line = exit_status(e)
         print(f"sharding-store: {line}", file=sys.stderr)
         return code
+
+
+def interrupted_line(args: argparse.Namespace | None, e: BaseException) -> str:
+    """The one line an interrupted command prints: "interrupted", then how to finish what it
+    was doing when the command knows (its ``interrupted(args, phase)`` advice)."""
+    advise: Any = getattr(args, "interrupted", None)
+    advice = advise(args, getattr(e, "phase", "")) if advise is not None else ""
+    return "sharding-store: interrupted" + (f"; {advice}" if advice else "")
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted()
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While the block runs, SIGTERM interrupts the main thread as Ctrl-C does (the threads of
+    a command's pool are then shut down, the rest of its work cancelled); the previous
+    handler after. Only the main thread can set a handler: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def exit_status(e: BaseException) -> tuple[int, str]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 from collections.abc import Iterator
 from typing import Any
 
 from ..errors import UsageError
-from .options import add_assume_option, assumed, int_tuple, storage_options
+from .options import add_assume_option, add_progress_option, assumed, command_again, int_tuple, storage_options
 
 
 def _store_options(p: argparse.ArgumentParser, dst_optional: bool = False) -> None:
@@ -27,6 +28,7 @@ def _store_options(p: argparse.ArgumentParser, dst_optional: bool = False) -> No
                         "transformer) or that Zarr v3 cannot express, and list them with the reason, instead of "
                         "failing (--skip-untranslatable is an older name)")
     add_assume_option(p)
+    add_progress_option(p)
 
 
 def register(subparsers: Any) -> None:
@@ -65,7 +67,7 @@ def register(subparsers: Any) -> None:
                    help="with --in-place: roll back an interrupted in-place upgrade (every original document restored)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (arrays, shards, bytes); write nothing")
     p.add_argument("--no-verify", action="store_true", help="skip the verification of DST against SRC")
-    p.set_defaults(func=run_migrate)
+    p.set_defaults(func=run_migrate, interrupted=interrupted_advice)
 
     v = subparsers.add_parser(
         "verify",
@@ -88,6 +90,36 @@ def dimension_names_arg(text: str) -> tuple[str, list[str]]:
     return path.strip(), [n.strip() for n in parts]
 
 
+def interrupted_advice(args: argparse.Namespace, phase: str) -> str:
+    """What finishes an interrupted ``migrate`` (the CLI prints it after "interrupted"): the
+    same command with ``--resume`` (never with ``--overwrite``, which would throw the work
+    away); after everything was written (``phase`` "verify"), the ``verify`` command; for an
+    in-place upgrade its ``--resume``/``--undo`` pair; nothing after a dry run."""
+    from ..upgrade_journal import resume_upgrade_command, undo_upgrade_command
+
+    if args.dry_run:
+        return ""
+    if args.in_place or args.undo:
+        return (f"finish it with `{resume_upgrade_command(args.src)}` or roll it back with "
+                f"`{undo_upgrade_command(args.src)}`")
+    if phase == "verify":
+        return f"the migration itself is complete; check it with `{verify_command(args)}`"
+    return f"run `{command_again(args, add='--resume', drop='--overwrite')}` to finish (nothing written so far is lost)"
+
+
+def verify_command(args: argparse.Namespace) -> str:
+    """The ``verify`` of a ``migrate``'s SRC and DST, with its store options."""
+    words = ["sharding-store", "verify", args.src, args.dst]
+    for option, value in (("--storage-options", args.storage_options), ("--src-storage-options", args.src_storage_options),
+                          ("--dst-storage-options", args.dst_storage_options)):
+        if value:
+            words += [option, value]
+    words += ["--skip-damaged"] if args.skip_damaged else []
+    for path, cps in args.assume_chunks_per_shard:
+        words += ["--assume-chunks-per-shard", f"{path}={','.join(map(str, cps))}"]
+    return shlex.join(words)
+
+
 def _common(args: argparse.Namespace) -> dict[str, Any]:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: must be >= 1")
@@ -95,7 +127,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
     src = storage_options(args.src_storage_options, "--src-storage-options") if args.src_storage_options else shared
     dst = storage_options(args.dst_storage_options, "--dst-storage-options") if args.dst_storage_options else shared
     return {"src_storage_options": src, "dst_storage_options": dst, "jobs": args.jobs,
-            "skip_damaged": args.skip_damaged, "assume_chunks_per_shard": assumed(args)}
+            "skip_damaged": args.skip_damaged, "assume_chunks_per_shard": assumed(args), "progress": args.progress}
 
 
 @contextlib.contextmanager

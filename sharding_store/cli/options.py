@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from typing import Any
 
 from ..errors import UsageError
 
-__all__ = ["add_assume_option", "assume_item", "assumed", "int_tuple", "storage_options"]
+__all__ = ["add_assume_option", "add_progress_option", "assume_item", "assumed", "command_again", "int_tuple",
+           "storage_options"]
 
 
 def storage_options(text: str | None, option: str = "--storage-options") -> dict[str, Any]:
@@ -61,3 +63,27 @@ def assumed(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
             raise UsageError(f"--assume-chunks-per-shard: '{path or '/'}' given twice with different values", key=path)
         out[path] = cps
     return out
+
+
+def add_progress_option(p: argparse.ArgumentParser) -> None:
+    """``--progress/--no-progress``: ``args.progress`` is True, False, or None (a bar only
+    when stderr is a terminal), what the drivers' ``progress`` takes."""
+    p.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="show progress bars on stderr (default: only when stderr is a terminal); --no-progress: never",
+    )
+
+
+def _spells(word: str, flag: str) -> bool:
+    """Whether a command-line word is ``flag`` or an abbreviation argparse accepted for it."""
+    return word.startswith("--") and len(word) > 2 and flag.startswith(word)
+
+
+def command_again(args: argparse.Namespace, *, add: str = "", drop: str = "") -> str:
+    """The command the user ran (``args.argv``, which ``main`` records), shell-quoted, without
+    the flag ``drop`` and with the flag ``add`` (unless given already): e.g. the same
+    ``migrate`` with ``--resume`` instead of ``--overwrite``."""
+    words = [w for w in getattr(args, "argv", []) if not (drop and _spells(w, drop))]
+    if add and not any(_spells(w, add) for w in words):
+        words.append(add)
+    return shlex.join(["sharding-store", *words])

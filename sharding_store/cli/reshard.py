@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..errors import UsageError
-from .options import int_tuple, storage_options
+from .options import add_progress_option, command_again, int_tuple, storage_options
 
 
 def register(subparsers: Any) -> None:
@@ -39,8 +39,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--dst-storage-options", metavar="JSON", help="fsspec options for DST")
     p.add_argument("--jobs", type=int, default=8, metavar="N", help="parallel target shards (default 8)")
     p.add_argument("--json", action="store_true", help="print a JSON report")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (shown only on a terminal anyway)")
-    p.set_defaults(func=run)
+    add_progress_option(p)
+    p.set_defaults(func=run, interrupted=interrupted_advice)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--jobs {args.jobs}: must be >= 1")
     if args.only_unsharded and args.chunks_per_shard is None:
         raise UsageError("--only-unsharded needs --chunks-per-shard")
-    progress = False if args.no_progress else None
+    progress = args.progress
     src_options = storage_options(args.storage_options)
     common: dict[str, Any] = dict(
         arrays=args.array,
@@ -76,6 +76,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def interrupted_advice(args: argparse.Namespace, phase: str) -> str:
+    """What ends an interrupted ``reshard``: in place, ``--resume`` completes it from its
+    journal; a copy into DST is made again with ``--overwrite``."""
+    from ..journal import resume_command
+
+    if args.dst is None:
+        return f"complete it with `{resume_command(args.src)}` (nothing written so far is lost)"
+    return f"{args.dst} is incomplete: copy it again with `{command_again(args, add='--overwrite')}`"
+
+
 def _summary(report: Any) -> str:
     where = report.destination or f"{report.source} (in place)"
     parts = [
@@ -87,6 +97,8 @@ def _summary(report: Any) -> str:
     parts.append(f"{report.objects_written} objects written, {report.objects_removed} removed")
     if report.objects_copied:
         parts.append(f"{report.objects_copied} copied verbatim")
+    if report.copied_by and (report.objects_written or report.objects_copied):
+        parts.append(f"bytes moved by {report.copied_by}")
     lines = [f"{where}: " + ", ".join(parts) + f" in {report.seconds:.2f} s"]
     lines += [f"left alone {path or '/'} (damaged): {reason}" for path, reason in report.arrays_damaged.items()]
     return "\n".join(lines)
