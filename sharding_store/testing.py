@@ -266,3 +266,34 @@ def rendezvous(phase: str, directory: str, parties: int, timeout: float = 60.0) 
             time.sleep(0.005)
 
     return hook
+
+
+#: what :func:`slow_units` prints to stderr when the first slowed work item starts
+SLOW_LINE = "sharding-store: test: work units slowed, the first one is running"
+
+
+@contextlib.contextmanager
+def slow_units(seconds: float) -> Iterator[None]:
+    """For the block, every work item run through :func:`sharding_store.jobs.run_bounded`
+    (a unit of ``migrate`` or ``verify``, a task of ``reshard`` on threads) sleeps ``seconds``
+    in its worker before it runs: a long job, for a test to interrupt it mid-way (prints
+    :data:`SLOW_LINE` when the first one starts)."""
+    from . import jobs
+
+    real, started = jobs._run_batch, threading.Event()
+
+    def slowed(fn: Callable[..., Any], batch: list[tuple[Any, ...]], stop: Any = None) -> list[tuple[bool, Any]]:
+        def slow(*item: Any) -> Any:
+            if not started.is_set():
+                started.set()
+                print(SLOW_LINE, file=sys.stderr, flush=True)
+            time.sleep(seconds)
+            return fn(*item)
+
+        return real(slow, batch, stop)
+
+    jobs._run_batch = slowed  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        jobs._run_batch = real  # type: ignore[assignment]
