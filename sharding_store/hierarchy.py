@@ -437,7 +437,7 @@ class DraftHierarchy:
             name = n.name or "/"
             if n.kind == "array" and n.meta is not None:
                 m = n.meta
-                shard = f" shards {m.chunks_per_shard}" if m.is_sharded else ""
+                shard = f" chunks per shard {m.chunks_per_shard}" if m.is_sharded else ""
                 lines.append(f"{indent}{name} {m.shape} {m.dtype.str} chunks {m.chunks}{shard}")
             else:
                 lines.append(f"{indent}{name}{'' if n.explicit else ' (implicit)'}")

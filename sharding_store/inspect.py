@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ import numpy as np
 from . import draft_metadata as dm
 from .chunk_codec import decode as decode_payload
 from .errors import DraftMetadataError, LinkOutsideStoreError, ShardCorruptError, ShardingStoreError
-from .hierarchy import DraftHierarchy, open_hierarchy
+from .hierarchy import DraftHierarchy, Node, open_hierarchy
 from .stores import Inner
 from .keys import Coords, format_chunk_suffix, parse_chunk_suffix
 from .shard_index import (
@@ -738,19 +738,27 @@ def hierarchy_stats(
     storage_options: Mapping[str, Any] | None = None,
     hierarchy: DraftHierarchy | None = None,
     assumed: Iterable[str] = (),
+    on_array: Callable[[ArrayStats], object] | None = None,
 ) -> tuple[DraftHierarchy, list[ArrayStats]]:
     """The hierarchy and the statistics of every array at or below ``path``. ``assumed``:
     paths whose ``chunks_per_shard`` the hierarchy was told to assume (checked, see
-    :func:`array_stats`)."""
+    :func:`array_stats`). ``on_array(stats)`` after each array (``info``'s progress bar)."""
     h = hierarchy or open_hierarchy(store_or_url, storage_options=storage_options)
-    root = h.node(path).path
     guessed = {dm.normalize_path(p) for p in assumed}
     out = []
-    for node in h.arrays():
-        if node.meta is None or not (root == "" or node.path == root or node.path.startswith(root + "/")):
-            continue
+    for node in stats_nodes(h, path):
+        assert node.meta is not None
         out.append(array_stats(h.inner, node.meta, exclude_prefixes=_nested_prefixes(h, node.meta), assumed=node.path in guessed))
+        if on_array is not None:
+            on_array(out[-1])
     return h, out
+
+
+def stats_nodes(h: DraftHierarchy, path: str = "") -> list[Node]:
+    """The arrays at or below ``path`` whose statistics :func:`hierarchy_stats` reads."""
+    root = h.node(path).path
+    return [n for n in h.arrays()
+            if n.meta is not None and (root == "" or n.path == root or n.path.startswith(root + "/"))]
 
 
 # --------------------------------------------------------------------------- undeclared shard indices

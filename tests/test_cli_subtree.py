@@ -38,10 +38,10 @@ def tree_names(text: str) -> list[tuple[int, str]]:
 def test_sample_info_path_lists_only_its_subtree():
     code, out, err = run("info", str(SAMPLE), "--path", "images")
     assert code == 0, err
-    tree = out.split("\n\n")[0]
+    tree = out.split("\n\n")[1]  # after the header line
     assert tree_names(tree) == [(0, "images"), (1, "labels"), (1, "mean"), (1, "raw")]
     assert "tables" not in out and "measurements" not in out and "timestamps" not in out
-    blocks = [b.splitlines()[0] for b in out.split("\n\n")[1:]]
+    blocks = [b.splitlines()[0] for b in out.split("\n\n")[2:]]
     assert blocks == ["/images/labels", "/images/mean", "/images/raw"]
 
 
@@ -78,4 +78,4 @@ def test_every_subtree_is_exactly_its_nodes(tmp_path_factory, paths):
         assert tree_names(open_draft(str(root), group).tree()) == want, group
         code, out, err = run("info", str(root), "--path", group or "/")
         assert code == 0, err
-        assert tree_names(out.split("\n\n")[0]) == want, group
+        assert tree_names(out.split("\n\n")[1]) == want, group  # after the header line

@@ -116,8 +116,10 @@ def test_info_human(store, capsys):
     dead = add_dead_bytes(store, "data/root/g/img/c0/0", (2, 2))
     code, out, err = run(capsys, "info", str(store))
     assert code == 0 and err == ""
-    assert out.splitlines()[0] == "/"
-    assert "    img (100, 100) <u2 chunks (25, 25) shards (2, 2)" in out
+    assert out.splitlines()[0] == f"{store}: draft-era Zarr v3 (2022); `sharding-store migrate` translates it to final " \
+        "Zarr v3 (shard indices rebuilt, chunk payloads copied verbatim)"
+    assert out.splitlines()[1:3] == ["", "/  attributes title=\"t\""]
+    assert "    img (100, 100) <u2 chunks (25, 25) chunks per shard (2, 2)" in out
     block = out.split("/g/img\n")[1].split("\n\n")[0]
     assert "shape 100 x 100  dtype <u2" in block
     assert "inner chunks 25 x 25  chunks per shard 2 x 2  shard shape 50 x 50" in block

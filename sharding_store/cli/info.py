@@ -26,7 +26,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ShardingStoreError
-from .options import add_assume_option, assumed, storage_options
+from ..progress import human_bytes, progress_bar
+from .options import add_assume_option, add_progress_option, assumed, storage_options
 
 if TYPE_CHECKING:  # the machinery loads when a command runs (numpy and numcodecs with it)
     from ..hierarchy import DraftHierarchy, Node
@@ -47,6 +48,7 @@ def register(subparsers: Any) -> None:
     info.add_argument("--strict", action="store_true",
                       help="exit with the error code of the first damaged node or shard (default: report it, exit 0)")
     add_assume_option(info)
+    add_progress_option(info)
     info.set_defaults(func=run_info)
     ls = subparsers.add_parser("ls", help="list nodes: path, kind, shape and dtype")
     _add_common(ls)
@@ -55,26 +57,51 @@ def register(subparsers: Any) -> None:
 
 # --------------------------------------------------------------------------- formatting
 
+#: attributes shown per node, and characters per key and per value, before "…"
+MAX_ATTRIBUTES = 8
+MAX_ATTRIBUTE_CHARS = 60
+#: what ``migrate`` does to a store of each generation ``info`` describes (its header line)
+MIGRATE_DOES = {
+    "2022": "`sharding-store migrate` translates it to final Zarr v3 (shard indices rebuilt, chunk payloads "
+            "copied verbatim)",
+    "2023": "`sharding-store migrate` rewrites it as final Zarr v3 (documents respelled, chunks and shards "
+            "copied verbatim)",
+}
+
 
 def display_path(path: str) -> str:
     return "/" + path
+
+
+def header(store: str, generation: str, migrate_does: str) -> str:
+    """``info``'s first line: the store, its generation, what ``migrate`` does to it."""
+    return f"{store}: {generation}; {migrate_does}"
+
+
+def _shorten(text: str, width: int = MAX_ATTRIBUTE_CHARS) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def attributes_text(attributes: Any, *, keys: int = MAX_ATTRIBUTES, width: int = MAX_ATTRIBUTE_CHARS) -> str:
+    """A node's attributes on one line: ``key=JSON value``, each shortened to ``width``
+    characters, at most ``keys`` of them, then ``… (+k more)``; "" when there are none."""
+    if not isinstance(attributes, dict) or not attributes:
+        return ""
+    shown = [f"{_shorten(str(k), width)}={_shorten(json.dumps(v, ensure_ascii=False, default=str), width)}"
+             for k, v in list(attributes.items())[:keys]]
+    more = len(attributes) - len(shown)
+    return ", ".join(shown) + (f", … (+{more} more)" if more > 0 else "")
+
+
+def _attributes_line(attributes: Any, indent: str = "  ") -> list[str]:
+    text = attributes_text(attributes)
+    return [f"{indent}attributes {text}"] if text else []
 
 
 def _dims(values: tuple[int, ...] | None) -> str:
     if values is None:
         return "-"
     return " x ".join(map(str, values)) or "scalar"
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "unknown"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
 
 
 def _in_subtree(path: str, root: str) -> bool:
@@ -98,6 +125,7 @@ def format_array(s: ArrayStats) -> str:
         f"  inner chunks {_dims(m.chunks)}"
         + (f"  chunks per shard {_dims(m.chunks_per_shard)}  shard shape {_dims(m.shard_shape)}" if m.is_sharded else "  (unsharded)"),
         f"  codecs {codec_chain_text(m)}",
+        *_attributes_line(m.attributes),
         f"  stored {s.n_objects} {objects}, {s.n_chunks} inner chunk{'' if s.n_chunks == 1 else 's'}, {human_bytes(s.bytes_stored)}"
         + (f", dead {human_bytes(s.dead_bytes)}" if m.is_sharded else ""),
     ]
@@ -112,8 +140,13 @@ def format_array(s: ArrayStats) -> str:
 
 
 def _subtree_text(h: DraftHierarchy, root: str) -> str:
-    """The hierarchy's own tree of ``root`` and below (indented from ``root``)."""
-    return h.tree(root)
+    """The hierarchy's own tree of ``root`` and below (indented from ``root``), each group's
+    attributes after its name (an array's are in its block)."""
+    lines = []
+    for node, line in zip(h.subtree(root), h.tree(root).splitlines()):
+        text = attributes_text(node.attributes) if node.kind != "array" else ""
+        lines.append(f"{line}  attributes {text}" if text else line)
+    return "\n".join(lines)
 
 
 def _damaged(h: DraftHierarchy, root: str) -> dict[str, ShardingStoreError]:
@@ -200,15 +233,16 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        print(f"{args.store}: {Generation.DRAFT_2023.value}; `sharding-store migrate` rewrites it as final Zarr v3 "
-              "(documents respelled, chunks and shards copied verbatim)")
+        print(header(args.store, Generation.DRAFT_2023.value, MIGRATE_DOES["2023"]))
+        groups = dict(plan.groups)
         for p, k in sorted(kinds.items()):
             print()
             head = f"{display_path(p)}  {k}"
+            doc = groups.get(p, {})
             if p in arrays:
-                d = arrays[p].normalised.document
-                head += f"  shape {_dims(tuple(d['shape']))}  {d['data_type']}  {len(arrays[p].objects)} objects"
-            print(head)
+                doc = arrays[p].normalised.document
+                head += f"  shape {_dims(tuple(doc['shape']))}  {doc['data_type']}  {len(arrays[p].objects)} objects"
+            print("\n".join([head, *_attributes_line(doc.get("attributes"))]))
             changes = plan.changes.get(p, [])
             print("  unchanged (already final v1.0)" if not changes else "\n".join(f"  will change: {c}" for c in changes))
         for p, e in damaged.items():
@@ -248,8 +282,8 @@ def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool
 
 def run_info(args: argparse.Namespace) -> int:
     from ..draft_metadata import normalize_path
-    from ..hierarchy import open_hierarchy
-    from ..inspect import hierarchy_stats
+    from ..hierarchy import Generation, open_hierarchy
+    from ..inspect import hierarchy_stats, stats_nodes
     from ..journal import interrupted_error
 
     opts = storage_options(args.storage_options)
@@ -267,14 +301,19 @@ def run_info(args: argparse.Namespace) -> int:
     if root not in h.damaged and not (root not in h.nodes and reshards):
         # else only its damage (or the interrupted reshard that hides it) is shown
         nodes = _nodes(h, root)
-        stats = hierarchy_stats(args.store, root, hierarchy=h, assumed=assume)[1]
+        # a scan: one tail read per shard of every array, counted by the bar (with the bytes stored)
+        with progress_bar(len(stats_nodes(h, root)), "info", "array", args.progress) as bar:
+            stats = hierarchy_stats(args.store, root, hierarchy=h, assumed=assume,
+                                    on_array=lambda s: bar.advance(1, s.bytes_stored or 0))[1]
     damaged = _damaged(h, root)
     if args.json:
         doc = info_document(args.store, h, nodes, stats, root, reshards, unreadable)
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
+        print(header(args.store, Generation.DRAFT_2022.value, MIGRATE_DOES["2022"]))
         if nodes:
+            print()
             print(_subtree_text(h, root))
         for s in stats:
             print()
