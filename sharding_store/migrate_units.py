@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -255,8 +255,18 @@ class UnitResult:
     dead_bytes: int = 0  # unreferenced source bytes dropped by compaction
 
     def add(self, other: UnitResult) -> None:
-        for name in _RESULT_FIELDS:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        """Add ``other``'s counts (once per unit: spelled out, a loop over the fields cost
+        ~10 % of a compact shard's migration; ``tests/test_migrate_streaming.py`` checks
+        that every field is added)."""
+        self.written += other.written
+        self.copied += other.copied
+        self.skipped += other.skipped
+        self.empty += other.empty
+        self.chunks += other.chunks
+        self.bytes_read += other.bytes_read
+        self.bytes_written += other.bytes_written
+        self.bytes_copied += other.bytes_copied
+        self.dead_bytes += other.dead_bytes
 
     @property
     def objects(self) -> int:
@@ -266,9 +276,6 @@ class UnitResult:
     def bytes_now(self) -> int:
         """Bytes that reached the destination in this run (built, copied, appended)."""
         return self.bytes_written + self.bytes_copied
-
-
-_RESULT_FIELDS = tuple(f.name for f in fields(UnitResult))
 
 
 @dataclass

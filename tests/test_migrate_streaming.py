@@ -203,3 +203,16 @@ def test_reshard_swap_merges_sorted_listings_like_a_set_difference(old, staged):
 
     old_keys, staged_keys = iter(sorted(old)), iter(sorted(staged))
     assert list(_not_staged(old_keys, staged_keys)) == sorted(old - staged)
+
+
+def test_unit_results_add_every_field():
+    """``UnitResult.add`` spells its fields out (speed): adding must cover each of them."""
+    from dataclasses import fields
+
+    from sharding_store.migrate_units import UnitResult
+
+    names = [f.name for f in fields(UnitResult)]
+    a = UnitResult(**{n: i + 1 for i, n in enumerate(names)})
+    b = UnitResult(**{n: 100 * (i + 1) for i, n in enumerate(names)})
+    a.add(b)
+    assert [getattr(a, n) for n in names] == [101 * (i + 1) for i in range(len(names))]
