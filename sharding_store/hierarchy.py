@@ -429,6 +429,10 @@ class DraftHierarchy:
     def tree(self, path: str = "") -> str:
         """The subtree at ``path``, one node per line, indented by depth below ``path``;
         arrays with shape and dtype."""
+        return "\n".join(line for _, line in self.tree_lines(path))
+
+    def tree_lines(self, path: str = "") -> list[tuple[Node, str]]:
+        """:meth:`tree`'s lines, each with its node (for callers that add to a node's line)."""
         nodes = self.subtree(path)
         base = nodes[0].path.count("/") + 1 if nodes[0].path else 0
         lines = []
@@ -438,10 +442,10 @@ class DraftHierarchy:
             if n.kind == "array" and n.meta is not None:
                 m = n.meta
                 shard = f" chunks per shard {m.chunks_per_shard}" if m.is_sharded else ""
-                lines.append(f"{indent}{name} {m.shape} {m.dtype.str} chunks {m.chunks}{shard}")
+                lines.append((n, f"{indent}{name} {m.shape} {m.dtype.str} chunks {m.chunks}{shard}"))
             else:
-                lines.append(f"{indent}{name}{'' if n.explicit else ' (implicit)'}")
-        return "\n".join(lines)
+                lines.append((n, f"{indent}{name}{'' if n.explicit else ' (implicit)'}"))
+        return lines
 
 
 class Hierarchy2023(DraftHierarchy):

@@ -235,7 +235,8 @@ class MigrationReport:
                 done += f"; {t.empty} without a live chunk, not written"
             if t.dead_bytes:
                 done += f"; {human_bytes(t.dead_bytes)} dead bytes dropped"
-            speed = "" if self.throughput() is None else f" ({human_bytes(round(t.bytes_now / self.seconds))}/s)"
+            rate = self.throughput()
+            speed = "" if rate is None else f" ({human_bytes(round(rate * MiB))}/s)"
             lines = [f"migrated {head} in {self.seconds:.1f} s{speed}", done]
             if self.verification is not None:
                 lines.append(f"  verified: {self.verification.summary()}")

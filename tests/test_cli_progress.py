@@ -421,6 +421,23 @@ def test_info_shows_attributes_shortened(tmp_path, capsys):
     assert '  attributes units="m"' in block
 
 
+def test_info_shows_hostile_attributes_escaped_on_one_line(tmp_path, capsys):
+    """Attribute keys and values are a store's own text: a line break, a terminal escape or a
+    bidi override in them is shown escaped on the node's one line, never written raw."""
+    root = tmp_path / "hostile.zr3"
+    create_draft_group(str(root), "", attrs={"a\nfake/  attributes x": "v\n/evil", "esc": "\x1b[2J", "rtl": "\u202etxt"})
+    create_draft_group(str(root), "g", attrs={"who": "g"})
+    code, out, _ = run(capsys, "info", str(root))
+    assert code == 0
+    lines = out.splitlines()
+    root_line = next(line for line in lines if line.startswith("/  attributes "))
+    assert '"a\\nfake/  attributes x"="v\\n/evil"' in root_line
+    assert 'esc="\\u001b[2J"' in root_line and 'rtl="\\u202etxt"' in root_line
+    assert "\x1b" not in out and "\u202e" not in out
+    assert not any(line.startswith("fake/") for line in lines)
+    assert '  g  attributes who="g"' in lines
+
+
 def test_info_says_chunks_per_shard_not_shards(sharded, capsys):
     src, _ = sharded
     code, out, _ = run(capsys, "info", str(src))

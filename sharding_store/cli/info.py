@@ -82,12 +82,20 @@ def _shorten(text: str, width: int = MAX_ATTRIBUTE_CHARS) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _printable(value: Any, *, quote: bool = True) -> str:
+    """``value`` as JSON (a key: as it is) on one line of plain text: a line break, a
+    terminal escape or another unprintable character in a store's attributes is shown
+    escaped, never written to the terminal."""
+    text = json.dumps(value, ensure_ascii=False, default=str) if quote else value
+    return text if text.isprintable() else json.dumps(value, ensure_ascii=True, default=str)
+
+
 def attributes_text(attributes: Any, *, keys: int = MAX_ATTRIBUTES, width: int = MAX_ATTRIBUTE_CHARS) -> str:
     """A node's attributes on one line: ``key=JSON value``, each shortened to ``width``
     characters, at most ``keys`` of them, then ``… (+k more)``; "" when there are none."""
     if not isinstance(attributes, dict) or not attributes:
         return ""
-    shown = [f"{_shorten(str(k), width)}={_shorten(json.dumps(v, ensure_ascii=False, default=str), width)}"
+    shown = [f"{_shorten(_printable(str(k), quote=False), width)}={_shorten(_printable(v), width)}"
              for k, v in list(attributes.items())[:keys]]
     more = len(attributes) - len(shown)
     return ", ".join(shown) + (f", … (+{more} more)" if more > 0 else "")
@@ -143,7 +151,7 @@ def _subtree_text(h: DraftHierarchy, root: str) -> str:
     """The hierarchy's own tree of ``root`` and below (indented from ``root``), each group's
     attributes after its name (an array's are in its block)."""
     lines = []
-    for node, line in zip(h.subtree(root), h.tree(root).splitlines()):
+    for node, line in h.tree_lines(root):  # by node, not by splitting text (a name may hold a line break)
         text = attributes_text(node.attributes) if node.kind != "array" else ""
         lines.append(f"{line}  attributes {text}" if text else line)
     return "\n".join(lines)
