@@ -41,7 +41,7 @@ import mmap
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -58,6 +58,7 @@ __all__ = [
     "madvise",
     "memcmp",
     "memmove",
+    "pointer_table",
     "report",
     "row_at",
     "address_of",
@@ -159,7 +160,7 @@ def _bind_blosc() -> Library | None:
 
 
 #: the interface generation of _loops.c this module was written for (``ss_loops_abi()``)
-LOOPS_ABI = 1
+LOOPS_ABI = 2
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,13 @@ class Loops:
     buffer's address, three int64 arrays (rows, offsets, sizes), their length, the rows'
     address, the row size and a uint8 array of failure flags; they return the number of
     chunks not decoded. Called through ``ctypes.CDLL``: the GIL is released for the call.
+
+    ``shard_scatter(codec, fns, dctx, buf, len, geom, fill, tmp, out, out_nbytes)`` checks a
+    whole draft shard's index, decodes its chunks and copies each into the output array
+    (GIL released; see ``_loops.c`` for ``geom``); 0 when every chunk landed, anything else
+    sends the shard to the reference path. ``check_index(buf, len, n_entries)`` checks a
+    draft index as :func:`~sharding_store.shard_index.entry_lists` does (0: valid), through
+    ``ctypes.PyDLL`` (a loop over a few entries: the GIL is kept).
     """
 
     path: str
@@ -178,6 +186,8 @@ class Loops:
     #: function pointers handed to the loops (addresses inside numcodecs' libraries)
     blosc_decompress: int | None
     zstd_functions: tuple[int, int, int] | None  # content size, frame size, decompressDCtx
+    shard_scatter: Any = None
+    check_index: Any = None
 
 
 def _loops_path() -> str | None:
@@ -222,7 +232,12 @@ def _bind_loops(zstd: Library | None, blosc: Library | None) -> Loops | None:
             _fn_address(z.ZSTD_findFrameCompressedSize),
             _fn_address(z.ZSTD_decompressDCtx),
         )
-    return Loops(path, blosc_rows, zstd_rows, blosc_fn, zstd_fns)
+    scatter = lib.ss_shard_scatter
+    scatter.restype = i64
+    scatter.argtypes = [i64, vp, vp, vp, i64, vp, vp, vp, vp, i64]
+    check = ctypes.PyDLL(path).ss_check_index
+    check.restype, check.argtypes = i64, [vp, i64, i64]
+    return Loops(path, blosc_rows, zstd_rows, blosc_fn, zstd_fns, scatter, check)
 
 
 def _major_minor(version: str) -> tuple[int, int]:
@@ -395,6 +410,11 @@ def madvise(address: int, nbytes: int, advice: int) -> bool:
 #: (no library binding; here so that no other module needs ctypes)
 memmove = ctypes.memmove
 string_at = ctypes.string_at
+
+
+def pointer_table(addresses: Sequence[int]) -> Any:
+    """A C array of ``void*`` holding ``addresses`` (function pointers handed to the loops)."""
+    return (ctypes.c_void_p * max(4, len(addresses)))(*addresses)
 
 
 def row_at(address: int, nbytes: int) -> Any:

@@ -25,6 +25,7 @@ import math
 import operator
 import os
 import threading
+from array import array as _array
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from .errors import ChunkDecodeError, DestinationExistsError, ReadOnlyError, Sto
 from .hierarchy import DraftHierarchy, Hierarchy2023, draft_entry_point, hierarchy_2023, inner_of
 from .keys import Coords, chunk_to_shard
 from .shard_index import MAX_UINT64
-from .engine import ArrayLayout, ChunkRange, ShardEngine
+from .engine import ArrayLayout, ChunkRange, ShardEngine, WholeShard
 from .stores import Inner
 
 __all__ = [
@@ -399,6 +400,58 @@ def _fill_rows(meta: dm.DraftArrayMeta, chunks: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- arrays
 
 
+class _ScatterGeometry:
+    """Where each chunk of a shard read whole lands in one output array, as the ``geom``
+    bytes of ``_loops.c``'s ``ss_shard_scatter``: a header per combination of touched-chunk
+    counts, then one table per dimension group (built once per group for the whole read:
+    the shards of a read share their groups), each chunk as ``(start and step inside the
+    chunk, elements, start in the output)``."""
+
+    __slots__ = ("_array", "_out_strides", "_headers", "_tables")
+
+    def __init__(self, array: DraftArray, out: np.ndarray) -> None:
+        self._array = array
+        self._out_strides = tuple(out.strides)
+        self._headers: dict[tuple[int, ...], bytes] = {}
+        self._tables: dict[int, tuple[_DimGroup, bytes]] = {}
+
+    def of(self, combo: tuple[_DimGroup, ...]) -> bytes:
+        counts = tuple(len(g.ks) for g in combo)
+        header = self._headers.get(counts)
+        if header is None:
+            header = self._headers[counts] = self._header(counts)
+        parts = [header]
+        for g in combo:
+            hit = self._tables.get(id(g))
+            if hit is None or hit[0] is not g:
+                hit = self._tables[id(g)] = (g, self._table(g))
+            parts.append(hit[1])
+        return b"".join(parts)
+
+    def _header(self, counts: tuple[int, ...]) -> bytes:
+        a = self._array
+        meta = a.meta
+        cps = tuple(meta.chunks_per_shard or ())
+        itemsize = meta.dtype.itemsize
+        # byte strides of a chunk in its memory order, per array dimension
+        shape = tuple(meta.chunks)
+        strides = [0] * len(shape)
+        step = itemsize
+        for d in (range(len(shape) - 1, -1, -1) if meta.order == "C" else range(len(shape))):
+            strides[d] = step
+            step *= shape[d]
+        values = [len(shape), itemsize, a._cnb, math.prod(cps), *cps, *counts, *strides, *self._out_strides]
+        return _array("q", values).tobytes()
+
+    @staticmethod
+    def _table(g: _DimGroup) -> bytes:
+        values: list[int] = []
+        for js, inner, outer, n in g.segments:
+            for j in range(js.stop - js.start):
+                values += (inner.start, inner.step or 1, n, outer.start + j * n)
+        return _array("q", values).tobytes()
+
+
 class DraftArray:
     """One draft-era array: metadata properties plus numpy basic indexing."""
 
@@ -442,6 +495,7 @@ class DraftArray:
             self._mem_chunks = tuple(meta.chunks)
             self._axes = tuple(a for d in range(n) for a in (d, n + d))
         self._fill_flat = fill_chunk(meta, (1,))
+        self._fill_bytes: np.ndarray | None = None  # see _fill_row
         self._chunks: _ShardedChunks | _PlainChunks = (
             _ShardedChunks(self.engine) if self.engine is not None else _PlainChunks(inner)
         )
@@ -663,39 +717,65 @@ class DraftArray:
 
     def _read_whole_shards(self, out: np.ndarray, run: list[tuple[_DimGroup, ...]]) -> None:
         """Shards whose every chunk is selected: each object is read whole (one request, the
-        index from its own tail; see ``ShardEngine.read_whole_shards``), its chunks decoded
-        straight out of the read buffer into the scratch rows, then landed in ``out``."""
+        index from its own tail; see ``ShardEngine.read_whole_shards``). Into a C-contiguous
+        output, with the loops library: the engine only checks the index and one C call per
+        shard decodes every chunk and copies it to its place (``ChunkCodec.scatter``, the GIL
+        released once); otherwise, and for any shard that call hands back, the reference
+        path (:meth:`_land_whole`)."""
         assert self.engine is not None
         cps = self.meta.chunks_per_shard
         assert cps is not None
         shards = [tuple(int(g.ks[0]) // k for g, k in zip(combo, cps)) for combo in run]
-        cnb = self._cnb
-        for combo, obj in zip(run, self.engine.read_whole_shards(shards)):
+        scatter = self.codec.scatter if out.flags.c_contiguous else None
+        if scatter is not None:
+            geometry = _ScatterGeometry(self, out)
+            out_address, out_nbytes, fill = out.ctypes.data, out.nbytes, self._fill_row().ctypes.data
+        for combo, obj in zip(run, self.engine.read_whole_shards(shards, lists=scatter is None)):
             if obj is None:
                 self._fill_segments(out, combo)
                 continue
-            counts = tuple(len(g.ks) for g in combo)
-            rows = self._shard_rows(counts)
-            offsets, sizes = obj.offsets, obj.sizes
-            if rows is not None:  # an edge shard: the entries of the chunks inside the grid
-                offsets, sizes = [offsets[r] for r in rows], [sizes[r] for r in rows]
-            n = len(offsets)
-            todo = [i for i, o in enumerate(offsets) if o != MAX_UINT64]
-            if not todo:
-                self._fill_segments(out, combo)
-                continue
-            if len(todo) < n:
-                offsets, sizes = [offsets[i] for i in todo], [sizes[i] for i in todo]
-            scratch, address = _scratch_rows(n, cnb)
-            self.codec.decode_many(
-                obj.data, obj.address, todo, offsets, sizes, address, key_of=lambda i, c=combo: self._key_in(c, i)
-            )
-            chunks = scratch.view(self.dtype)
-            if len(todo) < n:
-                missing = np.ones(n, dtype=bool)
-                missing[todo] = False
-                chunks[missing] = self._fill_flat
-            self._land(out, combo, chunks)
+            if scatter is not None and obj.offsets is None:
+                # index checked by the engine; every chunk decoded and copied in one C call,
+                # anything it does not take (status != 0) goes through the path below
+                if not scatter(obj.address, len(obj.data), geometry.of(combo), fill, out_address, out_nbytes):
+                    continue
+            self._land_whole(out, combo, obj)
+
+    def _land_whole(self, out: np.ndarray, combo: tuple[_DimGroup, ...], obj: WholeShard) -> None:
+        """The reference path of a shard read whole: its index as lists (raises for a bad
+        one), its chunks decoded into the scratch rows (raises naming a chunk that does not
+        decode), then landed in ``out``."""
+        assert self.engine is not None
+        cnb = self._cnb
+        offsets, sizes = self.engine.whole_lists(obj)
+        counts = tuple(len(g.ks) for g in combo)
+        rows = self._shard_rows(counts)
+        if rows is not None:  # an edge shard: the entries of the chunks inside the grid
+            offsets, sizes = [offsets[r] for r in rows], [sizes[r] for r in rows]
+        n = len(offsets)
+        todo = [i for i, o in enumerate(offsets) if o != MAX_UINT64]
+        if not todo:
+            self._fill_segments(out, combo)
+            return
+        if len(todo) < n:
+            offsets, sizes = [offsets[i] for i in todo], [sizes[i] for i in todo]
+        scratch, address = _scratch_rows(n, cnb)
+        self.codec.decode_many(
+            obj.data, obj.address, todo, offsets, sizes, address, key_of=lambda i, c=combo: self._key_in(c, i)
+        )
+        chunks = scratch.view(self.dtype)
+        if len(todo) < n:
+            missing = np.ones(n, dtype=bool)
+            missing[todo] = False
+            chunks[missing] = self._fill_flat
+        self._land(out, combo, chunks)
+
+    def _fill_row(self) -> np.ndarray:
+        """One chunk of the fill value as bytes (what an absent chunk lands as)."""
+        row = self._fill_bytes
+        if row is None:
+            row = self._fill_bytes = np.ascontiguousarray(fill_chunk(self.meta)).reshape(-1).view(np.uint8)
+        return row
 
     def _shard_rows(self, counts: tuple[int, ...]) -> list[int] | None:
         """Index entries (flat, C order of the shard) of a shard's chunks inside the grid, in

@@ -47,6 +47,7 @@ import io
 import lzma
 import math
 import struct
+import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -83,6 +84,7 @@ __all__ = [
     "fill_chunk",
     "pad_chunk",
     "set_native",
+    "shard_scatterer",
     "span_decoder",
     "takes_address",
     "using_native",
@@ -851,6 +853,49 @@ def _batch_decoder(comp: Any, nbytes: int) -> SpanDecoder | None:
     return decode
 
 
+#: ``scatter(buf, length, geom, fill, out, out_nbytes) -> status`` (see :func:`shard_scatterer`)
+ShardScatter = Callable[[int, int, bytes, int, int, int], int]
+
+
+def shard_scatterer(meta: DraftArrayMeta) -> ShardScatter | None:
+    """Whole draft shards straight into an output array, in one C call per shard (the GIL
+    released once): ``_loops.c``'s ``ss_shard_scatter`` checks the index (as
+    :func:`~sharding_store.shard_index.entry_lists` does), decodes each chunk into a
+    per-thread chunk of scratch with the checks of the batch loops (sizes announced by a
+    blosc header or zstd frame must be exactly this chunk's and this payload's), and copies
+    it to its place in the output. ``scatter(buf, length, geom, fill, out, out_nbytes)``
+    takes addresses (``geom``: bytes, see ``_loops.c``) and returns 0 when every chunk
+    landed; anything else means: read this shard again on the reference path, which
+    decides and names the error. None without the loops library, with filters, for other
+    codecs or for item types that are not plain bytes."""
+    loops = _native.loops()
+    comp = meta.compressor
+    nbytes = chunk_nbytes(meta)
+    if loops is None or loops.shard_scatter is None or meta.filters or nbytes < 1 or meta.dtype.hasobject:
+        return None
+    fns: Any
+    if comp is None:
+        codec, fns, lib = 0, None, None
+    elif _is_blosc(comp) and loops.blosc_decompress is not None and _native.blosc() is not None:
+        codec, fns, lib = 1, _native.pointer_table([loops.blosc_decompress]), None
+    elif _is_zstd(comp) and loops.zstd_functions is not None and _native.zstd() is not None:
+        codec, fns, lib = 2, _native.pointer_table(loops.zstd_functions), _native.zstd()
+    else:
+        return None
+    call = loops.shard_scatter
+    dctx = _native.zstd_dctx
+    tls = threading.local()
+
+    def scatter(buf: int, length: int, geom: bytes, fill: int, out: int, out_nbytes: int) -> int:
+        tmp = getattr(tls, "tmp", None)
+        if tmp is None:
+            tmp = tls.tmp = np.empty(nbytes, dtype=np.uint8)
+            tls.address = tmp.ctypes.data
+        return call(codec, fns, dctx(lib) if lib is not None else None, buf, length, geom, fill, tls.address, out, out_nbytes)
+
+    return scatter
+
+
 def decode_chunk_into(meta: DraftArrayMeta, payload: Any, out: np.ndarray, *, key: str | None = None) -> None:
     """The general path of a batch decode: :func:`decode`, then its bytes in memory order
     into the uint8 row ``out`` (raises :class:`ChunkDecodeError`)."""
@@ -963,7 +1008,7 @@ class ChunkCodec:
     of :attr:`nbytes` bytes, or the integer address of such memory.
     """
 
-    __slots__ = ("meta", "nbytes", "_fast", "_by_address", "_spans", "_encode", "_encode_row", "_row_ready")
+    __slots__ = ("meta", "nbytes", "_fast", "_by_address", "_spans", "_encode", "_encode_row", "_row_ready", "scatter")
 
     def __init__(self, meta: DraftArrayMeta) -> None:
         self.meta = meta
@@ -971,6 +1016,8 @@ class ChunkCodec:
         self._fast = fast_decoder(meta)
         self._by_address = takes_address(self._fast)
         self._spans = span_decoder(meta)
+        #: whole shards straight into an output array (:func:`shard_scatterer`), or None
+        self.scatter = shard_scatterer(meta)
         self._encode = fast_encoder(meta)
         self._encode_row: RowEncoder | None = None
         self._row_ready = False  # the row encoder self-checks: built on first use

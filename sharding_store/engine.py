@@ -54,6 +54,7 @@ from typing import Any, ContextManager, NamedTuple
 
 import numpy as np
 
+from . import _native
 from . import draft_metadata as dm
 from .errors import ObjectChangedError, ShardCorruptError, UsageError
 from .keys import (
@@ -248,12 +249,15 @@ class ChunkRange(NamedTuple):
 class WholeShard(NamedTuple):
     """A shard object read whole: its bytes (valid until the next shard is read, see
     :meth:`ShardEngine.read_whole_shards`), their address, and its index as flat C-order
-    lists, validated against the object's size (``MAX_UINT64``: absent)."""
+    lists, validated against the object's size (``MAX_UINT64``: absent). ``offsets`` and
+    ``sizes`` are None when the caller asked for the index checked only (``lists=False``):
+    it is then valid and still in the object's tail (:meth:`ShardEngine.whole_lists`)."""
 
     data: np.ndarray
     address: int
-    offsets: list[int]
-    sizes: list[int]
+    offsets: list[int] | None
+    sizes: list[int] | None
+    key: str = ""
 
 
 class ShardContents(NamedTuple):
@@ -813,7 +817,7 @@ class ShardEngine:
         return view if not extra else view[: hi - lo]
 
     # ------------------------------------------------------------------ whole objects
-    def read_whole_shards(self, shards: Sequence[Coords]) -> Iterator[WholeShard | None]:
+    def read_whole_shards(self, shards: Sequence[Coords], *, lists: bool = True) -> Iterator[WholeShard | None]:
         """Whole shard objects (``None``: absent), in order, for reads of *every* chunk of them.
 
         One request per shard and no separate index request: the index is the object's own
@@ -825,11 +829,19 @@ class ShardEngine:
         shard (:meth:`~sharding_store.stores.Inner.read_into`): an item is valid only until
         the next one is taken (and on the thread that took it). Other stores get all objects
         in one inner call.
+
+        ``lists=False``: a draft index is only checked, natively where it can be
+        (``_loops.c``'s ``ss_check_index``, the rules of
+        :func:`~sharding_store.shard_index.entry_lists`; anything it refuses goes through
+        ``entry_lists``, which raises naming the key), and the items carry no lists: for a
+        caller that reads the entries from the tail itself (the native whole-shard scatter).
         """
         keys = [self.layout.shard_key(s) for s in shards]
         if not keys:
             return
         inner = self.inner
+        loops = _native.loops() if not lists and self._plain else None
+        check = loops.check_index if loops is not None else None
         local = inner.local_path(keys[0]) is not None
         blobs: Iterable[Any]
         if local:
@@ -842,8 +854,30 @@ class ShardEngine:
                 continue
             data, version = _data_and_version(got)
             arr = np.frombuffer(data, dtype=np.uint8)
+            address = arr.__array_interface__["data"][0] if len(arr) else 0
+            if check is not None and self._checked_tail(key, arr, address, version, check):
+                yield WholeShard(arr, address, None, None, key)
+                continue
             offsets, sizes = self._whole_index(key, arr, version)
-            yield WholeShard(arr, arr.__array_interface__["data"][0] if len(arr) else 0, offsets, sizes)
+            yield WholeShard(arr, address, offsets, sizes, key)
+
+    def _checked_tail(self, key: str, data: np.ndarray, address: int, version: Hashable | None, check: Any) -> bool:
+        """Whether the draft index in ``data``'s tail passes ``ss_check_index`` (then cached
+        as :meth:`_whole_index` caches it); False: the caller parses it with ``entry_lists``."""
+        limit = len(data) - self.index_nbytes
+        if limit < 0 or check(address, len(data), self.n_entries):
+            return False
+        if self.cache and version is not None:
+            table = data[limit:].view("<u8").astype(np.uint64)
+            self.cache.put(key, VersionedIndex(ShardIndex(table.reshape(*self.cps, 2)), version, len(data)))
+        return True
+
+    def whole_lists(self, shard: WholeShard) -> tuple[list[int], list[int]]:
+        """``(offsets, sizes)`` of a shard read whole (parsed again from its tail when it was
+        read with ``lists=False``); raises :class:`ShardCorruptError` for a bad index."""
+        if shard.offsets is not None and shard.sizes is not None:
+            return shard.offsets, shard.sizes
+        return self._whole_index(shard.key, shard.data, None)
 
     def _whole_index(self, key: str, data: np.ndarray, version: Hashable | None) -> tuple[list[int], list[int]]:
         """The index of a whole shard object as ``(offsets, sizes)`` lists, validated against
