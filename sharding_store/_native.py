@@ -314,6 +314,8 @@ _MADVISE = (
 PAGE_SIZE = mmap.PAGESIZE
 #: Linux's MADV_NOHUGEPAGE
 MADV_NOHUGEPAGE = 15
+#: Linux's MADV_POPULATE_WRITE (5.14+): fault pages in, writable, in one call
+MADV_POPULATE_WRITE = 23
 
 _enabled = True
 
