@@ -7,9 +7,11 @@
  * extension modules (the same libzstd / c-blosc 1 numcodecs decodes with), so the bytes
  * are numcodecs' bytes and there is one copy of each library in the process.
  *
- * Every function decodes chunk i of a read buffer, buf[offsets[i] : offsets[i] + sizes[i]]
- * (the caller has checked that these ranges lie inside the buffer), into row rows[i] of
- * the rows at dst, each exactly `nbytes` long (one decoded chunk). Before decoding, the
+ * ss_blosc_rows / ss_zstd_rows decode chunk i of a read buffer, buf[offsets[i] : offsets[i] +
+ * sizes[i]] (the caller has checked that these ranges lie inside the buffer), into row rows[i]
+ * of the rows at dst, each exactly `nbytes` long (one decoded chunk). ss_shard_scatter (at the
+ * end) does the same for every chunk of a whole draft shard, checking its index itself, and
+ * copies each decoded chunk to its place in the output array. Before decoding, the
  * sizes a payload announces must be exactly this chunk's and this payload's; the output
  * is bounded by the row (the libraries never write more than the size they are given).
  * failed[i] is set to 1 for a chunk not decoded (the caller's reference path then decides

@@ -12,14 +12,16 @@ is missing is decided in one place:
   chunks of a few KiB. Being numcodecs' own copies of the libraries, the bytes are
   numcodecs' bytes; :mod:`.chunk_codec` additionally checks each encoder against
   numcodecs once per configuration, and the property tests compare every path.
-* **libc's** ``madvise`` (Linux: big read outputs are faulted in with small pages) and
+* **libc's** ``madvise`` (Linux: big read outputs are faulted in with small pages, a run of
+  shards' part at once with ``MADV_POPULATE_WRITE``) and
   ``memcmp`` (``verify`` compares copied shards block by block without the GIL).
 * **our own loops**, ``sharding_store/_loops.c``, built by ``setup.py`` into
   ``sharding_store/_loops<EXTENSION_SUFFIX>`` (e.g. ``_loops.cpython-311-x86_64-linux-gnu.so``
   beside this file; :func:`loops_path` tells where it was found). A plain shared library,
   no Python API: it decodes a whole shard's chunks in one call, calling the libzstd /
   libblosc functions above through pointers, so the GIL is released once per shard instead
-  of once per chunk (neither c-blosc 1 nor libzstd has a call over many independent
+  of once per chunk (and, for a draft shard read whole, checks its index and copies each
+  decoded chunk straight to its place in the output array: ``ss_shard_scatter``) (neither c-blosc 1 nor libzstd has a call over many independent
   buffers; see benchmarks/profile_notes.md). Optional: without a C compiler at install
   time it is absent and callers take the per-chunk path.
 
