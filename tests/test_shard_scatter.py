@@ -267,3 +267,47 @@ def test_payload_sizes_match_the_chunk():
     """Guard for the geometry header: a chunk's bytes are what the codec layer says."""
     a, _, _, _ = _one_shard({}, comp=None)
     assert a._cnb == chunk_nbytes(a.meta) == len(encode_chunk_payload(a.meta, np.zeros((4, 3), "<u2")))
+
+
+@LOOPS
+@PROPERTY
+@given(spec=arrays(), data=st.data())
+def test_populating_the_output_stays_inside_it_and_changes_no_value(spec, data):
+    """Big outputs are faulted in a run at a time (``MADV_POPULATE_WRITE`` over the run's
+    span): with the threshold at 0 every read does it; each span lies inside the output and
+    the values are numpy's."""
+    import sharding_store.array as array_module
+
+    store: dict = {}
+    _write(store, spec, erase=False)
+    calls: list[tuple[int, int, int]] = []
+    real = _native.madvise
+
+    def spy(address: int, nbytes: int, advice: int) -> bool:
+        calls.append((address, nbytes, advice))
+        return real(address, nbytes, advice)
+
+    outputs: list[np.ndarray] = []
+    real_output = array_module._output
+
+    def output(shape, dtype):
+        outputs.append(real_output(shape, dtype))
+        return outputs[-1]
+
+    key = data.draw(selections(spec[0]))
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(array_module, "SMALL_PAGES_MIN", 0)
+        mp.setattr(array_module, "_output", output)
+        mp.setattr(_native, "madvise", spy)
+        got = open_draft(store, "x")[key]
+    finally:
+        mp.undo()
+    assert _same(np.asarray(got), np.asarray(spec[-1][key]))
+    (out,) = outputs
+    lo, hi = out.ctypes.data, out.ctypes.data + out.nbytes
+    populated = [(a, n) for a, n, advice in calls if advice == _native.MADV_POPULATE_WRITE]
+    if all(s.count == n for s, n in zip(normalize_selection(key, spec[0])[0], spec[0])):
+        assert populated  # every chunk of every shard selected: whole-shard runs
+    for address, nbytes in populated:
+        assert lo <= address and address + nbytes <= hi
