@@ -180,7 +180,8 @@ static void copy_block(int nd, const int64_t *ext, const int64_t *sstep, const i
  * (one chunk of the fill value). `tmp`: one chunk of scratch (stays in cache between decode
  * and copy).
  *
- * geom (int64): ndim, itemsize, nbytes (one chunk), n_entries, then per dimension:
+ * geom (geom_len int64 values, all of them used): ndim, itemsize, nbytes (one chunk), n_entries,
+ * then per dimension:
  * chunks_per_shard[nd], touched chunks counts[nd] (the shard's chunks inside the grid,
  * positions 0..counts-1), chunk byte strides cstride[nd] (memory order of a chunk), output
  * byte strides ostride[nd]; then for each dimension d, counts[d] quadruples (start and step
@@ -193,10 +194,11 @@ static void copy_block(int nd, const int64_t *ext, const int64_t *sstep, const i
  * of this shard may have been partly written, never anything outside it.
  */
 SS_EXPORT int64_t ss_shard_scatter(int64_t codec, void *const *fns, void *dctx, const uint8_t *buf, int64_t len,
-                                   const int64_t *geom, const uint8_t *fill, uint8_t *tmp, uint8_t *out,
-                                   int64_t out_nbytes) {
+                                   const int64_t *geom, int64_t geom_len, const uint8_t *fill, uint8_t *tmp,
+                                   uint8_t *out, int64_t out_nbytes) {
+    if (geom_len < 4) return -2;
     int64_t nd = geom[0], itemsize = geom[1], nbytes = geom[2], n_entries = geom[3];
-    if (nd < 1 || nd > SS_MAX_DIMS || itemsize < 1 || nbytes < itemsize) return -2;
+    if (nd < 1 || nd > SS_MAX_DIMS || itemsize < 1 || nbytes < itemsize || geom_len < 4 + 4 * nd) return -2;
     const int64_t *cps = geom + 4, *counts = cps + nd, *cstride = counts + nd, *ostride = cstride + nd;
     const int64_t *tables[SS_MAX_DIMS];
     const int64_t *t = ostride + nd;
@@ -208,10 +210,13 @@ SS_EXPORT int64_t ss_shard_scatter(int64_t codec, void *const *fns, void *dctx, 
         total *= counts[d];
     }
     if (entries != n_entries) return -2;
+    int64_t used = 4 + 4 * nd;
     for (int64_t d = 0; d < nd; d++) {
         tables[d] = t;
         t += 4 * counts[d];
+        used += 4 * counts[d];
     }
+    if (used != geom_len) return -2;
     if (ss_check_index(buf, len, n_entries)) return -1;
     const uint8_t *idx = buf + (len - n_entries * SS_ENTRY);
 

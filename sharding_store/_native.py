@@ -174,7 +174,7 @@ class Loops:
     address, the row size and a uint8 array of failure flags; they return the number of
     chunks not decoded. Called through ``ctypes.CDLL``: the GIL is released for the call.
 
-    ``shard_scatter(codec, fns, dctx, buf, len, geom, fill, tmp, out, out_nbytes)`` checks a
+    ``shard_scatter(codec, fns, dctx, buf, len, geom, geom_len, fill, tmp, out, out_nbytes)`` checks a
     whole draft shard's index, decodes its chunks and copies each into the output array
     (GIL released; see ``_loops.c`` for ``geom``); 0 when every chunk landed, anything else
     sends the shard to the reference path. ``check_index(buf, len, n_entries)`` checks a
@@ -236,7 +236,7 @@ def _bind_loops(zstd: Library | None, blosc: Library | None) -> Loops | None:
         )
     scatter = lib.ss_shard_scatter
     scatter.restype = i64
-    scatter.argtypes = [i64, vp, vp, vp, i64, vp, vp, vp, vp, i64]
+    scatter.argtypes = [i64, vp, vp, vp, i64, vp, i64, vp, vp, vp, i64]
     check = ctypes.PyDLL(path).ss_check_index
     check.restype, check.argtypes = i64, [vp, i64, i64]
     return Loops(path, blosc_rows, zstd_rows, blosc_fn, zstd_fns, scatter, check)

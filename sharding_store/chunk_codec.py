@@ -891,7 +891,7 @@ def shard_scatterer(meta: DraftArrayMeta) -> ShardScatter | None:
         if tmp is None:
             tmp = tls.tmp = np.empty(nbytes, dtype=np.uint8)
             tls.address = tmp.ctypes.data
-        return call(codec, fns, dctx(lib) if lib is not None else None, buf, length, geom, fill, tls.address, out, out_nbytes)
+        return call(codec, fns, dctx(lib) if lib is not None else None, buf, length, geom, len(geom) // 8, fill, tls.address, out, out_nbytes)
 
     return scatter
 

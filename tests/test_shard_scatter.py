@@ -243,6 +243,7 @@ def test_the_scatter_refuses_what_the_reference_path_must_decide():
     header = bytearray(geom)
     header[8 * 4 : 8 * 5] = (3).to_bytes(8, "little")  # chunks_per_shard that do not give n_entries
     assert call(blob, bytes(header)) == -2
+    assert call(blob, geom[:-8]) == -2 and call(blob, geom + bytes(8)) == -2  # tables of another length
     assert (guard[:64] == 0xA5).all() and (guard[-64:] == 0xA5).all()
 
 
