@@ -677,14 +677,14 @@ class Bench:
 
     def _migrate_whole_command(self, case: Case, src: Path) -> None:
         """Issue 15's cases: the command a user types, default (verifies) and ``--no-verify``,
-        against ``cp -r`` of the same source, interleaved (no re-encoder: at 1 GiB it alone
-        would take minutes per round and no target of these cases depends on it)."""
+        against ``cp -r`` of the same source, interleaved, each after a ``sync`` (no re-encoder: at
+        1 GiB it alone would take minutes per round and no target of these cases depends on it)."""
         d = self.case_dir(case)
         skip = self.has("sharding_store.cli.migrate.register")
         cli = str(VENV_BIN / "sharding-store")
 
         def cmd(argv: list[str], dst: Path, verify: bool) -> dict:
-            return self.timed_command(case, argv, dst, verify)
+            return self.timed_command(case, argv, dst, verify, sync=True)
 
         comps = [
             Competitor("migrate", lambda v: cmd([cli, "migrate", str(src), str(d / "w-ours"), "--no-progress"],
@@ -779,10 +779,14 @@ class Bench:
         self.rows += scn_scale.rows(results, make_row)
         scn_scale.plot(results, (self.args.out or (DATA / "quick" if self.args.quick else HERE)) / "scale.png")
 
-    def timed_command(self, case: Case, argv: list[str], dst: Path, verify: bool) -> dict:
+    def timed_command(self, case: Case, argv: list[str], dst: Path, verify: bool, sync: bool = False) -> dict:
         """One whole command writing ``dst`` (removed before and after), timed from outside;
-        with ``verify``, ``dst`` is read back and compared with the input first."""
+        with ``verify``, ``dst`` is read back and compared with the input first. ``sync``:
+        flush dirty pages before the run (at ~1 GiB per run the previous run's writeback
+        otherwise lands on whichever command runs next)."""
         shutil.rmtree(dst, ignore_errors=True)
+        if sync:
+            os.sync()
         r = run_command(argv)
         if verify:
             r["verified"] = run_task({**self.spec(case, "verify"), "src": str(dst)})["verified"]
