@@ -147,7 +147,13 @@ STATED_AT = f"target stated for {TARGET_MIB} MiB and more: ratio shown without i
 #: cases a scenario runs beyond the size matrix (not with --quick; --case selects among them too).
 #: reshard: the case issue 15 states its target at (833 MiB on disk, 4096 shards of 4x4 chunks,
 #: resharded to 16x16: ``reshard SRC DST --chunks-per-shard 16,16``)
-EXTRA_CASES: dict[str, list[Case]] = {"reshard": [Case(1024, "f4", "zstd", 16)]}
+EXTRA_CASES: dict[str, list[Case]] = {"reshard": [Case(1024, "f4", "zstd", 16)],
+                                      "migrate": [Case(105, "u2", "lz4", 16), Case(1024, "f4", "zstd", 16)]}
+#: issue 15's targets for ``sharding-store migrate`` as a whole command (interpreter start-up,
+#: imports and verification included) against ``cp -r`` of the source, by case key: the 105 MiB
+#: uint16/blosc-lz4/16 store (67 MiB, 861 shards on disk) and the 833 MiB store of the reshard
+#: case (1024 MiB float32/zstd/16, 4096 shards)
+WHOLE_COMMAND_TARGETS = {"105MiB-u2-lz4-cps16": 2.0, "1024MiB-f4-zstd-cps16": 1.2}
 #: a tree (PYTHONPATH) whose `sharding-store reshard` is timed beside ours in scenario 5, e.g. the
 #: tree before a change: RESHARD_BASELINE=/tmp/old-tree benchmarks/run.py --only reshard
 RESHARD_BASELINE_ENV = "RESHARD_BASELINE"
@@ -593,6 +599,8 @@ class Bench:
         src, how = self.draft_source(case)
         if src is None:
             return self._unavailable("4 migrate", case, "no draft source")
+        if case.key in WHOLE_COMMAND_TARGETS and case not in matrix(self.args.sizes):
+            return self._migrate_whole_command(case, src)
         d = self.case_dir(case)
         skip = self.has("sharding_store.cli.migrate.register")
         skip_fn = self.has("sharding_store.migrate.migrate")
@@ -667,6 +675,39 @@ class Bench:
                                    "; default jobs unknown (probe could not read it)"))
             self.rows.append(row)
 
+    def _migrate_whole_command(self, case: Case, src: Path) -> None:
+        """Issue 15's cases: the command a user types, default (verifies) and ``--no-verify``,
+        against ``cp -r`` of the same source, interleaved, each after a ``sync`` (no re-encoder: at
+        1 GiB it alone would take minutes per round and no target of these cases depends on it)."""
+        d = self.case_dir(case)
+        skip = self.has("sharding_store.cli.migrate.register")
+        cli = str(VENV_BIN / "sharding-store")
+
+        def cmd(argv: list[str], dst: Path, verify: bool) -> dict:
+            return self.timed_command(case, argv, dst, verify, sync=True)
+
+        comps = [
+            Competitor("migrate", lambda v: cmd([cli, "migrate", str(src), str(d / "w-ours"), "--no-progress"],
+                                                d / "w-ours", v), skip=skip),
+            Competitor("migrate --no-verify", lambda v: cmd(
+                [cli, "migrate", str(src), str(d / "w-nov"), "--no-verify", "--no-progress"], d / "w-nov", v),
+                skip=skip),
+            Competitor("cp -r", lambda v: cmd(["cp", "-r", str(src), str(d / "w-cp")], d / "w-cp", False)),
+        ]
+        m = measure(comps, self.reps(case), not self.args.quick, self.log)
+        files = sum(1 for p in (src / "data").rglob("*") if p.is_file())
+        limit = WHOLE_COMMAND_TARGETS[case.key]
+        target = f"≤ {limit:g}× cp -r"
+        note = (f"whole commands incl. interpreter start-up and imports"
+                + (f" (~{self.startup * 1e3:.0f} ms here)" if self.startup else "")
+                + f"; source {du_bytes(src) / 2**20:.0f} MiB on disk, {files} shard objects")
+        self.rows.append(make_row("4 migrate command", case, "sharding-store migrate (verifies)", m["migrate"],
+                                  "cp -r", m["cp -r"], target=target, min_speedup=1 / limit,
+                                  note=note + "; the default command: copies, then reads both trees back"))
+        self.rows.append(make_row("4 migrate command", case, "sharding-store migrate --no-verify",
+                                  m["migrate --no-verify"], "cp -r", m["cp -r"], target=target, min_speedup=1 / limit,
+                                  note=note + "; the copy alone, as cp -r does it"))
+
     def s_reshard(self, case: Case) -> None:
         src, how = self.draft_source(case)
         if src is None:
@@ -738,10 +779,14 @@ class Bench:
         self.rows += scn_scale.rows(results, make_row)
         scn_scale.plot(results, (self.args.out or (DATA / "quick" if self.args.quick else HERE)) / "scale.png")
 
-    def timed_command(self, case: Case, argv: list[str], dst: Path, verify: bool) -> dict:
+    def timed_command(self, case: Case, argv: list[str], dst: Path, verify: bool, sync: bool = False) -> dict:
         """One whole command writing ``dst`` (removed before and after), timed from outside;
-        with ``verify``, ``dst`` is read back and compared with the input first."""
+        with ``verify``, ``dst`` is read back and compared with the input first. ``sync``:
+        flush dirty pages before the run (at ~1 GiB per run the previous run's writeback
+        otherwise lands on whichever command runs next)."""
         shutil.rmtree(dst, ignore_errors=True)
+        if sync:
+            os.sync()
         r = run_command(argv)
         if verify:
             r["verified"] = run_task({**self.spec(case, "verify"), "src": str(dst)})["verified"]
@@ -785,7 +830,8 @@ class Bench:
             extra = [] if self.args.quick else [c for c in EXTRA_CASES.get(scenario, []) if c not in cases and (
                 not self.args.case or c.key in self.args.case)]
             for case in cases + extra:
-                if case in READ_EXTRA and scenario != "read" and case not in matrix(sizes):
+                if (case in READ_EXTRA and scenario != "read" and case not in matrix(sizes)
+                        and case not in EXTRA_CASES.get(scenario, [])):
                     continue
                 self.log(f"{scenario} {case.key} (repeat {self.reps(case)})")
                 getattr(self, f"s_{scenario}")(case)
