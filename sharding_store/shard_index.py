@@ -290,21 +290,42 @@ def entry_lists(
     raise AssertionError(f"{key}: entry_lists and ShardIndex.validate disagree")  # pragma: no cover
 
 
-def live_entries(data: bytes | memoryview, chunks_per_shard: tuple[int, ...], **kw: object) -> list[tuple[int, int]]:
+def live_entries(
+    data: bytes | memoryview,
+    chunks_per_shard: tuple[int, ...],
+    *,
+    checksum: bool = False,
+    key: str = "<shard>",
+    payload_limit: int | None = None,
+    payload_start: int = 0,
+) -> list[tuple[int, int]]:
     """The live ``(offset, nbytes)`` entries of an encoded index, in C order, validated as
     :func:`entry_lists` does (same keyword arguments)."""
-    offsets, sizes = entry_lists(data, chunks_per_shard, **kw)  # type: ignore[arg-type]
+    offsets, sizes = entry_lists(data, chunks_per_shard, checksum=checksum, key=key, payload_limit=payload_limit,
+                                 payload_start=payload_start)
     return [(o, s) for o, s in zip(offsets, sizes) if o != MAX_UINT64]
 
 
 def tiles(live: Sequence[tuple[int, int]], start: int, end: int) -> bool:
     """True when the ranges of ``live`` cover ``[start, end)`` exactly, without gaps or
-    overlaps (an object with no dead bytes; see :meth:`ShardIndex.is_compact`)."""
+    overlaps (an object with no dead bytes; see :meth:`ShardIndex.is_compact`).
+
+    The ranges in their given order first (a shard written in C order chains as it is):
+    a chain from ``start`` of sizes >= 0 has non-decreasing ``(offset, end)`` pairs, so it
+    *is* their sorted order, and the sorted check would walk the same pairs. Otherwise
+    that check decides."""
     pos = start
-    for o, s in sorted([(o, o + s) for o, s in live]):
+    for o, s in live:
+        if o != pos or s < 0:
+            break
+        pos = o + s
+    else:
+        return pos == end
+    pos = start
+    for o, e in sorted([(o, o + s) for o, s in live]):
         if o != pos:
             return False
-        pos = s
+        pos = e
     return pos == end
 
 

@@ -21,7 +21,9 @@ from sharding_store.shard_index import (
     ShardIndex,
     entry_lists,
     index_nbytes,
+    live_entries,
     n_entries,
+    tiles,
 )
 from sharding_store.v3_metadata import v3_chunk_key
 
@@ -139,3 +141,47 @@ def test_dst_dir_groups_exactly_as_the_keys_directories():
         for t, u in itertools.product(targets, repeat=2):
             same_dir = job.dst_key(t).rpartition("/")[0] == job.dst_key(u).rpartition("/")[0]
             assert (job.dst_dir(t) == job.dst_dir(u)) == same_dir
+
+
+def _old_tiles(live, start, end):
+    """``tiles`` as of f28f6d1."""
+    pos = start
+    for o, s in sorted((o, o + s) for o, s in live):
+        if o != pos:
+            return False
+        pos = s
+    return pos == end
+
+
+@st.composite
+def _ranges(draw):
+    """Ranges that often tile [start, end) in C order, shuffled, with gaps, overlaps, empty or negative sizes."""
+    start = draw(st.integers(-3, 20))
+    sizes = draw(st.lists(st.integers(0, 6) if draw(st.booleans()) else st.integers(-4, 6), max_size=8))
+    live, pos = [], start
+    for s in sizes:
+        live.append((pos, s))
+        pos += s
+    how = draw(st.sampled_from(["chain", "shuffle", "nudge", "random"]))
+    if how == "shuffle":
+        live = draw(st.permutations(live))
+    elif how == "nudge" and live:
+        i = draw(st.integers(0, len(live) - 1))
+        live[i] = (live[i][0] + draw(st.integers(-2, 2)), live[i][1] + draw(st.integers(-2, 2)))
+    elif how == "random":
+        live = draw(st.lists(st.tuples(st.integers(-3, 30), st.integers(-4, 8)), max_size=8))
+    end = pos + draw(st.sampled_from([0, 0, 0, 1, -1]))
+    return live, start, end
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_ranges())
+def test_tiles_matches_the_previous_implementation(case):
+    live, start, end = case
+    assert tiles(live, start, end) == _old_tiles(live, start, end)
+
+
+def test_live_entries_keeps_entry_lists_keywords():
+    raw = struct.pack("<8Q", 0, 4, MAX_UINT64, MAX_UINT64, 4, 4, 8, 4)
+    assert live_entries(raw, (2, 2), key="k", payload_limit=12) == [(0, 4), (4, 4), (8, 4)]
+    assert _outcome(live_entries, raw, (2, 2), key="k", payload_limit=11)[1] is ShardCorruptError
