@@ -289,12 +289,13 @@ class _Driver:
             units, listed = array_units(plan, self.h, self.src, self.present(plan))
             self.listing[path] = listed
             self.remaining[path] = 0
+            job, damaged, remaining, grow = plan.job, self.damaged, self.remaining, self.bar.grow
             for unit in units:
-                if path in self.damaged:
+                if path in damaged:
                     continue  # the listing still runs out: it counts the array's objects
-                self.remaining[path] += 1
-                self.bar.grow(unit.objects)
-                yield plan.job, unit, self.attempts, self.delay
+                remaining[path] += 1
+                grow(unit.objects)
+                yield job, unit, self.attempts, self.delay
             self.report.warnings += listed.warnings(path)
             self.done_if_complete(plan)
 
@@ -373,20 +374,24 @@ class _Driver:
     def run(self, executor: Executor, window: int) -> None:
         """Every unit, the bar counting target objects and the bytes written so far."""
         results = run_bounded(executor, _run_with_retries, self.items(), window=window)
+        # the same objects throughout the run (mutated, never replaced), looked up once
+        totals, advance, remaining, damaged = self.report.totals, self.bar.advance, self.remaining, self.damaged
         with self.bar, closing(results):  # closed: pending units cancelled, on error or interruption
-            for (job, unit, *_), future in results:
+            for item, future in results:
+                job, unit = item[0], item[1]
                 try:
                     result = future.result()
                 except Exception as e:
                     self.failed(job, unit, e)
                     continue
-                if job.path in self.damaged:
+                path = job.path
+                if path in damaged:
                     continue
-                self.report.totals.add(result)
-                self.bar.advance(unit.objects, result.bytes_now)
-                self.remaining[job.path] -= 1
-                if self.remaining[job.path] == 0:
-                    self.done_if_complete(self.by_path[job.path])
+                totals.add(result)
+                advance(unit.objects, result.bytes_now)
+                remaining[path] -= 1
+                if remaining[path] == 0:
+                    self.done_if_complete(self.by_path[path])
                 fault_point("unit")
 
 

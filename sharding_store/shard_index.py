@@ -20,6 +20,7 @@ Violations raise :class:`~sharding_store.errors.ShardCorruptError` naming the ke
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -222,6 +223,38 @@ class ShardIndex:
         return pos + (0 if index_location == "start" else n) == object_size
 
 
+@functools.lru_cache(maxsize=256)
+def _entries_struct(chunks_per_shard: tuple[int, ...]) -> tuple[int, struct.Struct]:
+    """``(entries, unpacker of their 2·n uint64)`` of an index of this shape, made once per
+    shape (:func:`n_entries` raises for a bad shape; an exception is never cached)."""
+    n = n_entries(chunks_per_shard)
+    return n, struct.Struct(f"<{2 * n}Q")
+
+
+def _entries_ok(offsets: list[int], sizes: list[int], payload_start: int, payload_limit: int | None) -> bool:
+    """Whether every entry passes :meth:`ShardIndex.validate`'s checks (``offsets`` may be
+    changed in place: zarrita's wrapped empty entries become plain ones)."""
+    if payload_start == 0:  # the draft layout: the same checks, with o >= 0 and no wrapped entry possible
+        lim = MAX_UINT64 if payload_limit is None else min(payload_limit, MAX_UINT64)
+        for o, s in zip(offsets, sizes):
+            if o == MAX_UINT64:
+                if s != MAX_UINT64:
+                    return False  # half sentinel
+            elif s == MAX_UINT64 or o + s > lim:  # half sentinel, overflow, outside the payload area
+                return False
+        return True
+    for i, (o, s) in enumerate(zip(offsets, sizes)):
+        if s == MAX_UINT64 and payload_start and o == payload_start - 1:
+            o = offsets[i] = MAX_UINT64  # zarrita's wrapped empty entry (_unwrap_empty_entries)
+        if o == MAX_UINT64 and s == MAX_UINT64:
+            continue
+        if o == MAX_UINT64 or s == MAX_UINT64 or o > MAX_UINT64 - s or o < payload_start or (
+            payload_limit is not None and o + s > payload_limit
+        ):
+            return False
+    return True
+
+
 def entry_lists(
     data: bytes | memoryview | np.ndarray,
     chunks_per_shard: tuple[int, ...],
@@ -237,22 +270,18 @@ def entry_lists(
 
     Plain Python: readers and copiers of whole shards want these lists anyway, and for the
     small indices of small shards numpy's per-call overhead is most of the cost of a check."""
-    n = n_entries(chunks_per_shard)
-    if len(data) == index_nbytes(chunks_per_shard, checksum):
-        body = memoryview(data).cast("B")[: ENTRY_NBYTES * n]
+    try:
+        n, unpacker = _entries_struct(chunks_per_shard)
+    except TypeError:  # an unhashable shape (a list): not cached
+        n = n_entries(chunks_per_shard)
+        unpacker = struct.Struct(f"<{2 * n}Q")
+    body_n = ENTRY_NBYTES * n
+    if len(data) == body_n + (CHECKSUM_NBYTES if checksum else 0):
+        body = data if type(data) is bytes and not checksum else memoryview(data).cast("B")[:body_n]
         if not checksum or int.from_bytes(bytes(data[-CHECKSUM_NBYTES:]), "little") == _crc32c.crc32c(body):
-            values = struct.unpack(f"<{2 * n}Q", body)
+            values = unpacker.unpack(body)
             offsets, sizes = list(values[0::2]), list(values[1::2])
-            for i, (o, s) in enumerate(zip(offsets, sizes)):
-                if s == MAX_UINT64 and payload_start and o == payload_start - 1:
-                    o = offsets[i] = MAX_UINT64  # zarrita's wrapped empty entry (_unwrap_empty_entries)
-                if o == MAX_UINT64 and s == MAX_UINT64:
-                    continue
-                if o == MAX_UINT64 or s == MAX_UINT64 or o > MAX_UINT64 - s or o < payload_start or (
-                    payload_limit is not None and o + s > payload_limit
-                ):
-                    break
-            else:
+            if _entries_ok(offsets, sizes, payload_start, payload_limit):
                 return offsets, sizes
     ShardIndex.from_bytes(
         bytes(data), chunks_per_shard, checksum=checksum, key=key, payload_limit=payload_limit,
@@ -261,21 +290,42 @@ def entry_lists(
     raise AssertionError(f"{key}: entry_lists and ShardIndex.validate disagree")  # pragma: no cover
 
 
-def live_entries(data: bytes | memoryview, chunks_per_shard: tuple[int, ...], **kw: object) -> list[tuple[int, int]]:
+def live_entries(
+    data: bytes | memoryview,
+    chunks_per_shard: tuple[int, ...],
+    *,
+    checksum: bool = False,
+    key: str = "<shard>",
+    payload_limit: int | None = None,
+    payload_start: int = 0,
+) -> list[tuple[int, int]]:
     """The live ``(offset, nbytes)`` entries of an encoded index, in C order, validated as
     :func:`entry_lists` does (same keyword arguments)."""
-    offsets, sizes = entry_lists(data, chunks_per_shard, **kw)  # type: ignore[arg-type]
+    offsets, sizes = entry_lists(data, chunks_per_shard, checksum=checksum, key=key, payload_limit=payload_limit,
+                                 payload_start=payload_start)
     return [(o, s) for o, s in zip(offsets, sizes) if o != MAX_UINT64]
 
 
 def tiles(live: Sequence[tuple[int, int]], start: int, end: int) -> bool:
     """True when the ranges of ``live`` cover ``[start, end)`` exactly, without gaps or
-    overlaps (an object with no dead bytes; see :meth:`ShardIndex.is_compact`)."""
+    overlaps (an object with no dead bytes; see :meth:`ShardIndex.is_compact`).
+
+    The ranges in their given order first (a shard written in C order chains as it is):
+    a chain from ``start`` of sizes >= 0 has non-decreasing ``(offset, end)`` pairs, so it
+    *is* their sorted order, and the sorted check would walk the same pairs. Otherwise
+    that check decides."""
     pos = start
-    for o, s in sorted((o, o + s) for o, s in live):
+    for o, s in live:
+        if o != pos or s < 0:
+            break
+        pos = o + s
+    else:
+        return pos == end
+    pos = start
+    for o, e in sorted([(o, o + s) for o, s in live]):
         if o != pos:
             return False
-        pos = s
+        pos = e
     return pos == end
 
 
