@@ -197,3 +197,12 @@ def test_list_sized_reads_one_page_at_a_time(bucket):
     rest = list(listing)
     assert s3.counts() == {"LIST": 1}  # the second page
     assert [first, *rest] == [(f"k/{i:04d}", i % 7) for i in range(1500)]
+
+
+def test_a_range_of_no_bytes_is_empty_not_the_whole_object(bucket):
+    """s3fs's cat_ranges answers [0, 0) with the whole object (found by the two-client
+    comparison in test_stores_s3_clients.py)."""
+    s3, inner = bucket
+    inner.set("a", b"0123456789")
+    got = inner.get_ranges([("a", 0, 0), ("a", 3, 3), ("a", 5, 2), ("missing", 0, 0), ("a", 2, 4)])
+    assert got == [b"", b"", b"", None, b"23"]

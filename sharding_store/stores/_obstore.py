@@ -243,7 +243,10 @@ class ObstoreInner(FsspecInner):
             return error
         status = _status(error)
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if status is None:
+        if status is None and "non-partial response" in first:
+            out = StoreIOError(f"{self.describe()}: {key}: the server answered a range request with the whole "
+                               f"object ({first})", key=key)
+        elif status is None:
             out = StoreIOError(f"{self.describe()}: cannot reach the store ({type(error).__name__}: {first})", key=key)
             out.transient = True  # type: ignore[attr-defined]
         else:
