@@ -193,3 +193,37 @@ def test_migration_costs_the_same_requests(s3, tmp_path, client, monkeypatch):  
     assert report.totals.written == 26 and report.totals.copied == 4
     assert counts["COPY"] == 4 and counts["PUT"] == 26 + 10 + 1 and counts["GET"] == 26 + 8 + 1, counts
     assert counts["LIST"] <= 10 and counts["HEAD"] <= 10
+
+
+def test_a_forked_child_reads_through_s3fs(s3):  # noqa: F811
+    """obstore's runtime threads do not survive a fork (its calls in the child wait forever):
+    a child of a process that used obstore reads through s3fs, the parent through obstore."""
+    import os
+    import signal
+    import time
+
+    s3.make_bucket("bkt")
+    fast, _ = both(s3, "s3://bkt/p")
+    fast.set("k", b"0123456789")
+    assert fast.get_ranges([("k", 0, 4), ("k", -2, None)]) == [b"0123", b"89"]  # obstore running
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            got = fast.get_ranges([("k", 0, 4), ("k", -2, None)]) + [fast.get("k"), fast.get_tails([("k", 3)])[0].data]
+            os.write(w, b"|".join(got))
+        except BaseException as e:
+            os.write(w, repr(e).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    deadline = time.monotonic() + 60
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung reading")
+        time.sleep(0.05)
+    with os.fdopen(r, "rb") as f:
+        assert f.read() == b"0123|89|0123456789|789"
+    assert fast.get("k") == b"0123456789"  # the parent still reads through obstore

@@ -144,6 +144,18 @@ def obstore_options(url: str, storage_options: Mapping[str, Any] | None) -> dict
 _POOL: ThreadPoolExecutor | None = None
 _POOL_PID = 0
 _POOL_LOCK = threading.Lock()
+#: the process whose obstore runtime exists (0: none yet). obstore's runtime threads do not
+#: survive a fork, and its calls in a forked child wait forever: there, reads go to s3fs
+_RUNTIME_PID = 0
+
+
+def _native() -> bool:
+    """Whether obstore can be used in this process (not a fork of one that used it)."""
+    global _RUNTIME_PID
+    pid = os.getpid()
+    if _RUNTIME_PID == 0:
+        _RUNTIME_PID = pid
+    return _RUNTIME_PID == pid
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -191,29 +203,32 @@ class ObstoreInner(FsspecInner):
         self._s3 = True
         self._store_pid = 0
         self._store: Any = None
+        self._fs_pid = 0
+        self._fs: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.pop("fs", None)
-        state["_store"], state["_store_pid"] = None, 0
+        state["_store"], state["_store_pid"], state["_fs"], state["_fs_pid"] = None, 0, None, 0
         return state
 
     def __repr__(self) -> str:
         return f"ObstoreInner({self.root!r})"
 
     # ------------------------------------------------------------------ clients
-    def __getattr__(self, name: str) -> Any:
-        if name == "fs":  # the s3fs filesystem for writes, listings and copies, made on first use
+    @property
+    def fs(self) -> Any:  # type: ignore[override]
+        """The s3fs filesystem for writes, listings and copies, made on first use in each
+        process (s3fs refuses to be used in a forked child: the child makes its own)."""
+        pid = os.getpid()
+        if self._fs is None or self._fs_pid != pid:
             import fsspec
 
-            fs, _ = fsspec.core.url_to_fs(self.url, **self.storage_options)
-            self.__dict__["fs"] = fs
-            return fs
-        raise AttributeError(name)
+            self._fs, _ = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            self._fs_pid = pid
+        return self._fs
 
     def client(self) -> Any:
-        """The obstore ``S3Store`` (made again in a forked child: the parent's connections
-        belong to the parent)."""
+        """The obstore ``S3Store`` of this process."""
         if self._store is None or self._store_pid != os.getpid():
             from obstore.store import S3Store
 
@@ -225,6 +240,8 @@ class ObstoreInner(FsspecInner):
 
     def check_options(self) -> None:
         """Build the obstore client now (no request): settings it refuses are a UsageError."""
+        if not _native():
+            return super().check_options()
         try:
             self.client()
         except Exception as e:  # obstore reports bad settings as its own error classes
@@ -235,7 +252,9 @@ class ObstoreInner(FsspecInner):
         return f"{prefix}/{key}" if prefix else key
 
     def _plain(self, keys: Iterable[str]) -> bool:
-        return all(_plain_path(self._obj(k)) for k in keys)
+        """Whether obstore reads these keys: each spelled as object_store keeps it, and this
+        process not a fork of one that used obstore (else the call is s3fs's)."""
+        return _native() and all(_plain_path(self._obj(k)) for k in keys)
 
     def _error(self, key: str, error: BaseException) -> BaseException:
         """An obstore error as ours, naming the key (missing objects are handled by callers)."""
