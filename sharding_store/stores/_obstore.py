@@ -294,7 +294,7 @@ class ObstoreInner(FsspecInner):
         try:
             got = self._get(key)
         except Exception as e:
-            raise self._error(key, e) from None
+            raise self._error(key, e)  # noqa: B904 - the cause is set by _error
         return None if got is None else got[0]
 
     def get_ranges(
@@ -338,12 +338,12 @@ class ObstoreInner(FsspecInner):
             return got[0] if rng is not None else b""
         except PreconditionError as e:
             if etag is None:  # no condition was sent: not ours to explain
-                raise self._error(key, e) from None
+                raise self._error(key, e)  # noqa: B904 - the cause is set by _error
             raise _changed(key) from None
         except ObjectChangedError:
             raise
         except Exception as e:
-            raise self._error(key, e) from None
+            raise self._error(key, e)  # noqa: B904 - the cause is set by _error
 
     def _clamped(self, key: str, start: int, end: int | None, cond: dict[str, Any]) -> tuple[bytes, dict] | None:
         """A range the server refused (past the end, or of an empty object): the object's size
@@ -380,7 +380,7 @@ class ObstoreInner(FsspecInner):
                     if got is not None and int(got[1]["size"]):
                         raise
         except Exception as e:
-            raise self._error(key, e) from None
+            raise self._error(key, e)  # noqa: B904 - the cause is set by _error
         if got is None:
             return None
         data, meta = got
@@ -398,7 +398,7 @@ class ObstoreInner(FsspecInner):
         except FileNotFoundError:
             return None
         except Exception as e:
-            raise self._error(key, e) from None
+            raise self._error(key, e)  # noqa: B904 - the cause is set by _error
         n = len(data)
         buf = alloc(n)
         memoryview(buf).cast("B")[:n] = memoryview(data)
@@ -413,7 +413,7 @@ class ObstoreInner(FsspecInner):
         try:
             got = self._get(key, {"head": True})
         except Exception as e:
-            raise self._error(key, e) from None
+            raise self._error(key, e)  # noqa: B904 - the cause is set by _error
         return None if got is None else int(got[1]["size"])
 
     # ------------------------------------------------------------------ identity
