@@ -7,7 +7,8 @@ proxy on 127.0.0.1 (a thread of the benchmark process) that holds every HTTP req
 ``DELAY_S`` before passing it on (the round trip a client in the same region as its bucket
 sees), accepts at most ``MAX_CONNECTIONS`` connections at once (more wait), counts requests
 by method and bytes each way, and stops by itself once idle for ``IDLE_STOP_S`` or after
-``LIFETIME_S``. Every competitor talks to the proxy only (s3fs for ours, tensorstore's own
+``LIFETIME_S``. Every competitor talks to the proxy only (ours: obstore reads, s3fs writes and
+listings, see ``sharding_store/stores/_obstore.py``; tensorstore's own
 ``s3`` kvstore), from its own process.
 
 Rows (same draft store as scenarios 2-5, uploaded to ``s3://src/draft.zr3``; its migrated
@@ -277,7 +278,11 @@ def _tune(spec: dict) -> None:
 
 
 def task_read_ours(spec: dict) -> dict:
-    import s3fs  # noqa: F401 - the library's import outside the timer, as tensorstore's is
+    import importlib.util
+
+    import s3fs  # noqa: F401 - the library's imports outside the timer, as tensorstore's is
+    if importlib.util.find_spec("obstore") is not None:
+        import obstore  # noqa: F401 - the S3 read client, imported on first use (~10 ms)
 
     from sharding_store.array import open_draft
 

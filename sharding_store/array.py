@@ -64,6 +64,10 @@ BATCH_BYTES = 64 * 2**20
 INDEX_CACHE_SIZE = 1024
 #: a read touching at most this many chunks runs on the calling thread (no pool hand-off)
 INLINE_CHUNKS = 64
+#: whole shards of a remote store are read ahead on their own threads while the pool decodes
+READ_AHEAD = True
+#: runs of whole shards read at once ahead of decoding (0: two per worker); each run is one inner call
+READ_AHEAD_RUNS = 0
 #: merge chunk ranges of one shard separated by less than this (dead bytes, skipped chunks)
 COALESCE_GAP = 1 * 2**20
 _MODES = ("r", "r+", "a")
@@ -330,11 +334,26 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL
 
 
+#: threads that wait for whole-shard reads of remote stores ahead of decoding (see _read_sharded)
+_IO_POOL: ThreadPoolExecutor | None = None
+
+
+def _io_pool() -> ThreadPoolExecutor:
+    """Threads that only wait for a remote store's reads (no decoding), so that the next runs'
+    shards are in flight while the pool decodes; as many as runs may be pending."""
+    global _IO_POOL
+    with _POOL_LOCK:
+        if _IO_POOL is None:
+            _IO_POOL = ThreadPoolExecutor(READ_AHEAD_RUNS or 2 * _WORKERS, thread_name_prefix="sharding-store-io")
+        return _IO_POOL
+
+
 def _forget_pool() -> None:
-    """In a forked child: drop the parent's pool (its threads are gone) and its lock (another
-    thread may have held it at the fork); the child makes its own pool on first use."""
-    global _POOL, _POOL_LOCK
+    """In a forked child: drop the parent's pools (their threads are gone) and their lock
+    (another thread may have held it at the fork); the child makes its own on first use."""
+    global _POOL, _IO_POOL, _POOL_LOCK
     _POOL = None
+    _IO_POOL = None
     _POOL_LOCK = threading.Lock()
 
 
@@ -688,29 +707,66 @@ class DraftArray:
         is done on the calling thread."""
         parts = 2 * _WORKERS
         pending: collections.deque[Future[None]] = collections.deque()
+        ahead: list[Future[Any]] = []
+        remote: bool | None = None
         try:
             for batch in self._shard_batches(sels):
                 n = sum(math.prod(len(g.ks) for g in combo) for combo in batch)
                 if n <= INLINE_CHUNKS or len(batch) == 1:
                     self._fetch_decode(out, batch)
                     continue
+                if remote is None:
+                    remote = READ_AHEAD and self._remote_shards(batch[0])
                 for run in _split(batch, parts):
-                    pending.append(self._pool.submit(self._fetch_decode, out, run))
+                    fetched = None
+                    if remote:  # whole shards of a remote store: read ahead, decode when they arrive
+                        whole = [combo for combo in run if all(g.every for g in combo)]
+                        if whole:
+                            fetched = _io_pool().submit(self._whole_objects, whole, self._scatter(out) is None)
+                            ahead.append(fetched)
+                    pending.append(self._pool.submit(self._fetch_decode, out, run, fetched))
                 while len(pending) > 2 * parts:  # bounded: at most ~2 batches of payloads in flight
                     pending.popleft().result()
+                ahead = [f for f in ahead if not f.done()]
             while pending:
                 pending.popleft().result()
         finally:
-            for f in pending:
+            for f in (*pending, *ahead):
                 f.cancel()
 
-    def _fetch_decode(self, out: np.ndarray, batch: list[tuple[_DimGroup, ...]]) -> None:
+    def _remote_shards(self, combo: tuple[_DimGroup, ...]) -> bool:
+        """Whether whole shards are read from a remote store (no local file: reading ahead on
+        other threads overlaps the requests' latency with decoding; a local directory is read
+        into per-thread buffers, on the decoding thread)."""
+        assert self.engine is not None
+        cps = self.meta.chunks_per_shard
+        assert cps is not None
+        shard = tuple(int(g.ks[0]) // k for g, k in zip(combo, cps))
+        return self.inner.local_path(self.engine.layout.shard_key(shard)) is None
+
+    def _whole_objects(self, run: list[tuple[_DimGroup, ...]], lists: bool) -> list[Any]:
+        """The whole shard objects of a run whose every chunk is selected (one inner call);
+        ``lists``: with their index as lists (not needed when the C scatter lands them)."""
+        assert self.engine is not None
+        cps = self.meta.chunks_per_shard
+        assert cps is not None
+        shards = [tuple(int(g.ks[0]) // k for g, k in zip(combo, cps)) for combo in run]
+        return list(self.engine.read_whole_shards(shards, lists=lists))
+
+    def _scatter(self, out: np.ndarray) -> Any:
+        """The C scatter of whole shards into ``out`` (None: the reference path lands them)."""
+        return self.codec.scatter if out.flags.c_contiguous else None
+
+    def _fetch_decode(
+        self, out: np.ndarray, batch: list[tuple[_DimGroup, ...]], fetched: Future[Any] | None = None
+    ) -> None:
         """Read and decode a run of shards into ``out``: those whose every chunk is selected
-        whole (one read each), the others chunk by chunk (their indices, then their ranges)."""
+        whole (one read each; ``fetched``: their objects, read ahead), the others chunk by
+        chunk (their indices, then their ranges)."""
         assert self.engine is not None
         whole = [combo for combo in batch if all(g.every for g in combo)]
         if whole:
-            self._read_whole_shards(out, whole)
+            self._read_whole_shards(out, whole, None if fetched is None else fetched.result())
             if len(whole) == len(batch):
                 return
             batch = [combo for combo in batch if not all(g.every for g in combo)]
@@ -722,18 +778,20 @@ class DraftArray:
             pos += len(c)
         self._decode_shards(out, work)
 
-    def _read_whole_shards(self, out: np.ndarray, run: list[tuple[_DimGroup, ...]]) -> None:
+    def _read_whole_shards(
+        self, out: np.ndarray, run: list[tuple[_DimGroup, ...]], objects: list[Any] | None = None
+    ) -> None:
         """Shards whose every chunk is selected: each object is read whole (one request, the
-        index from its own tail; see ``ShardEngine.read_whole_shards``). Into a C-contiguous
-        output, with the loops library: the engine only checks the index and one C call per
-        shard decodes every chunk and copies it to its place (``ChunkCodec.scatter``, the GIL
-        released once); otherwise, and for any shard that call hands back, the reference
-        path (:meth:`_land_whole`)."""
+        index from its own tail; see ``ShardEngine.read_whole_shards``; ``objects``: read
+        already). Into a C-contiguous output, with the loops library: the engine only checks
+        the index and one C call per shard decodes every chunk and copies it to its place
+        (``ChunkCodec.scatter``, the GIL released once); otherwise, and for any shard that
+        call hands back, the reference path (:meth:`_land_whole`)."""
         assert self.engine is not None
         cps = self.meta.chunks_per_shard
         assert cps is not None
         shards = [tuple(int(g.ks[0]) // k for g, k in zip(combo, cps)) for combo in run]
-        scatter = self.codec.scatter if out.flags.c_contiguous else None
+        scatter = self._scatter(out)
         if scatter is not None:
             geometry = _ScatterGeometry(self, out)
             out_address, out_nbytes, fill = out.ctypes.data, out.nbytes, self._fill_row().ctypes.data
@@ -742,7 +800,9 @@ class DraftArray:
                 # pages, see _output): a third cheaper than a fault per page from the copies
                 lo, hi = geometry.span(run[0])[0], geometry.span(run[-1])[1]
                 _native.madvise(out_address + lo, hi - lo, _native.MADV_POPULATE_WRITE)
-        for combo, obj in zip(run, self.engine.read_whole_shards(shards, lists=scatter is None)):
+        if objects is None:
+            objects = self.engine.read_whole_shards(shards, lists=scatter is None)
+        for combo, obj in zip(run, objects):
             if obj is None:
                 self._fill_segments(out, combo)
                 continue

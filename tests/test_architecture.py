@@ -77,6 +77,13 @@ KNOWN_STORE_CLASSES = {"BaseInner", "LocalInner", "FsspecInner", "MappingInner",
 ENV_ALLOWED = {
     ("cli", "SHARDING_STORE_DEBUG"): "the CLI shows a traceback instead of one line (a user's switch, no test hook)",
     ("cli", "OPENBLAS_NUM_THREADS"): "the CLI sets numpy's BLAS to one thread unless the user chose (setdefault)",
+    # obstore reads AWS_* settings from the environment, botocore some of them: an s3:// URL is
+    # read through obstore only when the two would read the same (stores/_obstore.obstore_options)
+    ("stores._obstore", "?"): "obstore: no AWS_* variable botocore could read differently is set",
+    ("stores._obstore", "AWS_DEFAULT_REGION"): "obstore: the region botocore takes from the environment",
+    ("stores._obstore", "AWS_CONFIG_FILE"): "obstore: botocore would read a region from a config file (s3fs)",
+    ("stores._obstore", "AWS_ACCESS_KEY_ID"): "obstore: the credentials botocore's chain takes first",
+    ("stores._obstore", "AWS_SECRET_ACCESS_KEY"): "obstore: the credentials botocore's chain takes first",
 }
 NATIVE = "_native"
 

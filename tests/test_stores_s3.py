@@ -1,5 +1,6 @@
-"""S3 through s3fs against the local moto server: ETag versions with If-Match range reads,
-conditional PUTs, version-checked server-side copies, request counts, setup errors."""
+"""S3 against the local moto server, through both read clients (obstore, s3fs): ETag versions
+with If-Match range reads, conditional PUTs, version-checked server-side copies, request
+counts, setup errors. ``tests/test_stores_s3_clients.py``: the two clients compared."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from sharding_store.errors import ObjectChangedError, StoreIOError, UsageError
-from sharding_store.stores import FsspecInner, Tail, as_inner
+from sharding_store.stores import FsspecInner, ObstoreInner, Tail, as_inner
 from sharding_store.testing import CountingInner
 from tests.s3server import s3, s3_server  # noqa: F401 - fixtures
 
@@ -18,10 +19,24 @@ pytest.importorskip("s3fs")
 pytestmark = [pytest.mark.s3]
 
 
+CLIENTS = ["obstore", "s3fs"]
+
+
+@pytest.fixture(params=CLIENTS)
+def client(request, monkeypatch):
+    """Which client reads s3:// URLs in this test (writes and listings are s3fs's in both)."""
+    if request.param == "obstore":
+        pytest.importorskip("obstore")
+    monkeypatch.setattr("sharding_store.stores._obstore.CLIENT", "auto" if request.param == "obstore" else "s3fs")
+    return request.param
+
+
 @pytest.fixture
-def bucket(s3):  # noqa: F811
+def bucket(s3, client):  # noqa: F811
     s3.make_bucket("bkt")
-    return s3, as_inner("s3://bkt/store", storage_options=s3.storage_options)
+    inner = as_inner("s3://bkt/store", storage_options=s3.storage_options)
+    assert isinstance(inner, ObstoreInner) == (client == "obstore")
+    return s3, inner
 
 
 def _blob(i: int, n: int = 4096) -> bytes:
@@ -131,12 +146,26 @@ def test_an_unreachable_endpoint_is_an_io_error_naming_the_url():
     inner = as_inner("s3://bkt/x", storage_options={
         "key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},
         "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1}})
+    assert not isinstance(inner, ObstoreInner)  # config_kwargs: s3fs's to express
     with pytest.raises(StoreIOError, match="s3://bkt/x: cannot reach the store") as info:
         inner.get("zarr.json")
     assert info.value.exit_code == 12 and info.value.transient
 
 
-def test_storage_options_s3fs_rejects_are_a_usage_error_at_open():
+def test_an_unreachable_endpoint_through_obstore_is_an_io_error_naming_the_url(monkeypatch):
+    pytest.importorskip("obstore")
+    monkeypatch.setattr("sharding_store.stores._obstore.CLIENT", "auto")
+    inner = as_inner("s3://bkt/x", storage_options={
+        "key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}})
+    assert isinstance(inner, ObstoreInner)
+    for read in (lambda: inner.get("zarr.json"), lambda: inner.get_ranges([("a", 0, 4), ("b", 0, 4)]),
+                 lambda: inner.get_tails([("a", 4)]), lambda: inner.size("a")):
+        with pytest.raises(StoreIOError, match="s3://bkt/x: cannot reach the store") as info:
+            read()
+        assert info.value.exit_code == 12 and info.value.transient
+
+
+def test_storage_options_s3fs_rejects_are_a_usage_error_at_open(client):
     with pytest.raises(UsageError, match="s3://bkt/x: storage options not accepted") as info:
         as_inner("s3://bkt/x", storage_options={"nosuch": 1})
     assert info.value.exit_code == 2
@@ -168,3 +197,12 @@ def test_list_sized_reads_one_page_at_a_time(bucket):
     rest = list(listing)
     assert s3.counts() == {"LIST": 1}  # the second page
     assert [first, *rest] == [(f"k/{i:04d}", i % 7) for i in range(1500)]
+
+
+def test_a_range_of_no_bytes_is_empty_not_the_whole_object(bucket):
+    """s3fs's cat_ranges answers [0, 0) with the whole object (found by the two-client
+    comparison in test_stores_s3_clients.py)."""
+    s3, inner = bucket
+    inner.set("a", b"0123456789")
+    got = inner.get_ranges([("a", 0, 0), ("a", 3, 3), ("a", 5, 2), ("missing", 0, 0), ("a", 2, 4)])
+    assert got == [b"", b"", b"", None, b"23"]

@@ -3,7 +3,8 @@
 :func:`as_inner` adapts what a user passes — a path or URL, an ``fsspec.FSMap``, a
 zarr-python 3 ``Store``, a mapping, or a store object — to the :class:`Inner` interface
 (:mod:`.base`): :class:`LocalInner` for every local spelling (:mod:`.local`),
-:class:`FsspecInner` for remote fsspec filesystems (:mod:`.fsspec`),
+:class:`FsspecInner` for remote fsspec filesystems (:mod:`.fsspec`; on S3, where
+:func:`~._obstore.obstore_options` allows, :class:`ObstoreInner`: reads through obstore),
 :class:`ZarrStoreInner` (:mod:`.zarr`), :class:`MappingInner` (:mod:`.mapping`).
 Store identity (same store? nested?) is :class:`Location` (:mod:`.location`).
 """
@@ -29,6 +30,7 @@ from .base import (
     list_dir_from_keys,
     slice_range,
 )
+from ._obstore import ObstoreInner, obstore_options
 from .fsspec import FsspecInner
 from .local import FILE_MODE, TEMP_MARKER, LocalInner, atomic_local_file, is_temp, write_all, write_local_atomic
 from .location import relation
@@ -46,6 +48,7 @@ __all__ = [
     "LocalInner",
     "Location",
     "MappingInner",
+    "ObstoreInner",
     "ObjectChangedError",
     "Part",
     "RangeRequest",
@@ -83,9 +86,15 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> Inne
     the backend rejects are :class:`~sharding_store.errors.UsageError` (exit 2)."""
     if not storage_options and _is_local_url(url):
         return LocalInner(url)  # no fsspec import on the local read path
+    protocol = url.split("://", 1)[0].split("::")[-1] if "://" in url else "file"
+    if protocol in ("s3", "s3a"):
+        settings = obstore_options(url, storage_options)
+        if settings is not None:  # reads through obstore, the rest through s3fs (see _obstore)
+            store = ObstoreInner(url, storage_options, settings)
+            store.check_options()
+            return store
     import fsspec
 
-    protocol = url.split("://", 1)[0].split("::")[-1] if "://" in url else "file"
     try:
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     except ImportError as e:

@@ -29,6 +29,12 @@ S3_COPY_LIMIT = 5 * 2**30
 S3_LIST_PAGE = 1000
 
 
+def _no_bytes(request: RangeRequest) -> bool:
+    """A forward range that asks for no bytes (``end <= start``)."""
+    _, start, end = request
+    return end is not None and 0 <= start and end <= start
+
+
 def _is_s3(fs: Any) -> bool:
     return hasattr(fs, "call_s3") and hasattr(fs, "_call_s3")
 
@@ -133,6 +139,12 @@ class FsspecInner(BaseInner):
         if versions is not None and any(v is not None for v in versions):
             if self._s3:
                     return s3_ranges(self, requests, versions)
+        if any(_no_bytes(r) for r in requests):
+            # s3fs's cat_ranges returns the whole object for [0, 0): a request for no bytes is
+            # b"" when the object exists (None when not), as every store answers it
+            rest = [r for r in requests if not _no_bytes(r)]
+            got = iter(self.get_ranges(rest) if rest else [])
+            return [(b"" if self.exists(r[0]) else None) if _no_bytes(r) else next(got) for r in requests]
         paths = [self._path(k) for k, _, _ in requests]
         out = self.fs.cat_ranges(
             paths, [s for _, s, _ in requests], [e for _, _, e in requests], on_error="return"

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from .base import Location, Relation
 
-__all__ = ["Location", "Relation", "fs_location", "is_local_fs", "protocol_of", "relation", "zarr_location"]
+__all__ = ["Location", "Relation", "endpoint_location", "fs_location", "is_local_fs", "protocol_of", "relation", "zarr_location"]
 
 
 def protocol_of(fs: Any) -> str:
@@ -33,7 +33,11 @@ def is_local_fs(fs: Any) -> bool:
 def _endpoint(fs: Any) -> str:
     """An object store's endpoint, normalised (``scheme://host[:port]``, lower case, the
     default port dropped); "" for the provider's default."""
-    options = getattr(fs, "storage_options", {}) or {}
+    return _options_endpoint(getattr(fs, "storage_options", {}) or {}, fs)
+
+
+def _options_endpoint(options: Any, fs: Any = None) -> str:
+    """The endpoint storage options name (else the filesystem's own), normalised."""
     client = options.get("client_kwargs") or getattr(fs, "client_kwargs", None) or {}
     url = options.get("endpoint_url") or client.get("endpoint_url") or getattr(fs, "endpoint_url", None) or ""
     if not url:
@@ -57,6 +61,13 @@ def fs_location(fs: Any, root: str) -> Location:
     if kind == "memory":
         path = "/" + path
     return Location(kind, _endpoint(fs), path)
+
+
+def endpoint_location(kind: str, storage_options: Any, root: str) -> Location:
+    """The location of ``root`` (``bucket/prefix``, stripped) on an object store given by
+    storage options: what :func:`fs_location` says of the fsspec filesystem made from them."""
+    path = "/".join(p for p in root.split("/") if p not in ("", "."))
+    return Location(kind, _options_endpoint(storage_options or {}), path)
 
 
 def zarr_location(store: Any) -> Location:
