@@ -422,8 +422,8 @@ def _fill_rows(meta: dm.DraftArrayMeta, chunks: np.ndarray) -> np.ndarray:
 class _ScatterGeometry:
     """Where each chunk of a shard read whole lands in one output array, as the ``geom``
     bytes of ``_loops.c``'s ``ss_shard_scatter``: a header per combination of touched-chunk
-    counts, then one table per dimension group (built once per group for the whole read:
-    the shards of a read share their groups), each chunk as ``(start and step inside the
+    counts, then one table per dimension group (built once per group for the run of shards
+    it is made for: the shards of a run share their groups), each chunk as ``(start and step inside the
     chunk, elements, start in the output)``."""
 
     __slots__ = ("_array", "_out_strides", "_headers", "_tables")
@@ -739,19 +739,19 @@ class DraftArray:
         other threads overlaps the requests' latency with decoding; a local directory is read
         into per-thread buffers, on the decoding thread)."""
         assert self.engine is not None
+        return self.inner.local_path(self.engine.layout.shard_key(self._shards_of([combo])[0])) is None
+
+    def _shards_of(self, run: list[tuple[_DimGroup, ...]]) -> list[Coords]:
+        """The shard coordinates of each combination of a run (each lies in one shard)."""
         cps = self.meta.chunks_per_shard
         assert cps is not None
-        shard = tuple(int(g.ks[0]) // k for g, k in zip(combo, cps))
-        return self.inner.local_path(self.engine.layout.shard_key(shard)) is None
+        return [tuple(int(g.ks[0]) // k for g, k in zip(combo, cps)) for combo in run]
 
     def _whole_objects(self, run: list[tuple[_DimGroup, ...]], lists: bool) -> list[Any]:
         """The whole shard objects of a run whose every chunk is selected (one inner call);
         ``lists``: with their index as lists (not needed when the C scatter lands them)."""
         assert self.engine is not None
-        cps = self.meta.chunks_per_shard
-        assert cps is not None
-        shards = [tuple(int(g.ks[0]) // k for g, k in zip(combo, cps)) for combo in run]
-        return list(self.engine.read_whole_shards(shards, lists=lists))
+        return list(self.engine.read_whole_shards(self._shards_of(run), lists=lists))
 
     def _scatter(self, out: np.ndarray) -> Any:
         """The C scatter of whole shards into ``out`` (None: the reference path lands them)."""
@@ -788,9 +788,6 @@ class DraftArray:
         (``ChunkCodec.scatter``, the GIL released once); otherwise, and for any shard that
         call hands back, the reference path (:meth:`_land_whole`)."""
         assert self.engine is not None
-        cps = self.meta.chunks_per_shard
-        assert cps is not None
-        shards = [tuple(int(g.ks[0]) // k for g, k in zip(combo, cps)) for combo in run]
         scatter = self._scatter(out)
         if scatter is not None:
             geometry = _ScatterGeometry(self, out)
@@ -801,7 +798,7 @@ class DraftArray:
                 lo, hi = geometry.span(run[0])[0], geometry.span(run[-1])[1]
                 _native.madvise(out_address + lo, hi - lo, _native.MADV_POPULATE_WRITE)
         if objects is None:
-            objects = self.engine.read_whole_shards(shards, lists=scatter is None)
+            objects = self.engine.read_whole_shards(self._shards_of(run), lists=scatter is None)
         for combo, obj in zip(run, objects):
             if obj is None:
                 self._fill_segments(out, combo)
