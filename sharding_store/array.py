@@ -25,6 +25,7 @@ import math
 import operator
 import os
 import threading
+import time
 from array import array as _array
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +39,7 @@ from numcodecs.abc import Codec
 
 from . import _native
 from . import draft_metadata as dm
+from .buffers import io_buffer
 from .chunk_codec import ChunkCodec, decode_chunk_payload, encode_chunk_payload, fill_chunk
 from .errors import ChunkDecodeError, DestinationExistsError, ReadOnlyError, StoreNotFoundError, UsageError
 from .hierarchy import DraftHierarchy, Hierarchy2023, draft_entry_point, hierarchy_2023, inner_of
@@ -264,29 +266,25 @@ def _scratch(nbytes: int) -> np.ndarray:
     """A per-thread reusable byte buffer (whole shards are decoded into it, then copied out)."""
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.nbytes < nbytes:
-        buf = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+        buf = io_buffer(max(nbytes, 1 << 20))
         if nbytes <= _SCRATCH_KEEP:  # a huge shard's buffer is not kept for the thread's lifetime
             _SCRATCH.buf = buf
             _SCRATCH.address = buf.ctypes.data
     return buf[:nbytes]
 
 
-_MADV_NOHUGEPAGE = 15
-#: outputs at least this big are faulted in with small pages (see :func:`_output`)
+#: outputs at least this big are faulted in ahead of the copies (see :class:`_Pages`)
 SMALL_PAGES_MIN = 4 * 2**20
+#: :class:`_Pages` populates huge pages this many bytes at a time, timing each step
+PROBE_BYTES = 4 * 2**20
+#: a huge-page step slower than this (ns per MiB) switches the rest of an output to small pages
+SLOW_NS_PER_MIB = 600_000
 
 
 def _output(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A new array for a read's result, to be faulted in with ordinary pages.
-
-    numpy asks for transparent huge pages on big arrays. Reads fill their output exactly
-    once, so its cost is the first touch of fresh memory; measured on our 2-core VM, a
-    fresh huge page took 2-20x longer to fault in than the same bytes in 4 KiB pages (the
-    kernel must find 2 MiB of contiguous, never-touched memory), and it was the largest
-    single cost of a whole-array read of 256 MiB."""
-    out = np.empty(shape, dtype=dtype)
-    _advise(out, _MADV_NOHUGEPAGE)
-    return out
+    """A new array for a read's result (numpy asks for transparent huge pages on big ones;
+    :class:`_Pages` decides, while the read runs, whether to keep them)."""
+    return np.empty(shape, dtype=dtype)
 
 
 def _advise(out: np.ndarray, advice: int) -> None:
@@ -294,6 +292,66 @@ def _advise(out: np.ndarray, advice: int) -> None:
     only: failures (an old kernel, another OS) change nothing."""
     if out.nbytes >= SMALL_PAGES_MIN:
         _native.madvise(out.ctypes.data, out.nbytes, advice)
+
+
+class _Pages:
+    """Faults a big fresh output in ahead of the copies that fill it, one run of shards'
+    part at a time (``MADV_POPULATE_WRITE``: a third cheaper than a fault per page from the
+    copies), with huge pages while they come fast and small pages after the first slow step.
+
+    What a fresh page costs is not predictable on a VM. On our benchmark machine a fresh
+    2 MiB page came in at 0.1-0.25 ms per MiB while the host still backed it and at
+    1.25-3.5 ms per MiB when it did not (the guest reports free 2 MiB blocks to the host,
+    which drops them), against 0.5-0.9 ms per MiB for 4 KiB pages, which stay backed; which
+    case a process meets changed from minute to minute (benchmarks/profile_notes.md). So huge
+    pages are populated :data:`PROBE_BYTES` at a time and timed; the first step slower than
+    :data:`SLOW_NS_PER_MIB` advises the rest of the output ``MADV_NOHUGEPAGE``. Each byte
+    range is claimed once, by the first run that asks (runs of neighbouring shards share
+    rows of the output). Advice only: nothing here changes a value."""
+
+    __slots__ = ("_address", "_nbytes", "_claimed", "_lock", "huge")
+
+    def __init__(self, out: np.ndarray) -> None:
+        self._address, self._nbytes = out.ctypes.data, out.nbytes
+        self._claimed: list[tuple[int, int]] = []
+        self._lock = threading.Lock()
+        #: still populating with huge pages (False after a slow step)
+        self.huge = True
+
+    def populate(self, lo: int, hi: int) -> None:
+        """Fault in the unclaimed part of the output's bytes ``[lo, hi)``."""
+        for a, b in self._claim(max(0, lo), min(hi, self._nbytes)):
+            while a < b:
+                step = min(b, a + PROBE_BYTES) if self.huge else b
+                t0 = time.perf_counter_ns()
+                _native.madvise(self._address + a, step - a, _native.MADV_POPULATE_WRITE)
+                if self.huge and (time.perf_counter_ns() - t0) * 2**20 > (step - a) * SLOW_NS_PER_MIB:
+                    self.huge = False
+                    _native.madvise(self._address + step, self._nbytes - step, _native.MADV_NOHUGEPAGE)
+                a = step
+
+    def _claim(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The parts of ``[lo, hi)`` no earlier call claimed, now claimed."""
+        if hi <= lo:
+            return []
+        with self._lock:
+            free, at = [], lo
+            for a, b in self._claimed:
+                if b <= at or a >= hi:
+                    continue
+                if a > at:
+                    free.append((at, a))
+                at = max(at, b)
+            if at < hi:
+                free.append((at, hi))
+            merged: list[tuple[int, int]] = []
+            for a, b in sorted(self._claimed + free):
+                if merged and a <= merged[-1][1]:
+                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+                else:
+                    merged.append((a, b))
+            self._claimed = merged
+            return free
 
 
 # --------------------------------------------------------------------------- chunk I/O
@@ -419,6 +477,14 @@ def _fill_rows(meta: dm.DraftArrayMeta, chunks: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- arrays
 
 
+def _span(out: np.ndarray, combo: tuple[_DimGroup, ...]) -> tuple[int, int]:
+    """``(first, end)``: the bytes of ``out`` a shard's selected chunks land in lie in this
+    range (``out``'s strides are positive: a fresh output; reversed steps are views of it)."""
+    first = sum(g.segments[0].outer.start * s for g, s in zip(combo, out.strides))
+    last = sum((g.segments[-1].outer.stop - 1) * s for g, s in zip(combo, out.strides))
+    return first, last + out.itemsize
+
+
 class _ScatterGeometry:
     """Where each chunk of a shard read whole lands in one output array, as the ``geom``
     bytes of ``_loops.c``'s ``ss_shard_scatter``: a header per combination of touched-chunk
@@ -446,13 +512,6 @@ class _ScatterGeometry:
                 hit = self._tables[id(g)] = (g, self._table(g))
             parts.append(hit[1])
         return b"".join(parts)
-
-    def span(self, combo: tuple[_DimGroup, ...]) -> tuple[int, int]:
-        """``(first, end)``: the bytes of the output a shard's chunks land in lie in this range."""
-        strides = self._out_strides
-        first = sum(g.segments[0].outer.start * s for g, s in zip(combo, strides))
-        last = sum((g.segments[-1].outer.stop - 1) * s for g, s in zip(combo, strides))
-        return first, last + self._array.meta.dtype.itemsize
 
     def _header(self, counts: tuple[int, ...]) -> bytes:
         a = self._array
@@ -650,6 +709,7 @@ class DraftArray:
         """Fetch batch by batch; a batch decodes on the pool while the next one is fetched."""
         if self.engine is not None and self.ndim:
             return self._read_sharded(out, sels)
+        _advise(out, _native.MADV_NOHUGEPAGE)  # filled by copies chunk by chunk: small pages
         parts = 4 * _WORKERS
         fill = fill_chunk(self.meta, (1,) * self.ndim)
         previous: list[Future[None]] = []
@@ -709,11 +769,12 @@ class DraftArray:
         pending: collections.deque[Future[None]] = collections.deque()
         ahead: list[Future[Any]] = []
         remote: bool | None = None
+        pages = _Pages(out) if out.nbytes >= SMALL_PAGES_MIN and out.flags.c_contiguous else None
         try:
             for batch in self._shard_batches(sels):
                 n = sum(math.prod(len(g.ks) for g in combo) for combo in batch)
                 if n <= INLINE_CHUNKS or len(batch) == 1:
-                    self._fetch_decode(out, batch)
+                    self._fetch_decode(out, batch, None, pages)
                     continue
                 if remote is None:
                     remote = READ_AHEAD and self._remote_shards(batch[0])
@@ -724,7 +785,7 @@ class DraftArray:
                         if whole:
                             fetched = _io_pool().submit(self._whole_objects, whole, self._scatter(out) is None)
                             ahead.append(fetched)
-                    pending.append(self._pool.submit(self._fetch_decode, out, run, fetched))
+                    pending.append(self._pool.submit(self._fetch_decode, out, run, fetched, pages))
                 while len(pending) > 2 * parts:  # bounded: at most ~2 batches of payloads in flight
                     pending.popleft().result()
                 ahead = [f for f in ahead if not f.done()]
@@ -758,12 +819,16 @@ class DraftArray:
         return self.codec.scatter if out.flags.c_contiguous else None
 
     def _fetch_decode(
-        self, out: np.ndarray, batch: list[tuple[_DimGroup, ...]], fetched: Future[Any] | None = None
+        self, out: np.ndarray, batch: list[tuple[_DimGroup, ...]], fetched: Future[Any] | None = None,
+        pages: _Pages | None = None,
     ) -> None:
         """Read and decode a run of shards into ``out``: those whose every chunk is selected
         whole (one read each; ``fetched``: their objects, read ahead), the others chunk by
-        chunk (their indices, then their ranges)."""
+        chunk (their indices, then their ranges). ``pages``: a big output's pages, this run's
+        part faulted in first."""
         assert self.engine is not None
+        if pages is not None:
+            pages.populate(_span(out, batch[0])[0], _span(out, batch[-1])[1])
         whole = [combo for combo in batch if all(g.every for g in combo)]
         if whole:
             self._read_whole_shards(out, whole, None if fetched is None else fetched.result())
@@ -792,11 +857,6 @@ class DraftArray:
         if scatter is not None:
             geometry = _ScatterGeometry(self, out)
             out_address, out_nbytes, fill = out.ctypes.data, out.nbytes, self._fill_row().ctypes.data
-            if out_nbytes >= SMALL_PAGES_MIN:
-                # the fresh output's pages this run lands in, faulted in by one call (small
-                # pages, see _output): a third cheaper than a fault per page from the copies
-                lo, hi = geometry.span(run[0])[0], geometry.span(run[-1])[1]
-                _native.madvise(out_address + lo, hi - lo, _native.MADV_POPULATE_WRITE)
         if objects is None:
             objects = self.engine.read_whole_shards(self._shards_of(run), lists=scatter is None)
         for combo, obj in zip(run, objects):

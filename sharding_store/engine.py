@@ -56,6 +56,7 @@ import numpy as np
 
 from . import _native
 from . import draft_metadata as dm
+from .buffers import io_buffer
 from .errors import ObjectChangedError, ShardCorruptError, UsageError
 from .keys import (
     ZERO_D_KEYS,
@@ -117,7 +118,7 @@ def _read_buffer(nbytes: int) -> np.ndarray:
     most that thread's buffer, which it may keep using."""
     buf = getattr(_READ, "buf", None)
     if buf is None or buf.nbytes < nbytes:
-        buf = np.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+        buf = io_buffer(max(nbytes, 1 << 20))
         _READ.buf = buf if nbytes <= READ_KEEP else None
     return buf
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from . import _native
 from . import draft_metadata as dm
+from .buffers import io_buffer
 from .errors import (
     DraftMetadataError,
     LinkOutsideStoreError,
@@ -277,7 +278,7 @@ def _same_contents(fd_a: int, fd_b: int, nbytes: int) -> bool:
     faults that double the time of a verify."""
     bufs = getattr(_buffers, "pair", None)
     if bufs is None or len(bufs[0]) != BLOCK:
-        a, b = np.empty(BLOCK, np.uint8), np.empty(BLOCK, np.uint8)
+        a, b = io_buffer(BLOCK), io_buffer(BLOCK)
         bufs = _buffers.pair = (a, b, a.ctypes.data, b.ctypes.data)
     a, b, pa, pb = bufs
     ma, mb = memoryview(a), memoryview(b)
