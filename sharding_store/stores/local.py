@@ -121,6 +121,14 @@ def _check(key: str, expected: Version, fd: int | None, st: os.stat_result | Non
         raise ObjectChangedError(f"{key}: the object changed between two reads of it (read it again)", key=key)
 
 
+def _is_real_dir(path: str) -> bool:
+    """Whether ``path`` is a directory and not a link to one (``lstat``)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 class LocalInner(BaseInner):
     """A local directory below ``root`` (see the module docstring)."""
 
@@ -128,6 +136,7 @@ class LocalInner(BaseInner):
         self.root = local_root(os.fspath(path))
         self._real_root: str | None = None
         self._safe_dirs: dict[str, bool] = {}
+        self._below_root = self.root.rstrip("/") + "/"
 
     def __repr__(self) -> str:
         return f"LocalInner({self.root!r})"
@@ -159,15 +168,38 @@ class LocalInner(BaseInner):
     def _check_dir(self, directory: str, key: str) -> None:
         """Raise unless ``directory`` (a store path's parent) resolves inside the store; once
         checked, an existing directory is remembered."""
-        if directory in self._safe_dirs:
+        if directory in self._safe_dirs or self._known_inside(directory):
             return
         real = os.path.realpath(directory)
         if not self._inside(real):
             raise self._refuse(key, real)
         if os.path.isdir(real):
-            if len(self._safe_dirs) >= _SAFE_DIRS_MAX:
-                self._safe_dirs.clear()
-            self._safe_dirs[directory] = True
+            self._remember_dir(directory)
+
+    def _known_inside(self, directory: str) -> bool:
+        """Whether ``directory`` is a directory inside the store, decided component by
+        component (then remembered): below the root, a real directory (``lstat``: not a
+        link) inside a directory known to be inside is inside. One ``lstat`` per new
+        directory instead of ``realpath``'s one per component (a store of one shard per
+        directory has as many directories as shards). The root, and a ``.`` or ``..``
+        component, by ``realpath``. False (never an error) for a link, a missing directory
+        or one outside: :meth:`_check_dir` then decides by ``realpath``."""
+        if directory in self._safe_dirs:
+            return True
+        parent, _, name = directory.rpartition("/")
+        if name in ("", ".", "..") or not directory.startswith(self._below_root):
+            real = os.path.realpath(directory)
+            ok = self._inside(real) and os.path.isdir(real)
+        else:
+            ok = self._known_inside(parent or "/") and _is_real_dir(directory)
+        if ok:
+            self._remember_dir(directory)
+        return ok
+
+    def _remember_dir(self, directory: str) -> None:
+        if len(self._safe_dirs) >= _SAFE_DIRS_MAX:
+            self._safe_dirs.clear()
+        self._safe_dirs[directory] = True
 
     def _checked_path(self, key: str) -> str:
         path = self._path(key)
