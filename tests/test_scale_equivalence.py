@@ -7,11 +7,9 @@ import itertools
 import struct
 
 import hypothesis.strategies as st
-import pytest
 import crc32c
 from hypothesis import given, settings
 
-from sharding_store import shard_index
 from sharding_store.errors import ShardCorruptError
 from sharding_store.jobs import StoreRef, interleave
 from sharding_store.migrate_units import ArrayJob
@@ -106,38 +104,27 @@ def test_entry_lists_matches_the_previous_implementation(case):
     assert _outcome(entry_lists, data, cps, **kw) == _outcome(_old_entry_lists, data, cps, **kw)
 
 
-@settings(max_examples=1500, deadline=None)
-@given(_indices())
-def test_entry_lists_checked_by_numpy_matches_the_previous_implementation(case):
-    """Every index through the numpy check (``VECTOR_MIN_ENTRIES`` at 1): the same lists or
-    the same error as the old loop."""
-    data, cps, checksum, payload_start, payload_limit = case
-    kw = dict(checksum=checksum, key="k", payload_limit=payload_limit, payload_start=payload_start)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(shard_index, "VECTOR_MIN_ENTRIES", 1)
-        got = _outcome(entry_lists, data, cps, **kw)
-    assert got == _outcome(_old_entry_lists, data, cps, **kw)
-
-
 @settings(max_examples=500, deadline=None)
 @given(st.data())
-def test_big_indices_are_checked_by_numpy_as_the_loop_checks_them(data):
+def test_big_indices_are_checked_as_before(data):
     """Indices of 64-256 entries (2023 shards of 8x8 to 16x16 chunks), mostly valid with a
-    few boundary values: the numpy check agrees with the loop entry for entry."""
+    few boundary values, full or with absent entries: the same lists or the same error as
+    the old implementation (full shards take the scans of ``_entries_ok``)."""
     n = data.draw(st.sampled_from([64, 100, 256]))
-    limit = data.draw(st.one_of(st.none(), st.integers(-3, 5000), st.just(MAX_UINT64)))
+    cps = {64: (8, 8), 100: (10, 10), 256: (16, 16)}[n]
+    limit = data.draw(st.one_of(st.none(), st.integers(-3, 5000), st.just(MAX_UINT64), st.just(2**65)))
+    absent = data.draw(st.booleans())
     fields = []
     for _ in range(n):
-        if data.draw(st.integers(0, 9)) == 0:
+        if data.draw(st.integers(0, 30)) == 0:
             fields += [data.draw(_FIELD), data.draw(_FIELD)]
-        elif data.draw(st.integers(0, 5)) == 0:
+        elif absent and data.draw(st.integers(0, 5)) == 0:
             fields += [MAX_UINT64, MAX_UINT64]
         else:
             fields += [data.draw(st.integers(0, 4000)), data.draw(st.integers(0, 1000))]
     body = struct.pack(f"<{2 * n}Q", *fields)
-    want = shard_index._entries_ok(list(fields[0::2]), list(fields[1::2]), 0, limit)
-    assert shard_index._entries_ok_np(body, n, limit) == want
-    assert shard_index._entries_ok_np(memoryview(body), n, limit) == want
+    kw = dict(checksum=False, key="k", payload_limit=limit, payload_start=0)
+    assert _outcome(entry_lists, body, cps, **kw) == _outcome(_old_entry_lists, body, cps, **kw)
 
 
 def test_entry_lists_accepts_a_list_shape_and_refuses_a_bad_one_as_before():
