@@ -44,7 +44,7 @@ LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
         ("errors", "keys", "shard_index", "draft_metadata", "v3_metadata", "meta2023", "v3_layout", "journal",
          "upgrade_journal")),
     2: ("stores", ("stores", "stores.*", "locks")),
-    3: ("codecs", ("chunk_codec", "_native")),
+    3: ("codecs", ("chunk_codec", "_native", "buffers")),
     4: ("shard engine", ("engine", "store")),
     5: ("hierarchy and arrays", ("hierarchy", "array", "v3view", "inspect")),
     6: ("jobs", ("jobs", "progress")),
