@@ -1210,7 +1210,7 @@ def _open_node(
         meta = dm.parse_array_metadata(docs[akey], akey, path)  # type: ignore[arg-type]
         if assume_chunks_per_shard is not None:
             meta = _assume_sharded(meta, assume_chunks_per_shard, inner)
-        else:
+        elif not meta.is_sharded:  # only an unsharded array can have lost its transformer
             _refuse_lost_transformer(inner, meta)
         return DraftArray(inner, meta, read_only=read_only)
     if docs.get(gkey) is not None:
