@@ -12,8 +12,9 @@ is missing is decided in one place:
   chunks of a few KiB. Being numcodecs' own copies of the libraries, the bytes are
   numcodecs' bytes; :mod:`.chunk_codec` additionally checks each encoder against
   numcodecs once per configuration, and the property tests compare every path.
-* **libc's** ``madvise`` (Linux: big read outputs are faulted in with small pages, a run of
-  shards' part at once with ``MADV_POPULATE_WRITE``) and
+* **libc's** ``madvise`` (Linux: a run of shards' part of a big read output is faulted in at
+  once with ``MADV_POPULATE_WRITE``, with huge pages while they come fast, see
+  ``array._Pages``) and
   ``memcmp`` (``verify`` compares copied shards block by block without the GIL).
 * **our own loops**, ``sharding_store/_loops.c``, built by ``setup.py`` into
   ``sharding_store/_loops<EXTENSION_SUFFIX>`` (e.g. ``_loops.cpython-311-x86_64-linux-gnu.so``

@@ -274,7 +274,7 @@ def _scratch(nbytes: int) -> np.ndarray:
 
 
 #: outputs at least this big are faulted in ahead of the copies (see :class:`_Pages`)
-SMALL_PAGES_MIN = 4 * 2**20
+POPULATE_MIN = 4 * 2**20
 #: :class:`_Pages` populates huge pages this many bytes at a time, timing each step
 PROBE_BYTES = 4 * 2**20
 #: a huge-page step slower than this (ns per MiB) switches the rest of an output to small pages
@@ -290,7 +290,7 @@ def _output(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 def _advise(out: np.ndarray, advice: int) -> None:
     """``madvise`` the whole pages of a big output array (see ``_native.madvise``); advice
     only: failures (an old kernel, another OS) change nothing."""
-    if out.nbytes >= SMALL_PAGES_MIN:
+    if out.nbytes >= POPULATE_MIN:
         _native.madvise(out.ctypes.data, out.nbytes, advice)
 
 
@@ -769,7 +769,7 @@ class DraftArray:
         pending: collections.deque[Future[None]] = collections.deque()
         ahead: list[Future[Any]] = []
         remote: bool | None = None
-        pages = _Pages(out) if out.nbytes >= SMALL_PAGES_MIN and out.flags.c_contiguous else None
+        pages = _Pages(out) if out.nbytes >= POPULATE_MIN and out.flags.c_contiguous else None
         try:
             for batch in self._shard_batches(sels):
                 n = sum(math.prod(len(g.ks) for g in combo) for combo in batch)

@@ -111,7 +111,7 @@ def test_a_big_whole_read_gives_numpys_values_whichever_pages_it_gets(monkeypatc
     from sharding_store.array import create_draft_array
 
     monkeypatch.setattr(array_module, "PROBE_BYTES", 1 << 16)
-    monkeypatch.setattr(array_module, "SMALL_PAGES_MIN", 1 << 16)
+    monkeypatch.setattr(array_module, "POPULATE_MIN", 1 << 16)
     rng = np.random.default_rng(7)
     data = rng.integers(0, 500, (400, 300), dtype="<u2")
     a = create_draft_array(str(tmp_path), "x", shape=data.shape, chunks=(16, 16), dtype="<u2",

@@ -298,7 +298,7 @@ def test_populating_the_output_stays_inside_it_and_changes_no_value(spec, data):
     key = data.draw(selections(spec[0]))
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(array_module, "SMALL_PAGES_MIN", 0)
+        mp.setattr(array_module, "POPULATE_MIN", 0)
         mp.setattr(array_module, "_output", output)
         mp.setattr(_native, "madvise", spy)
         got = open_draft(store, "x")[key]
