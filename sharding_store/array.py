@@ -295,63 +295,43 @@ def _advise(out: np.ndarray, advice: int) -> None:
 
 
 class _Pages:
-    """Faults a big fresh output in ahead of the copies that fill it, one run of shards'
-    part at a time (``MADV_POPULATE_WRITE``: a third cheaper than a fault per page from the
-    copies), with huge pages while they come fast and small pages after the first slow step.
+    """Faults a big fresh output in ahead of the copies that fill it (``MADV_POPULATE_WRITE``:
+    a third cheaper than a fault per page from the copies), block by block as runs of shards
+    reach it, with huge pages while they come fast and small pages after the first slow block.
 
     What a fresh page costs is not predictable on a VM. On our benchmark machine a fresh
     2 MiB page came in at 0.1-0.25 ms per MiB while the host still backed it and at
     1.25-3.5 ms per MiB when it did not (the guest reports free 2 MiB blocks to the host,
     which drops them), against 0.5-0.9 ms per MiB for 4 KiB pages, which stay backed; which
-    case a process meets changed from minute to minute (benchmarks/profile_notes.md). So huge
-    pages are populated :data:`PROBE_BYTES` at a time and timed; the first step slower than
-    :data:`SLOW_NS_PER_MIB` advises the rest of the output ``MADV_NOHUGEPAGE``. Each byte
-    range is claimed once, by the first run that asks (runs of neighbouring shards share
-    rows of the output). Advice only: nothing here changes a value."""
+    case a process meets changed from minute to minute (benchmarks/profile_notes.md). So the
+    output is populated in blocks of :data:`PROBE_BYTES`, each timed; the first huge-page
+    block slower than :data:`SLOW_NS_PER_MIB` advises the rest of the output
+    ``MADV_NOHUGEPAGE``. Each block is populated once, by the first run that reaches it
+    (runs of neighbouring shards share rows of the output). Advice only: nothing here
+    changes a value."""
 
-    __slots__ = ("_address", "_nbytes", "_claimed", "_lock", "huge")
+    __slots__ = ("_address", "_nbytes", "_done", "_lock", "huge")
 
     def __init__(self, out: np.ndarray) -> None:
         self._address, self._nbytes = out.ctypes.data, out.nbytes
-        self._claimed: list[tuple[int, int]] = []
+        self._done: set[int] = set()
         self._lock = threading.Lock()
-        #: still populating with huge pages (False after a slow step)
+        #: still populating with huge pages (False after a slow block)
         self.huge = True
 
     def populate(self, lo: int, hi: int) -> None:
-        """Fault in the unclaimed part of the output's bytes ``[lo, hi)``."""
-        for a, b in self._claim(max(0, lo), min(hi, self._nbytes)):
-            while a < b:
-                step = min(b, a + PROBE_BYTES) if self.huge else b
-                t0 = time.perf_counter_ns()
-                _native.madvise(self._address + a, step - a, _native.MADV_POPULATE_WRITE)
-                if self.huge and (time.perf_counter_ns() - t0) * 2**20 > (step - a) * SLOW_NS_PER_MIB:
-                    self.huge = False
-                    _native.madvise(self._address + step, self._nbytes - step, _native.MADV_NOHUGEPAGE)
-                a = step
-
-    def _claim(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """The parts of ``[lo, hi)`` no earlier call claimed, now claimed."""
-        if hi <= lo:
-            return []
+        """Fault in the blocks of the output that bytes ``[lo, hi)`` touch, those not yet done."""
+        first, last = max(0, lo) // PROBE_BYTES, (min(hi, self._nbytes) - 1) // PROBE_BYTES
         with self._lock:
-            free, at = [], lo
-            for a, b in self._claimed:
-                if b <= at or a >= hi:
-                    continue
-                if a > at:
-                    free.append((at, a))
-                at = max(at, b)
-            if at < hi:
-                free.append((at, hi))
-            merged: list[tuple[int, int]] = []
-            for a, b in sorted(self._claimed + free):
-                if merged and a <= merged[-1][1]:
-                    merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-                else:
-                    merged.append((a, b))
-            self._claimed = merged
-            return free
+            blocks = [i for i in range(first, last + 1) if i not in self._done]
+            self._done.update(blocks)
+        for i in blocks:
+            a, b = i * PROBE_BYTES, min((i + 1) * PROBE_BYTES, self._nbytes)
+            t0 = time.perf_counter_ns()
+            _native.madvise(self._address + a, b - a, _native.MADV_POPULATE_WRITE)
+            if self.huge and (time.perf_counter_ns() - t0) * 2**20 > (b - a) * SLOW_NS_PER_MIB:
+                self.huge = False
+                _native.madvise(self._address + b, self._nbytes - b, _native.MADV_NOHUGEPAGE)
 
 
 # --------------------------------------------------------------------------- chunk I/O

@@ -1,10 +1,10 @@
 """Memory a read fills: page-aligned I/O buffers (``buffers.io_buffer``) and the pages of a
 big output faulted in ahead of the copies (``array._Pages``), huge pages kept while they
-come fast and given up after the first slow step.
+come fast and given up after the first slow block.
 
 Both are performance measures; what must hold is that they change no value, touch nothing
-outside their buffers, claim each byte range once, and switch to small pages exactly when
-a step is slow.
+outside their buffers, populate each block of an output once, and switch to small pages
+exactly when a block is slow.
 """
 
 from __future__ import annotations
@@ -33,24 +33,36 @@ def test_io_buffers_start_on_a_page_and_hold_what_is_written(nbytes):
 
 
 @PROPERTY
-@given(size=st.integers(1, 3000), requests=st.lists(st.tuples(st.integers(-50, 3000), st.integers(0, 3000)), max_size=12))
-def test_each_byte_of_an_output_is_claimed_once_by_the_first_run_that_asks(size, requests):
-    """Model: a set of claimed bytes. Every part a call returns lies inside its request and
-    the output, was not claimed before, and the parts cover the request's unclaimed bytes."""
-    pages = _Pages(np.empty(size, dtype=np.uint8))
-    claimed: set[int] = set()
+@given(size=st.integers(1, 3000), block=st.sampled_from([1, 7, 64, 1000]),
+       requests=st.lists(st.tuples(st.integers(-50, 3000), st.integers(0, 3000)), max_size=12))
+def test_each_byte_of_an_output_is_populated_once_and_every_requested_byte_is(size, block, requests):
+    """Model: the set of populated bytes. Each populate call faults in whole blocks inside
+    the output, never a byte already done, and every byte of its request (clipped to the
+    output) is done afterwards."""
+    with pytest.MonkeyPatch.context() as mp:
+        _populate_against_the_model(mp, size, block, requests)
+
+
+def _populate_against_the_model(mp, size, block, requests):
+    mp.setattr(array_module, "PROBE_BYTES", block)
+    out = np.empty(size, dtype=np.uint8)
+    calls: list[tuple[int, int, int]] = []
+    mp.setattr(_native, "madvise", lambda address, nbytes, advice: calls.append((address, nbytes, advice)) or True)
+    pages = _Pages(out)
+    done: set[int] = set()
+    base = out.ctypes.data
     for lo, length in requests:
-        hi = lo + length
-        parts = pages._claim(max(0, lo), min(hi, size))
-        got: set[int] = set()
-        for a, b in parts:
-            assert max(0, lo) <= a < b <= min(hi, size)
-            span = set(range(a, b))
-            assert not span & got and not span & claimed
-            got |= span
-        assert got == set(range(max(0, lo), min(hi, size))) - claimed
-        claimed |= got
-        assert len(pages._claimed) <= len(requests)  # kept merged
+        calls.clear()
+        pages.populate(lo, lo + length)
+        for address, nbytes, advice in calls:
+            if advice != _native.MADV_POPULATE_WRITE:
+                continue
+            a = address - base
+            assert 0 <= a and a + nbytes <= size and nbytes > 0 and a % block == 0
+            span = set(range(a, a + nbytes))
+            assert not span & done
+            done |= span
+        assert set(range(max(0, lo), min(lo + length, size))) <= done
 
 
 def _spy(monkeypatch, slow_steps: set[int]):
@@ -85,12 +97,13 @@ def test_huge_pages_are_populated_in_timed_steps_and_given_up_after_a_slow_one(m
         (base + step, step, populate),
         (base + 2 * step, step, populate),  # slow: the rest of the output gets small pages
         (base + 3 * step, out.nbytes - 3 * step, _native.MADV_NOHUGEPAGE),
-        (base + 3 * step, 2 * step, populate),  # small pages: the rest of the run in one call
+        (base + 3 * step, step, populate),  # small pages, still a block at a time
+        (base + 4 * step, step, populate),
     ]
     assert not pages.huge
     calls.clear()
-    pages.populate(4 * step, 7 * step)  # overlaps what was claimed: only the new part
-    assert calls == [(base + 5 * step, 2 * step, populate)]
+    pages.populate(4 * step + 1, 7 * step)  # block 4 is done: only the blocks after it
+    assert calls == [(base + 5 * step, step, populate), (base + 6 * step, step, populate)]
 
 
 def test_fast_huge_pages_are_kept(monkeypatch):
