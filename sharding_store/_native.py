@@ -44,6 +44,7 @@ import mmap
 import os
 import sys
 import threading
+from array import array as _array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,6 +66,11 @@ __all__ = [
     "report",
     "row_at",
     "address_of",
+    "align_skip",
+    "batch_table",
+    "data_address",
+    "madvise_array",
+    "same_bytes",
     "Source",
     "set_enabled",
     "string_at",
@@ -411,6 +417,55 @@ def madvise(address: int, nbytes: int, advice: int) -> bool:
     return hi > lo and _MADVISE(lo, hi - lo, advice) == 0
 
 
+_from_buffer, _addressof = ctypes.c_char.from_buffer, ctypes.addressof
+
+
+def data_address(arr: Any) -> int:
+    """The address of a numpy array's first byte, for the calls of this module and of
+    :mod:`.chunk_codec` that take addresses (the caller keeps ``arr`` alive while the
+    address is in use). The one place outside the bindings where an address is taken:
+    through ``ctypes.c_char.from_buffer`` for a writable contiguous array (a third of
+    ``arr.ctypes.data``'s cost, which builds a ctypes object per call), else that."""
+    try:
+        return _addressof(_from_buffer(arr))
+    except (TypeError, ValueError, BufferError):  # read-only, empty or not contiguous
+        return int(arr.ctypes.data)
+
+
+def madvise_array(arr: Any, advice: int, start: int = 0, stop: int | None = None) -> bool:
+    """:func:`madvise` the whole pages inside bytes ``[start, stop)`` of array ``arr``
+    (``stop``: its end when None). Advice only, as :func:`madvise`."""
+    stop = arr.nbytes if stop is None else min(stop, arr.nbytes)
+    return madvise(data_address(arr) + start, max(stop - start, 0), advice)
+
+
+def same_bytes(a: Any, b: Any, nbytes: int) -> bool:
+    """Whether the first ``nbytes`` of numpy byte arrays ``a`` and ``b`` are equal: libc
+    ``memcmp`` (the GIL released), or a Python comparison without it (:func:`memcmp`)."""
+    cmp = memcmp()
+    if cmp is None:
+        return bool(a[:nbytes].tobytes() == b[:nbytes].tobytes())
+    return bool(cmp(data_address(a), data_address(b), nbytes) == 0)
+
+
+def batch_table(rows: Sequence[int], offsets: Sequence[int], sizes: Sequence[int]) -> tuple[Any, int, Any, int]:
+    """The tables of a batch loop call (``Loops.blosc_rows`` / ``zstd_rows``): ``(table,
+    its address, failure flags, their address)``, ``table`` holding rows, offsets and sizes
+    back to back as int64, the flags one zero byte per row for the loop to set (keep both
+    alive during the call). ``array.array``: a few microseconds less per shard than numpy
+    arrays and ``.ctypes``."""
+    table = _array("q", rows)
+    table.extend(offsets)
+    table.extend(sizes)
+    failed = _array("B", bytes(len(rows)))
+    return table, table.buffer_info()[0], failed, failed.buffer_info()[0]
+
+
+def align_skip(arr: Any, align: int) -> int:
+    """How many bytes past the start of ``arr`` the next multiple of ``align`` lies."""
+    return -data_address(arr) % align
+
+
 #: ``memmove(dst, src, n)`` and ``string_at(address, n) -> bytes``: ctypes' own helpers
 #: (no library binding; here so that no other module needs ctypes)
 memmove = ctypes.memmove
@@ -445,7 +500,7 @@ def address_of(buf: Any) -> Source:
     import numpy as np
 
     arr = np.frombuffer(buf, dtype=np.uint8)
-    return Source(arr.ctypes.data, arr)
+    return Source(data_address(arr), arr)
 
 
 class _Ctx:

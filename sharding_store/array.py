@@ -259,7 +259,7 @@ def _scratch_rows(n: int, row_nbytes: int) -> tuple[np.ndarray, int]:
     """:func:`_scratch` as ``n`` rows, with the buffer's address (looked up once per buffer)."""
     rows = _scratch(n * row_nbytes).reshape(n, row_nbytes)
     kept = rows.base is not None and rows.base is getattr(_SCRATCH, "buf", None)
-    return rows, (_SCRATCH.address if kept else rows.ctypes.data)
+    return rows, (_SCRATCH.address if kept else _native.data_address(rows))
 
 
 def _scratch(nbytes: int) -> np.ndarray:
@@ -269,7 +269,7 @@ def _scratch(nbytes: int) -> np.ndarray:
         buf = io_buffer(max(nbytes, 1 << 20))
         if nbytes <= _SCRATCH_KEEP:  # a huge shard's buffer is not kept for the thread's lifetime
             _SCRATCH.buf = buf
-            _SCRATCH.address = buf.ctypes.data
+            _SCRATCH.address = _native.data_address(buf)
     return buf[:nbytes]
 
 
@@ -291,7 +291,7 @@ def _advise(out: np.ndarray, advice: int) -> None:
     """``madvise`` the whole pages of a big output array (see ``_native.madvise``); advice
     only: failures (an old kernel, another OS) change nothing."""
     if out.nbytes >= POPULATE_MIN:
-        _native.madvise(out.ctypes.data, out.nbytes, advice)
+        _native.madvise_array(out, advice)
 
 
 class _Pages:
@@ -310,10 +310,10 @@ class _Pages:
     (runs of neighbouring shards share rows of the output). Advice only: nothing here
     changes a value."""
 
-    __slots__ = ("_address", "_nbytes", "_done", "_lock", "huge")
+    __slots__ = ("_out", "_nbytes", "_done", "_lock", "huge")
 
     def __init__(self, out: np.ndarray) -> None:
-        self._address, self._nbytes = out.ctypes.data, out.nbytes
+        self._out, self._nbytes = out, out.nbytes
         self._done: set[int] = set()
         self._lock = threading.Lock()
         #: still populating with huge pages (False after a slow block)
@@ -328,10 +328,10 @@ class _Pages:
         for i in blocks:
             a, b = i * PROBE_BYTES, min((i + 1) * PROBE_BYTES, self._nbytes)
             t0 = time.perf_counter_ns()
-            _native.madvise(self._address + a, b - a, _native.MADV_POPULATE_WRITE)
+            _native.madvise_array(self._out, _native.MADV_POPULATE_WRITE, a, b)
             if self.huge and (time.perf_counter_ns() - t0) * 2**20 > (b - a) * SLOW_NS_PER_MIB:
                 self.huge = False
-                _native.madvise(self._address + b, self._nbytes - b, _native.MADV_NOHUGEPAGE)
+                _native.madvise_array(self._out, _native.MADV_NOHUGEPAGE, b)
 
 
 # --------------------------------------------------------------------------- chunk I/O
@@ -836,7 +836,7 @@ class DraftArray:
         scatter = self._scatter(out)
         if scatter is not None:
             geometry = _ScatterGeometry(self, out)
-            out_address, out_nbytes, fill = out.ctypes.data, out.nbytes, self._fill_row().ctypes.data
+            out_address, out_nbytes, fill = _native.data_address(out), out.nbytes, _native.data_address(self._fill_row())
         if objects is None:
             objects = self.engine.read_whole_shards(self._shards_of(run), lists=scatter is None)
         for combo, obj in zip(run, objects):
@@ -938,7 +938,7 @@ class DraftArray:
         rows = _scratch(n * cnb).reshape(n, cnb)
         chunks = rows.view(self.dtype)
         decode_into = self.codec.decode_into
-        base = rows.ctypes.data
+        base = _native.data_address(rows)
         missing = []
         for i in range(n) if todo is None else todo.tolist():
             p = payloads[i]
@@ -999,7 +999,7 @@ class DraftArray:
             keep = np.ones(n, dtype=bool) if self.write_empty_chunks else ~_fill_rows(self.meta, chunks)
             changes: dict[Coords, bytes | None] = {}
             encode_row = self.codec.encode_row  # straight from the scratch rows (chunk bytes in memory order)
-            base, cnb = chunks.ctypes.data, self._cnb
+            base, cnb = _native.data_address(chunks), self._cnb
             for i, local in enumerate((coords % cps).tolist()):
                 changes[tuple(local)] = encode_row(base + i * cnb) if keep[i] else None
             shard = tuple((coords[0] // cps).tolist())

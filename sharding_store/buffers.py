@@ -16,6 +16,8 @@ import mmap
 
 import numpy as np
 
+from . import _native
+
 __all__ = ["PAGE", "io_buffer"]
 
 PAGE = mmap.PAGESIZE
@@ -24,5 +26,5 @@ PAGE = mmap.PAGESIZE
 def io_buffer(nbytes: int) -> np.ndarray:
     """A new, uninitialised ``uint8`` array of ``nbytes`` (at least 1) starting on a page boundary."""
     raw = np.empty(nbytes + PAGE, dtype=np.uint8)
-    skip = -raw.ctypes.data % PAGE
+    skip = _native.align_skip(raw, PAGE)
     return raw[skip : skip + nbytes]

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import bz2
 import gzip
-from array import array as _array
 import io
 import lzma
 import math
@@ -227,7 +226,7 @@ def decode(meta: DraftArrayMeta, payload: Any, *, key: str | None = None, out: n
     if out is not None and not meta.filters:
         fast = codec_for(meta)._fast
         if fast is not None and out.flags.c_contiguous | out.flags.f_contiguous:
-            if fast(payload, out.ctypes.data if takes_address(fast) else out.reshape(-1, order="A").view(np.uint8)):
+            if fast(payload, _native.data_address(out) if takes_address(fast) else out.reshape(-1, order="A").view(np.uint8)):
                 return out
         if _is_blosc(meta.compressor):
             return _blosc_into(meta, payload, out, where, key)
@@ -505,7 +504,7 @@ def _zstd(codec: Any, data: Any, limit: int) -> Any:
     if first is not None and lib.held.ZSTD_findFrameCompressedSize(src.arg, n) == n:
         return codec.decode(data)
     out = np.empty(max(limit, 1), dtype=np.uint8)
-    got = lib.released.ZSTD_decompressDCtx(_native.zstd_dctx(lib), out.ctypes.data, out.nbytes, src.arg, n)
+    got = lib.released.ZSTD_decompressDCtx(_native.zstd_dctx(lib), _native.data_address(out), out.nbytes, src.arg, n)
     if lib.released.ZSTD_isError(got):
         if lib.released.ZSTD_getErrorCode(got) == _ZSTD_DST_TOO_SMALL:
             raise _Overshoot(None)
@@ -645,7 +644,7 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
         sizes = _BLOSC_SIZES.unpack_from
         funcs = _native.blosc_for(nbytes)
         if funcs is not None:
-            blosc_ctx = funcs.blosc_decompress_ctx
+            blosc_ctx, address = funcs.blosc_decompress_ctx, _native.data_address
 
             def blosc_native(payload: Any, out: Any) -> bool:
                 src = payload if type(payload) is bytes else bytes(payload)
@@ -653,7 +652,7 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
                 # its header's cbytes: a truncated payload is never handed to it)
                 if len(src) < 16 or sizes(src, 0) != (nbytes, len(src)):
                     return False
-                return blosc_ctx(src, out if type(out) is int else out.ctypes.data, nbytes, 1) == nbytes
+                return blosc_ctx(src, out if type(out) is int else address(out), nbytes, 1) == nbytes
 
             return _native_decoder(blosc_native)
         from numcodecs.blosc import decompress as blosc_decompress
@@ -672,7 +671,7 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
         lib = _native.zstd()
         if lib is not None:
             frame_size = lib.held.ZSTD_getFrameContentSize  # a header read: keep the GIL
-            decompress, dctx = lib.released.ZSTD_decompressDCtx, _native.zstd_dctx
+            decompress, dctx, address = lib.released.ZSTD_decompressDCtx, _native.zstd_dctx, _native.data_address
 
             def zstd_native(payload: Any, out: Any) -> bool:
                 src = payload if type(payload) is bytes else bytes(payload)
@@ -680,7 +679,7 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
                 # exactly one chunk: a payload with more in it fails (general path decides)
                 if frame_size(src, len(src)) != nbytes:
                     return False
-                addr = out if type(out) is int else out.ctypes.data
+                addr = out if type(out) is int else address(out)
                 return decompress(dctx(lib), addr, nbytes, src, len(src)) == nbytes
 
             return _native_decoder(zstd_native)
@@ -836,17 +835,14 @@ def _batch_decoder(comp: Any, nbytes: int) -> SpanDecoder | None:
 
     else:
         return None
+    batch_table = _native.batch_table
+
     def decode(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
         n = len(rows)
         if not n:
             return []
-        # rows, offsets, sizes back to back as int64; failure flags written by the loop
-        # (array.array: a few microseconds less per shard than numpy arrays and .ctypes)
-        table = _array("q", rows)
-        table.extend(offsets)
-        table.extend(sizes)
-        failed = _array("B", bytes(n))
-        if not call(address, table.buffer_info()[0], n, dst, failed.buffer_info()[0]):
+        _table, table, failed, failed_address = batch_table(rows, offsets, sizes)
+        if not call(address, table, n, dst, failed_address):
             return []
         return [r for r, bad in zip(rows, failed) if bad]
 
@@ -890,7 +886,7 @@ def shard_scatterer(meta: DraftArrayMeta) -> ShardScatter | None:
         tmp = getattr(tls, "tmp", None)
         if tmp is None:
             tmp = tls.tmp = np.empty(nbytes, dtype=np.uint8)
-            tls.address = tmp.ctypes.data
+            tls.address = _native.data_address(tmp)
         return call(codec, fns, dctx(lib) if lib is not None else None, buf, length, geom, len(geom) // 8, fill, tls.address, out, out_nbytes)
 
     return scatter
@@ -978,7 +974,7 @@ def _self_checked(key: tuple[Any, ...], encode_row: RowEncoder, comp: Any, dtype
         probe[::7] = 0
         probe = probe[:nbytes]
         try:
-            _SELF_CHECKED[key] = encode_row(probe.ctypes.data) == ensure_bytes(comp.encode(probe.view(dtype)))
+            _SELF_CHECKED[key] = encode_row(_native.data_address(probe)) == ensure_bytes(comp.encode(probe.view(dtype)))
         except Exception:  # noqa: BLE001
             _SELF_CHECKED[key] = False
     return _SELF_CHECKED[key]

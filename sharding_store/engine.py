@@ -855,7 +855,7 @@ class ShardEngine:
                 continue
             data, version = _data_and_version(got)
             arr = np.frombuffer(data, dtype=np.uint8)
-            address = arr.__array_interface__["data"][0] if len(arr) else 0
+            address = _native.data_address(arr) if len(arr) else 0
             if check is not None and self._checked_tail(key, arr, address, version, check):
                 yield WholeShard(arr, address, None, None, key)
                 continue

@@ -55,6 +55,7 @@ import numpy as np
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
+from . import _native
 from . import draft_metadata as dm
 from . import meta2023
 from .chunk_codec import ChunkCodec, codec_for
@@ -182,8 +183,8 @@ class _ArrayReader:
                 _SCRATCH.buf = buf
         data = np.frombuffer(blob, dtype=np.uint8)
         self._codec.decode_many(
-            data, data.ctypes.data, range(len(live)), [o for _, o, _ in live], [n for _, _, n in live],
-            buf.ctypes.data, key_of=lambda i: self.chunk_key(shard_key, live[i][0]),
+            data, _native.data_address(data), range(len(live)), [o for _, o, _ in live], [n for _, _, n in live],
+            _native.data_address(buf), key_of=lambda i: self.chunk_key(shard_key, live[i][0]),
         )
 
     def chunk_key(self, shard_key: str, local: Coords) -> str:

@@ -273,23 +273,21 @@ _buffers = threading.local()
 
 def _same_contents(fd_a: int, fd_b: int, nbytes: int) -> bool:
     """Whether the first ``nbytes`` of two open files are equal: read into two reused
-    per-thread buffers and compared with libc ``memcmp`` (:func:`_native.memcmp`, which
+    per-thread buffers and compared with libc ``memcmp`` (:func:`_native.same_bytes`, which
     releases the GIL; a Python comparison without it). Fresh ``bytes`` per read cost page
     faults that double the time of a verify."""
     bufs = getattr(_buffers, "pair", None)
     if bufs is None or len(bufs[0]) != BLOCK:
         a, b = io_buffer(BLOCK), io_buffer(BLOCK)
-        bufs = _buffers.pair = (a, b, a.ctypes.data, b.ctypes.data)
-    a, b, pa, pb = bufs
+        bufs = _buffers.pair = (a, b)
+    a, b = bufs
     ma, mb = memoryview(a), memoryview(b)
-    memcmp = _native.memcmp()
     done = 0
     while done < nbytes:
         k = min(BLOCK, nbytes - done)
         if os.preadv(fd_a, [ma[:k]], done) != k or os.preadv(fd_b, [mb[:k]], done) != k:
             return False  # shorter than it said: a changed file; the general path reports it
-        same = memcmp(pa, pb, k) == 0 if memcmp is not None else ma[:k].tobytes() == mb[:k].tobytes()
-        if not same:
+        if not _native.same_bytes(a, b, k):
             return False
         done += k
     return True

@@ -17,7 +17,9 @@
 3. No environment-variable hook in the package: ``os.environ``/``getenv`` only where the
    allow-list below says why; no ``SHARDING_STORE_TEST_*`` name anywhere in it.
 4. ``counting`` is not in the package namespace; ``sharding_store.testing.CountingInner`` is.
-5. One module (``_native.py``) owns every ctypes binding.
+5. One module (``_native.py``) owns every ctypes binding and takes every raw address of an
+   array (``.ctypes.data``, ``__array_interface__``): other modules pass arrays to its
+   functions (issue 23).
 """
 
 from __future__ import annotations
@@ -576,6 +578,28 @@ def test_only_the_native_module_binds_compiled_libraries():
             if any(n == "ctypes" or n.startswith("ctypes.") for n in names):
                 bad.append(f"  {path_of(m)}:{node.lineno} ({where})")
     assert not bad, f"ctypes imported outside sharding_store/{NATIVE}.py:\n" + "\n".join(bad)
+
+
+#: what takes a raw memory address from a numpy array (issue 23: only ``_native`` may)
+RAW_ADDRESS = re.compile(r"\.ctypes\.data\b|\.ctypes\.data_as\b|__array_interface__|\.buffer_info\(\)\[0\]")
+
+
+def raw_address_uses(text: str) -> list[int]:
+    """Line numbers of ``text`` that take an array's raw address (see :data:`RAW_ADDRESS`)."""
+    return [n for n, line in enumerate(text.splitlines(), 1) if RAW_ADDRESS.search(line.split("#", 1)[0])]
+
+
+def test_no_raw_address_outside_the_native_module():
+    """Raw addresses are taken in ``_native.py`` only (``data_address``, ``madvise_array``,
+    ``same_bytes``, ``align_skip``): no ``arr.ctypes.data`` anywhere else in the package."""
+    bad = [f"  {path_of(m)}:{n}" for m in modules() if m != NATIVE
+           for n in raw_address_uses(modules()[m].read_text())]
+    assert not bad, f"raw addresses taken outside sharding_store/{NATIVE}.py:\n" + "\n".join(bad)
+
+
+def test_the_raw_address_scanner_sees_every_spelling():
+    text = "a = x.ctypes.data\nb = y.__array_interface__['data'][0]\n# z.ctypes.data in a comment\nc = t.buffer_info()[0]\n"
+    assert raw_address_uses(text) == [1, 2, 4]
 
 
 @pytest.mark.parametrize("module", ["", "cli"])
