@@ -23,8 +23,10 @@ reshard. It owns:
 * **consistent reads** — chunk ranges are read with the version of the index they come
   from, so a writer replacing the shard between the two requests makes the read fail
   with :class:`~sharding_store.errors.ObjectChangedError` instead of returning bytes of
-  another chunk. The engine then drops the cached index and reads index and ranges once
-  more; a second change is reported (``ObjectChangedError`` naming the key). A store that
+  another chunk. The engine then drops the cached index and reads index and ranges again
+  under the shard's in-process lock (so a writer of this process cannot interfere), with
+  backoff for a bounded time against writers of other processes (``ObjectChangedError``
+  naming the key when that runs out; see :meth:`ShardEngine._consistently`). A store that
   cannot tell versions (a zarr-python 3 store, a mapping with ``get_partial_values``, most
   non-S3 object stores) gets the index read again after the ranges and compared instead: one
   more request per batch there. A shard read whole is one request, hence one snapshot;
@@ -44,13 +46,14 @@ import contextlib
 import math
 import os
 import threading
+import time
 import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ContextManager, NamedTuple
+from typing import Any, ContextManager, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -371,9 +374,23 @@ class ShardLocks:
     def _after_fork(self) -> None:
         self._locks = [threading.Lock() for _ in range(N_LOCKS)]
 
+    def _stripe(self, shard_key: str) -> threading.Lock:
+        return self._locks[zlib.crc32(shard_key.encode()) % N_LOCKS]
+
+    @contextlib.contextmanager
+    def hold_local(self, shard_keys: Iterable[str]) -> Iterator[None]:
+        """Hold the in-process locks of several shards (not ``external``): a reader that holds
+        them sees no rewrite by a writer of this process. Stripes are taken in one global order
+        (a writer holds one at a time), so readers and writers never deadlock."""
+        stripes = sorted({zlib.crc32(k.encode()) % N_LOCKS for k in shard_keys})
+        with contextlib.ExitStack() as stack:
+            for i in stripes:
+                stack.enter_context(self._locks[i])
+            yield
+
     @contextlib.contextmanager
     def hold(self, shard_key: str) -> Iterator[None]:
-        with self._locks[zlib.crc32(shard_key.encode()) % N_LOCKS]:
+        with self._stripe(shard_key):
             if self.external is None:
                 yield
             else:
@@ -397,15 +414,27 @@ class _Changed(Exception):
         self.damage = damage
 
 
-def _changed_twice(e: _Changed) -> ShardCorruptError | ObjectChangedError:
+def _changed_twice(e: _Changed, seconds: float | None = None) -> ShardCorruptError | ObjectChangedError:
     if e.damage is not None:
         return e.damage
     key, why = e.key, e.why
+    during = "twice" if seconds is None else f"on every read for {seconds:g} s"
     return ObjectChangedError(
-        f"{key}: the shard changed twice while its chunks were read ({why}): another writer keeps "
+        f"{key}: the shard changed {during} while its chunks were read ({why}): another writer keeps "
         "replacing it; nothing was returned, read again once it is quiet",
         key=key,
     )
+
+
+#: a chunk read that finds its shard replaced by a writer of another process reads again,
+#: backing off, for at most this long before raising ObjectChangedError
+READ_RETRY_SECONDS = 5.0
+#: the first and the longest pause between those reads
+RETRY_FIRST_PAUSE = 0.001
+RETRY_MAX_PAUSE = 0.1
+
+
+T = TypeVar("T")
 
 
 class ShardEngine:
@@ -450,6 +479,8 @@ class ShardEngine:
         self.coalesce_gap = coalesce_gap
         self.locks = locks if locks is not None else ShardLocks(lock)
         self.max_workers = max(1, max_workers)
+        #: how long a chunk read keeps reading again a shard that another process keeps replacing
+        self.read_retry_seconds = READ_RETRY_SECONDS
 
     def shard_key(self, shard: Coords) -> str:
         return self.layout.shard_key(shard)
@@ -632,9 +663,9 @@ class ShardEngine:
             entries[have] = table[at[have], flat_local[have]]
             return entries
 
-        for attempt in (0, 1):
+        def attempt(first: bool) -> list[memoryview | None]:
             hits: set[str] = set()
-            found = self.read_indices(keys, use_cache=attempt == 0, hits=hits)
+            found = self.read_indices(keys, use_cache=first, hits=hits)
             while True:
                 vis = [found[k] for k in keys]
                 present = [j for j, vi in enumerate(vis) if vi.index is not None]
@@ -652,17 +683,43 @@ class ShardEngine:
             live = np.flatnonzero(is_live)
             if not live.size:
                 return out
-            try:
-                views = self._fetch_spans(keys, vis, inverse[live], entries[live, 0], entries[live, 1])
-            except _Changed as e:
-                if attempt:
-                    raise _changed_twice(e) from None
-                self.cache.drop(keys)
-                continue
+            views = self._fetch_spans(keys, vis, inverse[live], entries[live, 0], entries[live, 1])
             for m, v in zip(live.tolist(), views):
                 out[m] = v
             return out
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        return self._consistently(keys, attempt)
+
+    def _consistently(self, keys: Sequence[str], attempt: Callable[[bool], T]) -> T:
+        """``attempt(first)`` until no shard of ``keys`` changed during it (a change raises
+        :class:`_Changed`). The first attempt may use the index cache and takes no lock; every
+        later one reads the indices again while holding the in-process locks of the shards, so
+        a writer of this process (which rewrites under the same lock) cannot interfere and the
+        read succeeds at once. A writer of another process can: the read is repeated, with
+        pauses doubling from :data:`RETRY_FIRST_PAUSE` to :data:`RETRY_MAX_PAUSE`, for at most
+        :attr:`read_retry_seconds`, then :class:`ObjectChangedError` names the shard. Bytes that
+        contradict an index that read again the same are damage (:class:`ShardCorruptError`)
+        at the first locked attempt, never retried."""
+        try:
+            return attempt(True)
+        except _Changed:
+            pass
+        start = time.monotonic()
+        pause = RETRY_FIRST_PAUSE
+        while True:
+            self.cache.drop(keys)
+            with self.locks.hold_local(keys):
+                try:
+                    return attempt(False)
+                except _Changed as e:
+                    changed = e
+            if changed.damage is not None:
+                raise changed.damage from None
+            waited = time.monotonic() - start
+            if waited + pause > self.read_retry_seconds:
+                raise _changed_twice(changed, self.read_retry_seconds) from None
+            time.sleep(pause)
+            pause = min(2 * pause, RETRY_MAX_PAUSE)
 
     def read_ranges(self, reads: Sequence[ChunkRange]) -> list[bytes | None]:
         """Chunks (or byte ranges of chunks) by shard key and local coordinates; ``None``:
@@ -670,9 +727,10 @@ class ShardEngine:
         if not reads:
             return []
         keys = list(dict.fromkeys(r.shard_key for r in reads))
-        for attempt in (0, 1):
+
+        def attempt(first: bool) -> list[bytes | None]:
             hits: set[str] = set()
-            indices = self.read_indices(keys, use_cache=attempt == 0, hits=hits)
+            indices = self.read_indices(keys, use_cache=first, hits=hits)
             if hits:  # "absent" answered from the cache: ask the shards themselves
                 stale = [r.shard_key for r in reads if r.shard_key in hits and indices[r.shard_key].index.get(r.local) is None]  # type: ignore[union-attr]
                 if stale:
@@ -696,18 +754,13 @@ class ShardEngine:
             seg = [pos[reads[i].shard_key] for i, _ in todo]
             offsets = [s[0] for _, s in todo]
             nbytes = [s[1] for _, s in todo]
-            try:
-                views = self._fetch_spans(keys, [indices[k] for k in keys], seg, offsets, nbytes)
-            except _Changed as e:
-                if attempt:
-                    raise _changed_twice(e) from None
-                self.cache.drop(keys)
-                continue
+            views = self._fetch_spans(keys, [indices[k] for k in keys], seg, offsets, nbytes)
             out: list[bytes | None] = [None] * len(reads)
             for (i, _), v in zip(todo, views):
                 out[i] = bytes(v)
             return out
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        return self._consistently(keys, attempt)
 
     def contains(self, read: ChunkRange) -> bool:
         """Whether the shard's index holds the chunk (one index read, or none when cached and
