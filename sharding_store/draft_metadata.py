@@ -81,6 +81,8 @@ MAX_EXTENT = 2**63 - 1
 MAX_JSON_DEPTH = 640
 
 _LEGAL_PATH = re.compile(r"[A-Za-z0-9._\-]+")
+#: the characters of a legal node name (one path segment; also not ``.``, ``..`` or empty)
+LEGAL_NAME = _LEGAL_PATH
 
 # Extension URLs zarr-python 2.18 writes for non-core data types (zarr/meta.py).
 _EXT_COMPLEX = (
@@ -256,6 +258,15 @@ def encode_entry_point(ep: EntryPoint | None = None) -> bytes:
             "zarr_format": DRAFT_PROTOCOL,
         }
     )
+
+
+def escape_name(text: str) -> str:
+    """A node name, path or key as we print it: as it is when every character is printable and
+    none is a backslash or a double quote, else as a quoted JSON string with every such character
+    escaped (``"a\\nb"``), so a name can never forge a line or drive the terminal."""
+    if text.isprintable() and "\\" not in text and '"' not in text:
+        return text
+    return json.dumps(text, ensure_ascii=True)
 
 
 def normalize_path(path: str) -> str:

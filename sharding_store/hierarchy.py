@@ -55,8 +55,9 @@ _UNREAD: Any = object()
 
 #: the documents of a Zarr v2 node (in a per-node v3 hierarchy: another generation)
 V2_NODE_KEYS = (".zarray", ".zgroup")
-#: directories listed below implicit groups without finding any node document before the
-#: search for more stops (a store given at a directory that is no Zarr store at all)
+#: directories without a node document listed, below a root without a ``zarr.json``, before
+#: the search for a first node document gives up with an error naming this limit (a store
+#: given at a directory that is no Zarr store at all); once a node is found, nothing is cut off
 MAX_EMPTY_LISTINGS = 4096
 
 
@@ -78,6 +79,8 @@ class V3Walk:
     nodes: list[V3Node]
     #: groups without a document that have nodes below them ("" when the root has none)
     implicit: list[str]
+    #: nodes whose path breaks the node-name rules (path as written -> the error naming it)
+    damaged: dict[str, ShardingStoreError] = field(default_factory=dict)
 
     @property
     def generation(self) -> Generation:
@@ -86,14 +89,11 @@ class V3Walk:
     def first_2023(self) -> str | None:
         """The key that makes this hierarchy 2023: the first node spelled as in 2023, or the
         first node below an implicit group (v1.0 has none); None for a final hierarchy."""
+        implicit = set(self.implicit)
         for n in self.nodes:
-            if n.spelling == "2023" or _below_implicit(n.path, self.implicit):
+            if n.spelling == "2023" or any(a in implicit for a in _ancestors(n.path)):
                 return n.key
         return None
-
-
-def _below_implicit(path: str, implicit: list[str]) -> bool:
-    return any(in_subtree(path, g) and path != g for g in implicit)
 
 
 def _mixed(key: str, what: str) -> DraftMetadataError:
@@ -107,7 +107,18 @@ def _mixed(key: str, what: str) -> DraftMetadataError:
 def walk_v3_nodes(inner: Inner, root_raw: bytes | None = _UNREAD) -> V3Walk:
     """Walk a per-node hierarchy once: list each group's directory (never below an array:
     chunk keys are not enumerated), read each ``zarr.json``. ``root_raw``: the root's
-    ``zarr.json`` when the caller has read it (None: absent).
+    ``zarr.json`` when the caller has read it (None: absent). Iterative: any depth.
+
+    Every directory below a group is walked: nothing is cut off once the store has shown it is
+    a v3 hierarchy (a root ``zarr.json``, or a node document found). Only the search for a
+    first node document below a root without one is bounded: after :data:`MAX_EMPTY_LISTINGS`
+    document-less directories it raises :class:`StoreNotFoundError` naming the limit and the
+    directory (a store given at a directory that is no Zarr store at all).
+
+    A node whose path breaks the node-name rules (:func:`~sharding_store.draft_metadata.normalize_path`:
+    ``A-Za-z0-9._-`` segments, no ``.``/``..``, no empty segment) is damaged: it is recorded
+    in ``damaged`` under its path as written (the first illegal one above a document), never
+    listed as a node, and nothing below it is.
 
     A hierarchy that mixes generations raises :class:`DraftMetadataError` naming the first
     node (in walk order: depth first, by name) of the other one: a Zarr v2 node
@@ -116,47 +127,101 @@ def walk_v3_nodes(inner: Inner, root_raw: bytes | None = _UNREAD) -> V3Walk:
     a final v1.0 document is also how a 2023 writer spelled many nodes (groups, and arrays of
     late 2023), so they are one hierarchy, DRAFT_2023 if any node is 2023.
     """
-    nodes: list[V3Node] = []
-    empty_listings = 0
-    stack: list[tuple[str, str]] = [("", "")]  # (key prefix, node path) still to list
-    pending: dict[str, bool] = {}  # implicit candidate path -> has a node below
+    state = _WalkState(root_raw is not _UNREAD and root_raw is not None)
+    stack: list[tuple[str, str, str | None]] = [("", "", None)]  # (key prefix, node path, illegal path above)
     while stack:
-        prefix, path = stack.pop()
+        prefix, path, illegal = stack.pop()
         keys, prefixes = inner.list_dir(prefix)
         names = {k[len(prefix):] for k in keys}
-        doc_key = prefix + meta2023.NODE_KEY
-        given = path == "" and root_raw is not _UNREAD and root_raw is not None
+        given = path == "" and state.evidence and root_raw is not _UNREAD
         if meta2023.NODE_KEY in names or given:
-            raw = root_raw if given else inner.get(doc_key)
+            raw = root_raw if given else inner.get(prefix + meta2023.NODE_KEY)
             if raw is None:  # vanished between list and get
                 continue
-            spelling, node_type = meta2023.classify(raw, doc_key)
-            if spelling == "draft-2022":
-                raise _mixed(doc_key, "a draft-era (2022) entry point")
-            for v2 in V2_NODE_KEYS:
-                if v2 in names:
-                    raise _mixed(prefix + v2, "a Zarr v2 node document")
-            nodes.append(V3Node(path, doc_key, bytes(raw), spelling, node_type))
-            for anc in _ancestors(path):
-                if anc in pending:
-                    pending[anc] = True
-            if node_type != "group":
-                continue  # an array (or an unreadable node): its directory holds chunks
+            if not state.node(path, prefix, names, bytes(raw), illegal):
+                continue  # an array (or an unreadable or damaged node): its directory holds chunks
         else:
-            for v2 in V2_NODE_KEYS:
-                if v2 in names:
-                    raise _mixed(prefix + v2, "a Zarr v2 node document")
-            if path == "meta" and _draft_2022_tree(inner, keys, prefixes):
-                raise _mixed("meta/root", "a draft-era (2022) metadata tree")
-            pending[path] = False
-            empty_listings += 1
-            if empty_listings > MAX_EMPTY_LISTINGS:
-                continue
+            state.directory(inner, path, prefix, keys, prefixes)
         for sub in sorted(prefixes, reverse=True):  # popped in name order
-            name = sub[len(prefix):].rstrip("/")
-            stack.append((sub, f"{path}/{name}" if path else name))
-    implicit = sorted((p for p, found in pending.items() if found), key=lambda p: (p.count("/") if p else -1, p))
-    return V3Walk(nodes, implicit)
+            name = sub[len(prefix):]
+            name = name[:-1] if name.endswith("/") else name
+            child = f"{path}/{name}" if path else name
+            stack.append((sub, child, illegal if illegal is not None or _legal_name(name) else child))
+    return state.result()
+
+
+def _legal_name(name: str) -> bool:
+    """Whether ``name`` is a legal node name (one path segment; draft_metadata's rules)."""
+    return name not in ("", ".", "..") and dm.LEGAL_NAME.fullmatch(name) is not None
+
+
+class _WalkState:
+    """What :func:`walk_v3_nodes` has found so far."""
+
+    def __init__(self, evidence: bool) -> None:
+        self.evidence = evidence  # a root zarr.json, or a node document found: walk everything
+        self.searched = 0  # document-less directories listed while there was no evidence
+        self.nodes: list[V3Node] = []
+        self.damaged: dict[str, ShardingStoreError] = {}
+        self.pending: dict[str, bool] = {}  # implicit candidate path -> has a node below
+
+    def node(self, path: str, prefix: str, names: set[str], raw: bytes, illegal: str | None) -> bool:
+        """Record the node document at ``prefix``; True when the walk goes on below it (a group)."""
+        doc_key = prefix + meta2023.NODE_KEY
+        spelling, node_type = meta2023.classify(raw, doc_key)
+        if spelling == "draft-2022":
+            raise _mixed(doc_key, "a draft-era (2022) entry point")
+        for v2 in V2_NODE_KEYS:
+            if v2 in names:
+                raise _mixed(prefix + v2, "a Zarr v2 node document")
+        self.evidence = True
+        self._found_below(illegal if illegal is not None else path)
+        if illegal is not None:
+            if illegal not in self.damaged:
+                self.damaged[illegal] = _illegal_name(illegal, doc_key)
+            return False
+        self.nodes.append(V3Node(path, doc_key, raw, spelling, node_type))
+        return node_type == "group"
+
+    def directory(self, inner: Inner, path: str, prefix: str, keys: list[str], prefixes: list[str]) -> None:
+        """Record a directory without a node document (an implicit group if nodes lie below)."""
+        for v2 in V2_NODE_KEYS:
+            if prefix + v2 in keys:
+                raise _mixed(prefix + v2, "a Zarr v2 node document")
+        if path == "meta" and _draft_2022_tree(inner, keys, prefixes):
+            raise _mixed("meta/root", "a draft-era (2022) metadata tree")
+        self.pending.setdefault(path, False)
+        if self.evidence:
+            return
+        self.searched += 1
+        if self.searched > MAX_EMPTY_LISTINGS:
+            raise StoreNotFoundError(
+                f"{dm.escape_name(prefix) or '/'}: no Zarr node document (zarr.json) in the first {MAX_EMPTY_LISTINGS} "
+                "directories of a store without a root zarr.json: the search stops there (the limit "
+                "MAX_EMPTY_LISTINGS); give the hierarchy's own directory, or add its root zarr.json",
+                key=prefix or dm.ENTRY_POINT_KEY,
+            )
+
+    def _found_below(self, path: str) -> None:
+        """Mark the legal ancestors of ``path`` as groups with a node below them."""
+        for anc in _ancestors(path):
+            if anc in self.pending:
+                self.pending[anc] = True
+
+    def result(self) -> V3Walk:
+        implicit = sorted((p for p, found in self.pending.items() if found and p not in self.damaged),
+                          key=lambda p: (p.count("/") if p else -1, p))
+        return V3Walk(self.nodes, implicit, self.damaged)
+
+
+def _illegal_name(path: str, key: str) -> DraftMetadataError:
+    """The damage of a node whose path breaks the node-name rules (named escaped)."""
+    try:
+        dm.normalize_path(path)
+        reason = "illegal node name"
+    except DraftMetadataError as e:
+        reason = str(e)
+    return DraftMetadataError(f"{dm.escape_name(key)}: illegal node name: {reason}", key=key)
 
 
 def _draft_2022_tree(inner: Inner, keys: list[str], prefixes: list[str]) -> bool:
@@ -438,7 +503,7 @@ class DraftHierarchy:
         lines = []
         for n in nodes:
             indent = "  " * ((n.path.count("/") + 1 if n.path else 0) - base)
-            name = n.name or "/"
+            name = dm.escape_name(n.name) or "/"
             if n.kind == "array" and n.meta is not None:
                 m = n.meta
                 shard = f" chunks per shard {m.chunks_per_shard}" if m.is_sharded else ""
@@ -461,7 +526,7 @@ class Hierarchy2023(DraftHierarchy):
     def __init__(self, inner: Inner, walk: V3Walk) -> None:
         self.inner = inner
         self.strict = False
-        self.damaged = {}
+        self.damaged = dict(walk.damaged)  # nodes with illegal names
         self.unreadable: dict[str, ShardingStoreError] = {}
         self.walk = walk
         self.entry_point = None  # type: ignore[assignment]

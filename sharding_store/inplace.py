@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import meta2023, migrate2023
-from .draft_metadata import ENTRY_POINT_KEY
+from .draft_metadata import ENTRY_POINT_KEY, escape_name
 from .errors import (
     MigrationError,
     ShardCorruptError,
@@ -136,7 +136,7 @@ class InPlaceReport:
             if self.verified:
                 lines.append(f"  verified: every document final v1.0, {self.shards_checked} shard indices checked")
         lines += [f"warning: {w}" for w in self.warnings]
-        lines += [f"left as it was {p or '/'} (damaged): {r}" for p, r in self.skipped.items()]
+        lines += [f"left as it was {escape_name(p) or '/'} (damaged): {r}" for p, r in self.skipped.items()]
         return "\n".join(lines)
 
 

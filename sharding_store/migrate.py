@@ -241,7 +241,7 @@ class MigrationReport:
             if self.verification is not None:
                 lines.append(f"  verified: {self.verification.summary()}")
         lines += [f"warning: {w}" for w in self.warnings]
-        lines += [f"skipped {s['path'] or '/'} ({s['kind']}, {s['error']}): {s['reason']}" for s in self.skipped_arrays]
+        lines += [f"skipped {dm.escape_name(s['path']) or '/'} ({s['kind']}, {s['error']}): {s['reason']}" for s in self.skipped_arrays]
         return "\n".join(lines)
 
 

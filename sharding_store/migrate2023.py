@@ -45,6 +45,7 @@ import numpy as np
 from crc32c import crc32c
 
 from . import meta2023
+from .draft_metadata import escape_name
 from .errors import (
     DestinationExistsError,
     DraftMetadataError,
@@ -195,6 +196,7 @@ def plan_hierarchy(src: Inner, walk: V3Walk | None = None, *, left_out: str = "n
     ``left_out``: what the warning about a key that is no chunk key says happens to it."""
     walk = walk if walk is not None else walk_v3_nodes(src)
     plan = Plan2023()
+    plan.damaged.update(walk.damaged)  # nodes with illegal names
     documented = {n.path for n in walk.nodes}
     for path in walk.implicit:
         if path not in documented:
@@ -222,7 +224,7 @@ def plan_hierarchy(src: Inner, walk: V3Walk | None = None, *, left_out: str = "n
             if pattern.fullmatch(rest):
                 objects.append((key, size))
             else:
-                plan.warnings.append(f"{key}: not a chunk key of array '{node.path or '/'}': {left_out}")
+                plan.warnings.append(f"{escape_name(key)}: not a chunk key of array '{node.path or '/'}': {left_out}")
         a = ArrayPlan2023(node.path, norm, objects)
         if norm.hidden_checksum is None:
             cfg = _sharding(norm.document)
@@ -323,7 +325,7 @@ def refuse_damage(plan: Plan2023, skip_damaged: bool, consequence: str) -> None:
     """Raise the first damage (its own class, naming its key) unless ``skip_damaged``."""
     if plan.damaged and not skip_damaged:
         path, error = next(iter(plan.damaged.items()))
-        raise type(error)(f"{error} (node '{path or '/'}'; {consequence}; {SKIP_HINT})", key=error.key)
+        raise type(error)(f"{error} (node '{escape_name(path) or '/'}'; {consequence}; {SKIP_HINT})", key=error.key)
 
 
 def migrate_copy(

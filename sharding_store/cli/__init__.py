@@ -211,7 +211,12 @@ def run() -> NoReturn:
 
 
 def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
+    """The error's message on one line of printable text: a line break in a name cannot forge
+    a line, a terminal escape is shown escaped (``\\x1b``), never sent to the terminal."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 if __name__ == "__main__":  # pragma: no cover

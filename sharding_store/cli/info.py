@@ -70,7 +70,11 @@ MIGRATE_DOES = {
 
 
 def display_path(path: str) -> str:
-    return "/" + path
+    """A node path as printed: ``/a/b``; escaped when it holds what could forge a line
+    (:func:`~sharding_store.draft_metadata.escape_name`)."""
+    from ..draft_metadata import escape_name
+
+    return escape_name("/" + path)
 
 
 def header(store: str, generation: str, migrate_does: str) -> str:
@@ -123,6 +127,7 @@ def _nodes(h: DraftHierarchy, root: str) -> list[Node]:
 
 def format_array(s: ArrayStats) -> str:
     """A short human-readable block for one array."""
+    from ..draft_metadata import escape_name
     from ..inspect import codec_chain_text
 
     m = s.meta
@@ -142,7 +147,7 @@ def format_array(s: ArrayStats) -> str:
     else:
         lines.append("  portable yes" if s.portable else f"  portable no: {'; '.join(s.portability_problems)}")
     if s.stray_keys:
-        lines.append(f"  stray keys {len(s.stray_keys)} (e.g. {s.stray_keys[0]})")
+        lines.append(f"  stray keys {len(s.stray_keys)} (e.g. {escape_name(s.stray_keys[0])})")
     lines += [f"  problem: {p}" for p in s.problems]
     return "\n".join(lines)
 
