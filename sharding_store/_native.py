@@ -16,9 +16,10 @@ is missing is decided in one place:
   once with ``MADV_POPULATE_WRITE``, with huge pages while they come fast, see
   ``array._Pages``) and
   ``memcmp`` (``verify`` compares copied shards block by block without the GIL).
-* **our own loops**, ``sharding_store/_loops.c``, built by ``setup.py`` into
-  ``sharding_store/_loops<EXTENSION_SUFFIX>`` (e.g. ``_loops.cpython-311-x86_64-linux-gnu.so``
-  beside this file; :func:`loops_path` tells where it was found). A plain shared library,
+* **our own loops**, ``sharding_store/_loops.c``, built by ``setup.py`` into the plain
+  shared library ``sharding_store/_loops.so`` (``_loops.dll`` on Windows; no interpreter
+  tag: it does not use Python's API) beside this file (:func:`loops_path` tells where it
+  was found; a build by an earlier setup.py, ``_loops<EXTENSION_SUFFIX>``, is found too). A plain shared library,
   no Python API: it decodes a whole shard's chunks in one call, calling the libzstd /
   libblosc functions above through pointers, so the GIL is released once per shard instead
   of once per chunk (and, for a draft shard read whole, checks its index and copies each
@@ -200,9 +201,11 @@ class Loops:
 
 
 def _loops_path() -> str | None:
-    """Where setup.py put ``_loops.c``'s library (beside this module), or None."""
+    """Where setup.py put ``_loops.c``'s library (beside this module), or None. Its own
+    name first (``_loops.so``), then an extension-style name left by an earlier setup.py
+    (:data:`LOOPS_ABI` refuses it when it is out of date)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+    for suffix in (".dll" if sys.platform == "win32" else ".so", *importlib.machinery.EXTENSION_SUFFIXES):
         path = os.path.join(here, "_loops" + suffix)
         if os.path.isfile(path):
             return path

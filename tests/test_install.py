@@ -22,8 +22,9 @@ import sharding_store
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 #: what a copy of the source tree for ``pip install`` leaves out (venvs, data, caches)
-COPY_IGNORE = shutil.ignore_patterns(".git", ".venv*", ".data", ".corpus", "__pycache__", "*.egg-info", "build",
-                                     ".hypothesis", ".pytest_cache", "demo-out")
+COPY_IGNORE_NAMES = (".git", ".venv*", ".data", ".corpus", "__pycache__", "*.egg-info", "build", ".hypothesis",
+                     ".pytest_cache", "demo-out")
+COPY_IGNORE = shutil.ignore_patterns(*COPY_IGNORE_NAMES)
 
 
 def python_blocks(text: str) -> list[str]:
@@ -158,3 +159,62 @@ def test_pip_install_with_the_xarray_extra_into_a_fresh_virtualenv(tmp_path):
     ok, value, where = check.stdout.split()
     assert ok == "OK" and value.startswith("sharding_store.xarray_backend:")
     assert Path(where).is_relative_to(env_dir), where  # the installed copy, not the source tree
+
+
+def _build_wheel(tmp_path: Path, name: str, **env_extra: str) -> Path:
+    """A wheel of a fresh copy of the source tree (no in-place library, no build dir),
+    built by pip as a user's ``pip install .`` would (isolated build environment)."""
+    src = tmp_path / name
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns("*.so", "*.dll", "*.pyd", "compat", *COPY_IGNORE_NAMES))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    out = tmp_path / f"{name}-wheel"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(src)],
+                           capture_output=True, text=True, env={**env, **env_extra}, cwd=tmp_path, timeout=540)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+def _wheel_contents(wheel: Path) -> tuple[list[str], str]:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (meta,) = [n for n in names if n.endswith(".dist-info/WHEEL")]
+        return names, z.read(meta).decode()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_wheel_without_a_compiler_is_pure(tmp_path):
+    """No C compiler (``CC=false``): the optional library is skipped and the wheel is pure,
+    ``py3-none-any``, installable on every Python (it was ``cp311-cp311-linux_x86_64``,
+    which Python 3.12's pip refuses, with nothing compiled in it)."""
+    wheel = _build_wheel(tmp_path, "nocc", CC="false")
+    names, meta = _wheel_contents(wheel)
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+    assert "Root-Is-Purelib: true" in meta and "Tag: py3-none-any" in meta, meta
+    assert not [n for n in names if n.endswith((".so", ".dll", ".pyd"))], names
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_wheel_with_the_library_is_tagged_for_its_platform_only(tmp_path):
+    """With a compiler: ``_loops.c`` is a plain shared library (no interpreter tag in its
+    name, no ``PyInit_``), the wheel ``py3-none-<platform>``: installable by any Python 3 of
+    this platform, 3.12 included, and what it holds is what ``_native`` loads."""
+    from packaging import tags
+
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler here")
+    wheel = _build_wheel(tmp_path, "cc")
+    names, meta = _wheel_contents(wheel)
+    py, abi, plat = wheel.name[: -len(".whl")].split("-")[-3:]
+    assert (py, abi) == ("py3", "none") and plat != "any", wheel.name
+    assert plat in {str(p) for p in tags.platform_tags()}, plat
+    assert "Root-Is-Purelib: false" in meta and f"Tag: py3-none-{plat}" in meta, meta
+    assert [n for n in names if n.endswith((".so", ".dll", ".pyd"))] == ["sharding_store/_loops.so"], names
+    for version in ((3, 11), (3, 12), (3, 13)):
+        interp = f"cp{version[0]}{version[1]}"
+        supported = {str(t) for t in tags.compatible_tags(python_version=version, interpreter=interp, platforms=[plat])}
+        assert f"py3-none-{plat}" in supported, (version, plat)
