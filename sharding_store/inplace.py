@@ -34,8 +34,11 @@ and ``--undo``). Then each document is replaced with one atomic put (the root's 
 last; on object stores the others in parallel), the result is verified, and the journal
 is deleted. Each
 document is at every moment either its original or its replacement, so a run killed
-anywhere is finished by ``--resume`` or rolled back byte for byte by ``--undo``; a
-document a third party changed meanwhile is never overwritten (exit 10, naming it).
+anywhere is finished by ``--resume`` or rolled back byte for byte by ``--undo``. Each
+put is conditional on the document still being what the journal says it was
+(:meth:`Inner.put_if_unchanged`: an exchange-and-compare locally, ``If-Match`` on S3), so a
+document another writer changed meanwhile is not overwritten (exit 10, naming it; the
+windows that remain are in that method's docstring and the README).
 
 Verification (``verify=True``), decided here: every document written is read back and
 must equal the plan and be final v1.0 under :func:`meta2023.normalise_node`; the whole
@@ -271,13 +274,27 @@ class _Runner:
         currents = self.map(lambda s: self.retried(self.inner.get, s.key), journal.steps)
         for s, current in zip(journal.steps, currents):
             if s.state(current) == "other":
-                what = "deleted" if current is None else "changed"
-                raise MigrationError(
-                    f"{s.key}: {what} by another writer since the in-place upgrade began (neither its original "
-                    f"nor its upgraded document): refusing to {action} over it; the journal "
-                    f"{UPGRADE_JOURNAL_KEY} holds both versions: put one of them back, then run "
-                    f"`{resume_upgrade_command(self.location)}` or `{undo_upgrade_command(self.location)}`", key=s.key)
+                raise self.changed(s, current, action)
         return [(s, s.state(c)) for s, c in zip(journal.steps, currents)]
+
+    def changed(self, s: DocumentStep, current: bytes | None, action: str) -> MigrationError:
+        """The error (exit 10) for a document another writer changed: never written over."""
+        what = "deleted" if current is None else "changed"
+        return MigrationError(
+            f"{s.key}: {what} by another writer since the in-place upgrade began (neither its original "
+            f"nor its upgraded document): refusing to {action} over it; the journal "
+            f"{UPGRADE_JOURNAL_KEY} holds both versions: put one of them back, then run "
+            f"`{resume_upgrade_command(self.location)}` or `{undo_upgrade_command(self.location)}`", key=s.key)
+
+    def put(self, s: DocumentStep, value: bytes | None, expected: bytes | None, action: str) -> None:
+        """Replace one document only while it is still ``expected`` (re-checked at the write:
+        :meth:`Inner.put_if_unchanged`); a document already ``value`` (a retried put that
+        went through) is done; anything else is another writer's, never overwritten."""
+        if self.retried(self.inner.put_if_unchanged, s.key, value, expected):
+            return
+        current = self.retried(self.inner.get, s.key)
+        if current != value:
+            raise self.changed(s, current, action)
 
     def forward(self, states: list[tuple[DocumentStep, str]]) -> None:
         """Replace every document still original, the root's last (resumable at each step)."""
@@ -285,7 +302,7 @@ class _Runner:
         self.report.already += len(states) - len(todo)
 
         def write(s: DocumentStep) -> None:
-            self.retried(self.inner.set, s.key, s.new)
+            self.put(s, s.new, s.original, "write")
             fault_point(FAULT_UPGRADE)
 
         root = [s for s in todo if s.key == ENTRY_POINT_KEY]
@@ -299,10 +316,7 @@ class _Runner:
         self.report.already += len(states) - len(todo)
 
         def restore(s: DocumentStep) -> None:
-            if s.original is None:
-                self.retried(self.inner.delete, s.key)
-            else:
-                self.retried(self.inner.set, s.key, s.original)
+            self.put(s, s.original, s.new, "restore")
             fault_point(FAULT_UNDO)
 
         root = [s for s in todo if s.key == ENTRY_POINT_KEY]
@@ -318,8 +332,8 @@ class _Runner:
 
         def check(s: DocumentStep) -> int:
             got = self.retried(self.inner.get, s.key)
-            if got != s.new:
-                raise VerificationError(f"{s.key}: not the document the upgrade wrote; {undo}", key=s.key)
+            if got != s.new:  # another writer's since this run wrote it: exit 10, as before a write
+                raise self.changed(s, got, "call the upgrade done")
             norm = meta2023.normalise_node(got, s.key)
             if not norm.is_final or norm.hidden_checksum is None:
                 raise VerificationError(f"{s.key}: the upgraded document is not final v1.0 ({'; '.join(norm.changes)}); "

@@ -28,7 +28,7 @@ class CountingInner:
     """Counts calls (``calls[name]``), ranges requested, and bytes read and written.
 
     ``calls`` keys: ``get``, ``get_ranges`` (also tail reads, as they are range requests),
-    ``set``, ``create_exclusive``, ``delete``, ``delete_prefix``, ``list_prefix``,
+    ``set``, ``create_exclusive``, ``put_if_unchanged``, ``delete``, ``delete_prefix``, ``list_prefix``,
     ``list_sized``, ``list_dir``, ``exists``, ``size``, ``read_into``, ``copy_to``, ``compose``
     (kernel copies only; the generic way counts as the reads and the ``set`` it does), ``move``,
     ``tidy``. ``log`` holds ``(name, detail)`` in call order.
@@ -64,8 +64,9 @@ class CountingInner:
 
     @property
     def writes(self) -> int:
-        """Requests that write an object: ``set``, ``create_exclusive``, ``copy_to``, ``compose``, ``move``."""
-        return (self.calls["set"] + self.calls["create_exclusive"] + self.calls["copy_to"] + self.calls["compose"]
+        """Requests that write an object: ``set``, ``create_exclusive``, ``put_if_unchanged``, ``copy_to``,
+        ``compose``, ``move``."""
+        return (self.calls["set"] + self.calls["create_exclusive"] + self.calls["put_if_unchanged"] + self.calls["copy_to"] + self.calls["compose"]
                 + self.calls["move"])
 
     # ------------------------------------------------------------------ core
@@ -99,6 +100,17 @@ class CountingInner:
         done = self.inner.create_exclusive(key, value)
         self._count("create_exclusive", key, nwritten=len(value) if done else 0)
         return done
+
+    def put_if_unchanged(self, key: str, value: bytes | None, expected: bytes | None) -> bool:
+        done = self.inner.put_if_unchanged(key, value, expected)
+        self._count("put_if_unchanged", key, nwritten=len(value or b"") if done else 0)
+        return done
+
+    def temp_leftovers(self, key: str) -> list[str]:
+        return self.inner.temp_leftovers(key)
+
+    def remove_temp_leftovers(self, key: str) -> int:
+        return self.inner.remove_temp_leftovers(key)
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)

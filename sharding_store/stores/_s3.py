@@ -182,6 +182,30 @@ def s3_create_exclusive(inner: FsspecInner, key: str, value: bytes) -> bool:
     return True
 
 
+def s3_put_if_unchanged(inner: FsspecInner, key: str, value: bytes | None, expected: bytes) -> bool:
+    """One GET (bytes and ETag), compared with ``expected``, then ``PutObject`` (or
+    ``DeleteObject``) with ``If-Match`` on that ETag: S3 (and moto) refuse it with 412 when
+    another writer replaced the object since the GET, atomically. False when either says so."""
+    got = s3_whole(inner, key)
+    if got is None or got[0] != expected:
+        return False
+    bucket, obj, _ = inner.fs.split_path(inner._path(key))
+    try:
+        if value is None:
+            inner.fs.call_s3("delete_object", Bucket=bucket, Key=obj, IfMatch=got[1])
+        else:
+            inner.fs.call_s3("put_object", Bucket=bucket, Key=obj, Body=bytes(value), IfMatch=got[1])
+    except FileNotFoundError:
+        return False  # gone since the GET
+    except OSError as e:
+        if precondition_failed(e) or "ConditionalRequestConflict" in str(e) or "409" in str(e):
+            return False
+        raise
+    finally:
+        inner.fs.invalidate_cache(inner._path(key))
+    return True
+
+
 def s3_whole(inner: FsspecInner, key: str) -> tuple[bytes, Version] | None:
     """A whole object and its ETag in one GET (None when missing)."""
 

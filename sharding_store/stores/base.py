@@ -4,7 +4,7 @@ A store ("inner store", below a :class:`~sharding_store.ShardingStore`) is anyth
 methods of :class:`Inner`. The *core* is what every backend has (whole gets, byte ranges,
 tails of objects, atomic puts, deletes, listings); the *capabilities* (``size``,
 ``read_into``, ``local_path``, ``copy_to``, ``compose``, ``move``, ``create_exclusive``,
-``list_sized``, ``location``, ``describe``, ...) let a backend do better than the generic way:
+``put_if_unchanged``, ``list_sized``, ``location``, ``describe``, ...) let a backend do better than the generic way:
 a kernel copy, a server-side copy, a rename, a conditional put. :class:`BaseInner` implements every
 capability from the core, so a new backend writes the core and overrides what it can do
 better; wrappers (``sharding_store.testing.CountingInner``) delegate every method. Nothing
@@ -173,6 +173,9 @@ class Inner(Protocol):
     def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]: ...
     def set(self, key: str, value: bytes) -> None: ...
     def create_exclusive(self, key: str, value: bytes) -> bool: ...
+    def put_if_unchanged(self, key: str, value: bytes | None, expected: bytes | None) -> bool: ...
+    def temp_leftovers(self, key: str) -> list[str]: ...
+    def remove_temp_leftovers(self, key: str) -> int: ...
     def delete(self, key: str) -> None: ...
     def delete_prefix(self, prefix: str) -> None: ...
     def list_prefix(self, prefix: str) -> Iterator[str]: ...
@@ -368,6 +371,31 @@ class BaseInner:
         self.set(key, value)
         return True
 
+    def put_if_unchanged(self, key: str, value: bytes | None, expected: bytes | None) -> bool:
+        """Replace ``key`` with ``value`` (None: delete it) only while it holds exactly
+        ``expected`` (None: missing); False, nothing written, when it holds anything else.
+        Here: ``get``, compare, ``set``: a writer between the two is overwritten (backends
+        with a conditional primitive override it; see each backend's window)."""
+        if expected is None:
+            return not self.exists(key) if value is None else self.create_exclusive(key, value)
+        if self.get(key) != expected:
+            return False
+        if value is None:
+            self.delete(key)
+        else:
+            self.set(key, value)
+        return True
+
+    def temp_leftovers(self, key: str) -> list[str]:
+        """Names (keys) of temporary files a killed write of ``key`` left next to it.
+        Only stores whose writes leave such files (local directories) have any."""
+        return []
+
+    def remove_temp_leftovers(self, key: str) -> int:
+        """Remove :meth:`temp_leftovers` of ``key``; how many were removed. Only call it
+        where no write of ``key`` by this tool is running (a recovery that holds its claim)."""
+        return 0
+
     def tidy(self, prefix: str = "", *, keep_top: bool = True) -> None:
         """Remove what killed writes left below ``prefix`` (temporary files) and empty
         directories (``keep_top``: keep ``prefix``'s own). Only stores with such leftovers
@@ -421,6 +449,11 @@ class CompletedInner(BaseInner):
         """The store's own (it may be atomic where the generic one is not)."""
         own = getattr(self.store, "create_exclusive", None)
         return own(key, value) if own is not None else super().create_exclusive(key, value)
+
+    def put_if_unchanged(self, key: str, value: bytes | None, expected: bytes | None) -> bool:
+        """The store's own (it may be atomic where the generic one is not)."""
+        own = getattr(self.store, "put_if_unchanged", None)
+        return own(key, value, expected) if own is not None else super().put_if_unchanged(key, value, expected)
 
     def location(self) -> Location:
         """The store's own location when it has one (else an in-process identity): a

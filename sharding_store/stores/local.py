@@ -392,6 +392,104 @@ class LocalInner(BaseInner):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
+    def put_if_unchanged(self, key: str, value: bytes | None, expected: bytes | None) -> bool:
+        """Replace the file only while it holds ``expected`` (see :meth:`BaseInner.put_if_unchanged`).
+
+        POSIX has no compare-and-rename. Here the new bytes are written to a temporary
+        file, the current file is compared, and the two are swapped with one
+        ``renameat2(RENAME_EXCHANGE)``; the file swapped out is then compared again, so a
+        writer that replaced the document (by rename, as atomic writers do) at any moment
+        before the swap is caught and its version swapped back: nothing it wrote is lost.
+        Remaining windows: a third writer replacing the document in the microseconds
+        between the two swaps (its version is then kept beside the key as
+        ``<key>.sharding-store-conflict-*`` and :class:`ObjectChangedError` names it), and a
+        writer that rewrites the file *in place* (no rename) after the second compare.
+        Where the exchange is not supported (not Linux, some filesystems) the compare is
+        followed by ``os.replace``: a writer in that window is overwritten.
+        """
+        path = self._checked_path(key)
+        if expected is None:
+            return (not self.exists(key)) if value is None else self.create_exclusive(key, value)
+        if value is None:
+            return self._delete_if(key, path, expected)
+        if self.get(key) != expected:
+            return False
+        fd, tmp = _open_new(path)
+        keep = False
+        try:
+            try:
+                write_all(fd, value)
+                ours = os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
+            swapped = _exchange(tmp, path)
+            if swapped is None:  # no atomic exchange here: compare, then replace (the window above)
+                if self.get(key) != expected:
+                    return False
+                os.replace(tmp, path)
+                return True
+            if not swapped:
+                return False  # the document vanished since it was compared
+            if self.get(_sibling(key, tmp)) == expected:
+                return True  # the finally removes the original, now at the temporary name
+            _exchange(tmp, path)  # another writer's version: back at the key
+            if os.lstat(tmp).st_ino != ours:
+                keep = True
+                raise self._conflict(key, path, tmp)
+            return False
+        finally:
+            if not keep:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+    def _delete_if(self, key: str, path: str, expected: bytes) -> bool:
+        """The delete of :meth:`put_if_unchanged`: the file is renamed aside (atomically:
+        whatever is at the key then), compared, and put back with ``link()`` (which
+        never replaces a file created meanwhile) when it is not ``expected``."""
+        if self.get(key) != expected:
+            return False
+        aside = _temp_name(path)
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        if self.get(_sibling(key, aside)) == expected:
+            os.unlink(aside)
+            self._prune(path.rpartition("/")[0])
+            return True
+        try:
+            os.link(aside, path, follow_symlinks=False)
+        except FileExistsError:
+            raise self._conflict(key, path, aside) from None
+        os.unlink(aside)
+        return False
+
+    def _conflict(self, key: str, path: str, tmp: str) -> ObjectChangedError:
+        """Two other writers raced one compare-and-swap: the version not at the key is kept."""
+        kept = f"{path}.sharding-store-conflict-{os.getpid()}-{_TOKEN}-{next(_COUNTER)}"
+        os.rename(tmp, kept)
+        return ObjectChangedError(f"{key}: replaced by two other writers while this write was checked; one "
+                                  f"version is at the key, the other kept as {kept}", key=key)
+
+    def temp_leftovers(self, key: str) -> list[str]:
+        """Keys of temporary files next to ``key`` (one listing of its directory)."""
+        path = self._checked_path(key)
+        directory, _, name = path.rpartition("/")
+        lead = key.rpartition("/")[0]
+        try:
+            with os.scandir(directory or "/") as it:
+                names = sorted(e.name for e in it if e.name.startswith(name + TEMP_MARKER))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [f"{lead}/{n}" if lead else n for n in names]
+
+    def remove_temp_leftovers(self, key: str) -> int:
+        found = self.temp_leftovers(key)
+        for leftover in found:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(leftover))
+        return len(found)
+
     def delete(self, key: str) -> None:
         path = self._checked_path(key)
         try:
@@ -728,6 +826,53 @@ _TOKEN = uuid.uuid4().hex[:8]
 _COUNTER = itertools.count()
 
 
+def _temp_name(path: str) -> str:
+    """A fresh temporary name next to ``path`` (pid, per-process token, counter)."""
+    return f"{path}{TEMP_MARKER}{os.getpid()}-{_TOKEN}-{next(_COUNTER)}"
+
+
+def _sibling(key: str, path: str) -> str:
+    """The key of ``path``, a file in the directory of ``key``."""
+    lead = key.rpartition("/")[0]
+    name = path.rpartition("/")[2]
+    return f"{lead}/{name}" if lead else name
+
+
+def _load_renameat2() -> Any:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError, ImportError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _load_renameat2() if os.name == "posix" else None
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+_NO_EXCHANGE = frozenset(getattr(errno, n) for n in ("EINVAL", "ENOSYS", "EOPNOTSUPP", "ENOTSUP") if hasattr(errno, n))
+
+
+def _exchange(a: str, b: str) -> bool | None:
+    """Swap the files at ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``):
+    True; False when one of them is missing; None when this system or filesystem cannot."""
+    if _RENAMEAT2 is None:
+        return None
+    import ctypes
+
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.ENOENT:
+        return False
+    if err in _NO_EXCHANGE:
+        return None
+    raise OSError(err, os.strerror(err), b)
+
+
 def _Tail(fields: tuple[Any, int | None, Version | None]) -> Tail:
     """``Tail(*fields)`` without the Python-level ``__new__`` (on the per-read path)."""
     return tuple.__new__(Tail, fields)
@@ -770,7 +915,7 @@ def _open_new(path: str) -> tuple[int, str]:
     """
     directory = os.path.dirname(path) or "."
     for attempt in range(CREATE_ATTEMPTS):
-        tmp = f"{path}{TEMP_MARKER}{os.getpid()}-{_TOKEN}-{next(_COUNTER)}"
+        tmp = _temp_name(path)
         try:
             if attempt == 0:
                 return os.open(tmp, _O_NEW, 0o666), tmp

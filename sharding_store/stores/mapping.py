@@ -18,7 +18,7 @@ from .base import BaseInner, ForkSafeLock, Location, RangeRequest, Tail, Version
 
 __all__ = ["MappingInner"]
 
-#: serialises create_exclusive on plain mappings within this process (fresh in a forked child)
+#: serialises create_exclusive and put_if_unchanged on plain mappings within this process (fresh in a forked child)
 _CREATE_LOCK = ForkSafeLock()
 
 
@@ -116,6 +116,17 @@ class MappingInner(BaseInner):
             if key in self.mapping:
                 return False
             self.mapping[key] = value
+            return True
+
+    def put_if_unchanged(self, key: str, value: bytes | None, expected: bytes | None) -> bool:
+        """Compare and replace under the lock of :meth:`create_exclusive` (the same limit)."""
+        with _CREATE_LOCK:
+            if self.get(key) != expected:
+                return False
+            if value is None:
+                self.delete(key)
+            else:
+                self.mapping[key] = value
             return True
 
     def location(self) -> Location:

@@ -111,6 +111,18 @@ class ZarrStoreInner(BaseInner):
         self._sync(self.store.set_if_not_exists(key, self._proto.buffer.from_bytes(bytes(value))))
         return self.get(key) == bytes(value)
 
+    def put_if_unchanged(self, key: str, value: bytes | None, expected: bytes | None) -> bool:
+        """A writable zarr ``LocalStore``: the local compare-and-swap; else the generic one."""
+        if self._local_writes:
+            return self._local.put_if_unchanged(key, value, expected)  # type: ignore[union-attr]
+        return super().put_if_unchanged(key, value, expected)
+
+    def temp_leftovers(self, key: str) -> list[str]:
+        return [] if self._local is None else self._local.temp_leftovers(key)
+
+    def remove_temp_leftovers(self, key: str) -> int:
+        return self._local.remove_temp_leftovers(key) if self._local_writes else 0  # type: ignore[union-attr]
+
     def location(self) -> Location:
         from .location import zarr_location
 
