@@ -156,7 +156,7 @@ def json_depth(value: Any, limit: int | None = None) -> int:
     return depth
 
 
-def _load_document(raw: bytes | str | Mapping, key: str) -> dict:
+def _load_document(raw: bytes | str | Mapping[str, Any], key: str) -> dict[str, Any]:
     """Parse a JSON object document (or copy an already-parsed mapping); nesting deeper than
     :data:`MAX_JSON_DEPTH` is refused, so no later step can hit the recursion limit."""
     if isinstance(raw, Mapping):
@@ -218,7 +218,7 @@ class EntryPoint:
     """The ``zarr.json`` entry point; only the key suffix affects how we read."""
 
     metadata_key_suffix: str = ".json"
-    raw: dict = field(
+    raw: dict[str, Any] = field(
         default_factory=lambda: {
             "extensions": [],
             "metadata_encoding": DRAFT_PROTOCOL,
@@ -228,7 +228,7 @@ class EntryPoint:
     )
 
 
-def parse_entry_point(raw: bytes | str | dict, key: str = ENTRY_POINT_KEY) -> EntryPoint:
+def parse_entry_point(raw: bytes | str | dict[str, Any], key: str = ENTRY_POINT_KEY) -> EntryPoint:
     """Validate a draft entry point; a v1.0 ``zarr.json`` (``zarr_format: 3``) is refused."""
     doc = _load_document(raw, key)
     fmt = doc.get("zarr_format")
@@ -570,7 +570,7 @@ def _parse_compressor(value: Any, key: str) -> Codec | None:
     return _make_codec({**config, "id": name}, key, fld)
 
 
-def _make_codec(config: dict, key: str, fld: str) -> Codec:
+def _make_codec(config: dict[str, Any], key: str, fld: str) -> Codec:
     """numcodecs' codec object (numcodecs is imported here, on the first codec parsed, not
     with this module)."""
     import numcodecs
@@ -581,13 +581,13 @@ def _make_codec(config: dict, key: str, fld: str) -> Codec:
         raise _error(key, fld, f"invalid codec configuration {_text(config, 120)}: {e}") from None
 
 
-def _codec_config(codec: Codec) -> dict:
+def _codec_config(codec: Codec) -> dict[str, Any]:
     config = codec.get_config()
     config.pop("id", None)
     return config
 
 
-def _encode_compressor(codec: Codec) -> dict:
+def _encode_compressor(codec: Codec) -> dict[str, Any]:
     """zarr 2.18 ``Metadata3._encode_codec_metadata``."""
     if codec.codec_id not in DRAFT_COMPRESSORS:
         raise DraftMetadataError(
@@ -647,7 +647,7 @@ def parse_chunks_per_shard(value: Any, ndim: int, key: str) -> tuple[int, ...]:
     return cps
 
 
-def _sharding_config(entry: dict, key: str) -> dict | None:
+def _sharding_config(entry: dict[str, Any], key: str) -> dict[str, Any] | None:
     """The configuration of a sharding transformer entry in any spelling, else None."""
     ext = entry.get("extension")
     name = entry.get("name")
@@ -668,7 +668,7 @@ def _sharding_config(entry: dict, key: str) -> dict | None:
     return config
 
 
-def find_sharding_transformer(transformers: list, key: str, ndim: int) -> tuple[int, ...] | None:
+def find_sharding_transformer(transformers: list[Any], key: str, ndim: int) -> tuple[int, ...] | None:
     """``chunks_per_shard`` of the sharding transformer in a ``storage_transformers`` list."""
     fld = "storage_transformers"
     if transformers is None:
@@ -691,7 +691,7 @@ def find_sharding_transformer(transformers: list, key: str, ndim: int) -> tuple[
     return found
 
 
-def _transformer_entry(cps: tuple[int, ...]) -> dict:
+def _transformer_entry(cps: tuple[int, ...]) -> dict[str, Any]:
     """Spelling 1, as zarr-python 2.x writes it (a 0-d array gets ``[1]``)."""
     return {
         "configuration": {"chunks_per_shard": list(cps) or [1]},
@@ -717,8 +717,8 @@ class DraftArrayMeta:
     compressor: Codec | None
     filters: tuple[Codec, ...]
     chunks_per_shard: tuple[int, ...] | None
-    attributes: dict
-    raw: dict
+    attributes: dict[str, Any]
+    raw: dict[str, Any]
 
     @property
     def ndim(self) -> int:
@@ -766,7 +766,7 @@ def _check_chunk_bounds(chunks: tuple[int, ...], key: str) -> None:
         raise _error(key, "chunk_grid.chunk_shape", f"{list(chunks)} has {n} elements per chunk (limit 2**32)")
 
 
-def _require(doc: dict, name: str, key: str, types: type | tuple[type, ...]) -> Any:
+def _require(doc: dict[str, Any], name: str, key: str, types: type | tuple[type, ...]) -> Any:
     if name not in doc:
         raise _error(key, name, "missing")
     value = doc[name]
@@ -799,7 +799,7 @@ class DraftArrayGeometry:
         return tuple(-(-s // c) for s, c in zip(self.shape, self.chunks))
 
 
-def _geometry(doc: dict, key: str, path: str | None) -> DraftArrayGeometry:
+def _geometry(doc: dict[str, Any], key: str, path: str | None) -> DraftArrayGeometry:
     if path is None:
         parsed = path_from_meta_key(key, key[key.rindex(".") :] if "." in key else ".json")
         if parsed is None or parsed[1] != "array":
@@ -827,12 +827,12 @@ def _geometry(doc: dict, key: str, path: str | None) -> DraftArrayGeometry:
     return DraftArrayGeometry(path, shape, chunks, separator, cps)
 
 
-def parse_array_geometry(raw: bytes | str | dict, key: str, path: str | None = None) -> DraftArrayGeometry:
+def parse_array_geometry(raw: bytes | str | dict[str, Any], key: str, path: str | None = None) -> DraftArrayGeometry:
     """The key-mapping part of a draft array document (see :class:`DraftArrayGeometry`)."""
     return _geometry(_load_document(raw, key), key, path)
 
 
-def parse_array_metadata(raw: bytes | str | dict, key: str, path: str | None = None) -> DraftArrayMeta:
+def parse_array_metadata(raw: bytes | str | dict[str, Any], key: str, path: str | None = None) -> DraftArrayMeta:
     """Parse and validate a draft array document (``meta/root/<path>.array.json``)."""
     doc = _load_document(raw, key)
     geometry = _geometry(doc, key, path)
@@ -881,7 +881,7 @@ def parse_array_metadata(raw: bytes | str | dict, key: str, path: str | None = N
     )
 
 
-def _document(meta: DraftArrayMeta) -> dict:
+def _document(meta: DraftArrayMeta) -> dict[str, Any]:
     """The document zarr 2.18's ``Metadata3.encode_array_metadata`` builds for ``meta``."""
     attributes = dict(meta.attributes)
     if meta.filters:
@@ -938,7 +938,7 @@ def draft_array_document(
     order: str,
     separator: str,
     filters: tuple[Codec, ...] | list[Codec] | None,
-    attributes: dict | None,
+    attributes: dict[str, Any] | None,
     chunks_per_shard: tuple[int, ...] | int | None,
 ) -> DraftArrayMeta:
     """Build a draft array as zarr 2.18's ``create()`` would (defaults are the caller's)."""
@@ -997,7 +997,7 @@ def draft_array_document(
 # --------------------------------------------------------------------------- groups
 
 
-def parse_group_metadata(raw: bytes | str | dict, key: str) -> dict:
+def parse_group_metadata(raw: bytes | str | dict[str, Any], key: str) -> dict[str, Any]:
     """A draft group document's attributes (zarr 2.18 requires the key to be present)."""
     doc = _load_document(raw, key)
     attributes = doc.get("attributes", {})
@@ -1006,12 +1006,12 @@ def parse_group_metadata(raw: bytes | str | dict, key: str) -> dict:
     return attributes
 
 
-def encode_group_metadata(attributes: dict) -> bytes:
+def encode_group_metadata(attributes: dict[str, Any]) -> bytes:
     """zarr 2.18 ``Metadata3.encode_group_metadata``."""
     return _json_dumps({"attributes": attributes or {}})
 
 
-def parse_consolidated(raw: bytes | str | dict, key: str) -> dict[str, dict]:
+def parse_consolidated(raw: bytes | str | dict[str, Any], key: str) -> dict[str, dict[str, Any]]:
     """Draft consolidated metadata: a map of metadata key -> parsed document."""
     doc = _load_document(raw, key)
     fmt = doc.get("zarr_consolidated_format")

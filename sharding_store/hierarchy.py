@@ -355,7 +355,7 @@ class Node:
     path: str  # "" for the root
     kind: Literal["array", "group"]
     explicit: bool = True  # False for implicit groups
-    attributes: dict = field(default_factory=dict)
+    attributes: dict[str, Any] = field(default_factory=dict[str, Any])
     meta: dm.DraftArrayMeta | None = None  # arrays only
 
     @property

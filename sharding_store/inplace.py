@@ -146,7 +146,7 @@ class InPlaceReport:
 # --------------------------------------------------------------------------- planning
 
 
-def _key_encoding(doc: dict) -> tuple[str, str]:
+def _key_encoding(doc: dict[str, Any]) -> tuple[str, str]:
     cke = doc["chunk_key_encoding"]
     name = cke["name"]
     sep = (cke.get("configuration") or {}).get("separator", "/" if name == "default" else ".")

@@ -122,7 +122,7 @@ class Normalised:
     index must be decided from the shard bytes.
     """
 
-    document: dict
+    document: dict[str, Any]
     changes: tuple[str, ...]
     hidden_checksum: bool | None
     key: str = NODE_KEY
@@ -136,7 +136,7 @@ class Normalised:
     def node_type(self) -> str:
         return self.document["node_type"]
 
-    def document_for(self, reading: Literal["plain", "crc32c-hidden"]) -> dict:
+    def document_for(self, reading: Literal["plain", "crc32c-hidden"]) -> dict[str, Any]:
         """The final document once the shard bytes decided the index's reading
         (:func:`~sharding_store.shard_index.index_reading`): ``"crc32c-hidden"`` declares the
         checksum (``index_codecs`` ``[bytes little, crc32c]``), ``"plain"`` leaves
@@ -216,7 +216,7 @@ class _Normaliser:
             return None
 
     # ------------------------------------------------------------------ the document
-    def node(self, doc: dict) -> dict:
+    def node(self, doc: dict[str, Any]) -> dict[str, Any]:
         node_type = doc.get("node_type")
         out: dict[str, Any] = {"zarr_format": 3, "node_type": node_type}
         known = ARRAY_KEYS if node_type == "array" else GROUP_KEYS
@@ -250,7 +250,7 @@ class _Normaliser:
         raise _Damage(k, f"unknown field (value {_text(v, 60)}); an extra field must be an object with "
                          '"must_understand": false')
 
-    def array(self, doc: dict, out: dict) -> None:
+    def array(self, doc: dict[str, Any], out: dict[str, Any]) -> None:
         for k in ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "fill_value", "codecs"):
             if k not in doc:
                 self.section(self._raise, k, "missing")
@@ -290,7 +290,7 @@ class _Normaliser:
             else:
                 self.section(self._raise, "storage_transformers", f"not supported in a v3 node document: {_text(st)}")
 
-    def chunk_grid(self, grid: Any, ndim: int | None) -> dict:
+    def chunk_grid(self, grid: Any, ndim: int | None) -> dict[str, Any]:
         fld = "chunk_grid"
         if not isinstance(grid, dict) or grid.get("name") != "regular":
             raise _Damage(fld, f"expected {{\"name\": \"regular\", ...}}, got {_text(grid)}")
@@ -303,7 +303,7 @@ class _Normaliser:
         shape = _int_list(config["chunk_shape"], f"{fld}.configuration.chunk_shape", minimum=1, length=ndim)
         return {"name": "regular", "configuration": {"chunk_shape": shape}}
 
-    def chunk_key_encoding(self, cke: Any) -> dict:
+    def chunk_key_encoding(self, cke: Any) -> dict[str, Any]:
         fld = "chunk_key_encoding"
         if not isinstance(cke, dict) or cke.get("name") not in ("default", "v2") or set(cke) - {"name", "configuration"}:
             raise _Damage(fld, f"expected {{\"name\": \"default\" or \"v2\", \"configuration\": ...}}, got {_text(cke)}")
@@ -355,7 +355,7 @@ class _Normaliser:
         self.change(f"fill_value bare {text} -> \"{text}\" (JSON has no NaN/Infinity literals)")
         return text
 
-    def _shard_fits(self, codecs: list[dict], grid: list[int]) -> None:
+    def _shard_fits(self, codecs: list[dict[str, Any]], grid: list[int]) -> None:
         for i, c in enumerate(codecs):
             if isinstance(c, dict) and c.get("name") == "sharding_indexed":
                 inner = c["configuration"]["chunk_shape"]
@@ -366,10 +366,10 @@ class _Normaliser:
                     )
 
     # ------------------------------------------------------------------ codecs
-    def codecs(self, codecs: Any, fld: str, chain: _Chain) -> list[dict]:
+    def codecs(self, codecs: Any, fld: str, chain: _Chain) -> list[dict[str, Any]]:
         if not isinstance(codecs, list):
             raise _Damage(fld, f"expected a list of codecs, got {_text(codecs)}")
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         kinds: list[str] = []
         opaque: str | None = None
         for i, entry in enumerate(codecs):
@@ -416,18 +416,18 @@ class _Normaliser:
                         "'bytes' (little endian) inserted")
         return out
 
-    def _bytes_codec(self, endian: str, chain: _Chain) -> dict:
+    def _bytes_codec(self, endian: str, chain: _Chain) -> dict[str, Any]:
         if chain.item_size == 1:
             return {"name": "bytes"}
         return {"name": "bytes", "configuration": {"endian": endian}}
 
-    def _endian(self, config: dict, fld: str, chain: _Chain) -> dict:
+    def _endian(self, config: dict[str, Any], fld: str, chain: _Chain) -> dict[str, Any]:
         if set(config) != {"endian"} or config["endian"] not in ("little", "big"):
             raise _Damage(f"{fld}.configuration", f"expected {{\"endian\": \"little\" or \"big\"}}, got {_text(config)}")
         self.change(f"{fld}: 'endian' codec -> 'bytes' ({config['endian']})")
         return self._bytes_codec(config["endian"], chain)
 
-    def _bytes(self, config: dict, fld: str, chain: _Chain) -> dict:
+    def _bytes(self, config: dict[str, Any], fld: str, chain: _Chain) -> dict[str, Any]:
         if set(config) - {"endian"}:
             raise _Damage(f"{fld}.configuration", f"unknown key {sorted(set(config) - {'endian'})[0]!r}")
         if "endian" in config:
@@ -438,7 +438,7 @@ class _Normaliser:
             raise _Damage(f"{fld}.configuration", f"no endian for a {chain.item_size}-byte data type")
         return {"name": "bytes"}
 
-    def _transpose(self, config: dict, fld: str, chain: _Chain) -> dict:
+    def _transpose(self, config: dict[str, Any], fld: str, chain: _Chain) -> dict[str, Any]:
         order = config.get("order")
         if set(config) != {"order"}:
             raise _Damage(f"{fld}.configuration", f"expected {{\"order\": ...}}, got {_text(config)}")
@@ -455,7 +455,7 @@ class _Normaliser:
             return {"name": "transpose", "configuration": {"order": list(order)}}
         raise _Damage(f"{fld}.configuration.order", f"expected a permutation of 0..{n - 1}, \"C\" or \"F\", got {_text(order)}")
 
-    def _blosc(self, config: dict, fld: str, chain: _Chain) -> dict:
+    def _blosc(self, config: dict[str, Any], fld: str, chain: _Chain) -> dict[str, Any]:
         cfg = f"{fld}.configuration"
         extra = set(config) - {"cname", "clevel", "shuffle", "typesize", "blocksize"}
         if extra:
@@ -497,13 +497,13 @@ class _Normaliser:
         out["blocksize"] = blocksize
         return {"name": "blosc", "configuration": out}
 
-    def _gzip(self, config: dict, fld: str, chain: _Chain) -> dict:
+    def _gzip(self, config: dict[str, Any], fld: str, chain: _Chain) -> dict[str, Any]:
         level = config.get("level")
         if set(config) != {"level"} or not _is_int(level) or not 0 <= level <= 9:
             raise _Damage(f"{fld}.configuration", f"expected {{\"level\": 0..9}}, got {_text(config)}")
         return {"name": "gzip", "configuration": {"level": level}}
 
-    def _zstd(self, config: dict, fld: str, chain: _Chain) -> dict:
+    def _zstd(self, config: dict[str, Any], fld: str, chain: _Chain) -> dict[str, Any]:
         extra = set(config) - {"level", "checksum"}
         level = config.get("level")
         if extra or not _is_int(level) or not -131072 <= level <= 22:
@@ -515,12 +515,12 @@ class _Normaliser:
             raise _Damage(f"{fld}.configuration.checksum", f"expected true or false, got {_text(checksum)}")
         return {"name": "zstd", "configuration": {"level": level, "checksum": checksum}}
 
-    def _crc32c(self, config: dict, fld: str, chain: _Chain) -> dict:
+    def _crc32c(self, config: dict[str, Any], fld: str, chain: _Chain) -> dict[str, Any]:
         if config:
             raise _Damage(f"{fld}.configuration", f"crc32c takes no configuration, got {_text(config)}")
         return {"name": "crc32c"}
 
-    def _sharding(self, config: dict, fld: str, chain: _Chain) -> dict:
+    def _sharding(self, config: dict[str, Any], fld: str, chain: _Chain) -> dict[str, Any]:
         cfg = f"{fld}.configuration"
         extra = set(config) - {"chunk_shape", "codecs", "index_codecs", "index_location"}
         if extra:
@@ -588,7 +588,7 @@ _CODECS = {
 }
 
 
-def _node_document(raw: bytes | str | Mapping, key: str) -> dict:
+def _node_document(raw: bytes | str | Mapping[str, Any], key: str) -> dict[str, Any]:
     doc = _load_document(raw, key)
     fmt = doc.get("zarr_format")
     if not (_is_int(fmt) and fmt == 3):
@@ -600,7 +600,7 @@ def _node_document(raw: bytes | str | Mapping, key: str) -> dict:
     return doc
 
 
-def normalise_node(raw: bytes | str | Mapping, key: str = NODE_KEY) -> Normalised:
+def normalise_node(raw: bytes | str | Mapping[str, Any], key: str = NODE_KEY) -> Normalised:
     """One node document (``zarr.json`` of the 2023 generation or final v3) in the final
     v1.0 spelling. Raises :class:`DraftMetadataError` naming ``key`` and the field for a
     document that is damaged or spelled in a way this module does not recognise."""
@@ -614,7 +614,7 @@ def normalise_node(raw: bytes | str | Mapping, key: str = NODE_KEY) -> Normalise
     return Normalised(final, tuple(n.changes), n.hidden_checksum, key)
 
 
-def classify_node(raw: bytes | str | Mapping, key: str = NODE_KEY) -> NodeClass:
+def classify_node(raw: bytes | str | Mapping[str, Any], key: str = NODE_KEY) -> NodeClass:
     """How a ``zarr.json`` reads, without raising: ``"2023"`` when any pre-final spelling is
     in it (even if another part is damaged: :func:`normalise_node` then says what),
     ``"final"`` for a v3 node document with none (damaged or not: zarr decides),
@@ -622,7 +622,7 @@ def classify_node(raw: bytes | str | Mapping, key: str = NODE_KEY) -> NodeClass:
     return classify(raw, key)[0]
 
 
-def classify(raw: bytes | str | Mapping, key: str = NODE_KEY) -> tuple[NodeClass, str | None]:
+def classify(raw: bytes | str | Mapping[str, Any], key: str = NODE_KEY) -> tuple[NodeClass, str | None]:
     """:func:`classify_node` and the document's ``node_type`` (``"array"``, ``"group"``;
     None for a 2022 entry point or an unknown document)."""
     try:

@@ -74,7 +74,7 @@ def _prefix(path: str) -> str:
     return f"{path}/" if path else ""
 
 
-def chunk_key_pattern(doc: dict) -> re.Pattern[str]:
+def chunk_key_pattern(doc: dict[str, Any]) -> re.Pattern[str]:
     """The chunk keys (relative to the array's directory) of a final array document."""
     cke = doc["chunk_key_encoding"]
     name = cke["name"]
@@ -87,7 +87,7 @@ def chunk_key_pattern(doc: dict) -> re.Pattern[str]:
     return re.compile(coords if ndim else "0")
 
 
-def sharding_of(doc: dict) -> dict | None:
+def sharding_of(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The ``sharding_indexed`` configuration of a final array document (None: unsharded)."""
     for c in doc.get("codecs", []):
         if isinstance(c, dict) and c.get("name") == "sharding_indexed":
@@ -98,7 +98,7 @@ def sharding_of(doc: dict) -> dict | None:
 _sharding = sharding_of
 
 
-def index_readable(doc: dict) -> bool:
+def index_readable(doc: dict[str, Any]) -> bool:
     """Whether a sharded document's shard objects end (or start) with their index as stored:
     ``sharding_indexed`` is the last codec. A bytes->bytes codec after it (valid v1.0: the
     whole shard is compressed or checksummed) hides the index; such objects are copied and
@@ -115,7 +115,7 @@ class ArrayPlan2023:
     reading: Reading = "declared"
     n_entries: int = 0
 
-    def document(self, index_checksum: bool) -> dict:
+    def document(self, index_checksum: bool) -> dict[str, Any]:
         """The final document once the reading is known."""
         if self.reading == "declared":
             return self.normalised.document
@@ -130,7 +130,7 @@ class ArrayPlan2023:
 
 @dataclass
 class Plan2023:
-    groups: list[tuple[str, dict]] = field(default_factory=list)  # (path, final document)
+    groups: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (path, final document)
     arrays: list[ArrayPlan2023] = field(default_factory=list)
     damaged: dict[str, ShardingStoreError] = field(default_factory=dict)  # path -> error
     warnings: list[str] = field(default_factory=list)
@@ -149,14 +149,14 @@ READING_TEXT = {
 }
 
 
-def shard_grid(doc: dict) -> tuple[int, ...]:
+def shard_grid(doc: dict[str, Any]) -> tuple[int, ...]:
     """Chunks per shard of a sharded final array document."""
     cfg = _sharding(doc)
     grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
     return tuple(g // c for g, c in zip(grid, cfg["chunk_shape"]))
 
 
-def check_declared_indices(src: Inner, doc: dict, objects: list[tuple[str, int | None]]) -> None:
+def check_declared_indices(src: Inner, doc: dict[str, Any], objects: list[tuple[str, int | None]]) -> None:
     """Validate the declared index of every shard (one tail or head read each) when its
     ``index_codecs`` are the plain little-endian entries (with or without a CRC32C): a shard
     whose index is corrupt is refused (:class:`ShardCorruptError`), never copied as valid."""
@@ -428,8 +428,8 @@ def incomplete(error: BaseException) -> ShardingStoreError:
 def _write_all(plan: Plan2023, src: Inner, dst: Inner, report: Any, *, index_checksum: bool, jobs: int,
                retried: Any, existing: dict[str, int | None] | None = None, consolidate: bool = True,
                progress: bool | None = None) -> None:
-    root_doc: dict | None = None
-    docs: dict[str, dict] = {}  # what the root group's consolidated metadata lists
+    root_doc: dict[str, Any] | None = None
+    docs: dict[str, dict[str, Any]] = {}  # what the root group's consolidated metadata lists
     total = sum(len(a.objects) for a in plan.arrays)
     with progress_bar(total, "migrate", object_noun(report.all_shards, 1), progress) as bar, \
             cancelling(ThreadPoolExecutor(max(1, jobs), thread_name_prefix="migrate2023")) as pool:
@@ -479,7 +479,7 @@ def _load(dst: Inner, key: str) -> Any:
         return {"<invalid JSON>": True}
 
 
-def live_chunks(doc: dict, data: bytes) -> int:
+def live_chunks(doc: dict[str, Any], data: bytes) -> int:
     """The chunks one object of a final array document holds: 1 unsharded, else the live
     entries of its index (0 when the index is not the plain little-endian one)."""
     cfg = _sharding(doc)
@@ -503,7 +503,7 @@ EMPTY = 2**64 - 1
 
 
 def _check_object(src: Inner, dst: Inner, key: str, n_entries: int, appended: bool,
-                  doc: dict) -> tuple[int, int, list[tuple[str, str]]]:
+                  doc: dict[str, Any]) -> tuple[int, int, list[tuple[str, str]]]:
     """(bytes, chunks, problems) of one destination object against its source."""
     a = src.get(key)
     b = dst.get(key)

@@ -96,7 +96,7 @@ def _name(codec: Any) -> str:
     return codec.get("name") if isinstance(codec, dict) else str(codec)
 
 
-def _config(codec: dict) -> dict:
+def _config(codec: dict[str, Any]) -> dict[str, Any]:
     return codec.get("configuration") or {}
 
 
@@ -108,7 +108,7 @@ class _Chain:
     endian: str | None
     compressor: Codec | None
     filters: tuple[Codec, ...]
-    sharding: dict | None = None
+    sharding: dict[str, Any] | None = None
 
 
 def _permutation_order(perms: list[list[int]], ndim: int, fld: str) -> str:
@@ -125,7 +125,7 @@ def _permutation_order(perms: list[list[int]], ndim: int, fld: str) -> str:
     raise _Unmappable(fld, f"transpose to axes {axes}: only the identity (C) or reversed axes (F) are read")
 
 
-def _bytes_codec(codec: dict, fld: str) -> Codec:
+def _bytes_codec(codec: dict[str, Any], fld: str) -> Codec:
     name, cfg = _name(codec), _config(codec)
     try:
         if name == "gzip":
@@ -180,7 +180,7 @@ def _chain(codecs: Any, fld: str, ndim: int, *, nested: bool) -> _Chain:
     return _Chain(order, endian, compressor, tuple(b2b[:-1]))
 
 
-def _index(config: dict, fld: str) -> tuple[Literal["start", "end"], bool]:
+def _index(config: dict[str, Any], fld: str) -> tuple[Literal["start", "end"], bool]:
     """``(index_location, checksum)`` of a declared ``index_codecs``."""
     location = config.get("index_location", "end")
     if location not in ("start", "end"):
@@ -239,7 +239,7 @@ def _regular_shape(value: Any, fld: str, ndim: int) -> tuple[int, ...]:
     return tuple(value)
 
 
-def layout_from_v3(document: dict, path: str, *, key: str, hidden_checksum: bool | None = False) -> V3ArrayMeta:
+def layout_from_v3(document: dict[str, Any], path: str, *, key: str, hidden_checksum: bool | None = False) -> V3ArrayMeta:
     """The final-v3 array ``document`` of the node at ``path`` (its ``zarr.json`` is ``key``)
     as a :class:`V3ArrayMeta`. ``hidden_checksum``: :attr:`meta2023.Normalised.hidden_checksum`
     (None: the outer index codecs are undeclared, each shard's bytes decide). Refuses what it
@@ -250,7 +250,7 @@ def layout_from_v3(document: dict, path: str, *, key: str, hidden_checksum: bool
         raise _refuse(key, e.fld, e.message) from None
 
 
-def _layout(doc: dict, path: str, key: str, hidden_checksum: bool | None) -> V3ArrayMeta:
+def _layout(doc: dict[str, Any], path: str, key: str, hidden_checksum: bool | None) -> V3ArrayMeta:
     shape = doc.get("shape")
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
         raise _Unmappable("shape", f"expected a list of integers >= 0, got {shape!r}")

@@ -264,7 +264,7 @@ def _short_text(e: BaseException, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _json_config(meta: DraftArrayMeta, codec: Codec, fld: str) -> dict:
+def _json_config(meta: DraftArrayMeta, codec: Codec, fld: str) -> dict[str, Any]:
     """A numcodecs codec's configuration as zarr-python 3 will see it: JSON, from which
     numcodecs must build the same codec (zarr 3 does that on first use)."""
     config = codec.get_config()
@@ -282,7 +282,7 @@ def _json_config(meta: DraftArrayMeta, codec: Codec, fld: str) -> dict:
     return config
 
 
-def _numcodecs_entry(codec: Codec, meta: DraftArrayMeta, fld: str) -> dict:
+def _numcodecs_entry(codec: Codec, meta: DraftArrayMeta, fld: str) -> dict[str, Any]:
     return {"name": f"numcodecs.{codec.codec_id}", "configuration": _json_config(meta, codec, fld)}
 
 
@@ -309,7 +309,7 @@ def _int_param(meta: DraftArrayMeta, cid: str, name: str, value: Any, allowed: r
     return value
 
 
-def _compressor_entry(codec: Codec, meta: DraftArrayMeta, typesize: int) -> dict:
+def _compressor_entry(codec: Codec, meta: DraftArrayMeta, typesize: int) -> dict[str, Any]:
     """A draft compressor as a v3 codec that decodes the draft payload unchanged; its
     parameters are checked against what zarr-python 3 and the codec accept."""
     config = codec.get_config()
@@ -354,7 +354,7 @@ def _compressor_entry(codec: Codec, meta: DraftArrayMeta, typesize: int) -> dict
     return _numcodecs_entry(codec, meta, "compressor")
 
 
-def _check_zarr_resolves(meta: DraftArrayMeta, entries: list[dict], outputs: list[Any], positions: list[int]) -> None:
+def _check_zarr_resolves(meta: DraftArrayMeta, entries: list[dict[str, Any]], outputs: list[Any], positions: list[int]) -> None:
     """zarr-python 3 does not run an array->array filter to learn what it produces: it asks
     the codec (``resolve_metadata``), then reshapes each decoded chunk to that shape and has
     the bytes codec read the chunk as that type. A chain where the answer differs in size
@@ -394,7 +394,7 @@ def _check_zarr_resolves(meta: DraftArrayMeta, entries: list[dict], outputs: lis
         ) from None
 
 
-def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list[dict]:
+def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list[dict[str, Any]]:
     """The v3 codec chain that decodes one draft chunk payload:
     transpose (F order) -> filters -> bytes -> compressor.
 
@@ -403,7 +403,7 @@ def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list
     compressor = meta.compressor if compressor is _KEEP else compressor
     aa, bb = _split_filters(meta)
     index = {id(f): i for i, f in enumerate(meta.filters)}
-    codecs: list[dict] = []
+    codecs: list[dict[str, Any]] = []
     if meta.order == "F" and meta.ndim > 1:
         codecs.append({"name": "transpose", "configuration": {"order": list(range(meta.ndim))[::-1]}})
     aa_entries = [_numcodecs_entry(f, meta, f"attributes.filters[{index[id(f)]}]") for f in aa]
@@ -434,7 +434,7 @@ def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list
     return codecs
 
 
-def _dimension_names(attributes: dict, ndim: int) -> tuple[list | None, dict]:
+def _dimension_names(attributes: dict[str, Any], ndim: int) -> tuple[list[Any] | None, dict[str, Any]]:
     """xarray's ``_ARRAY_DIMENSIONS`` attribute becomes v3 ``dimension_names``."""
     dims = attributes.get("_ARRAY_DIMENSIONS")
     if (
@@ -472,7 +472,7 @@ def v3_array_document(
     compressor_override: Codec | None = None,
     portable: bool = False,
     dimension_names: list[str | None] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The v3.0 ``zarr.json`` for a draft array.
 
     With ``chunks_per_shard=None`` the array is unsharded (codecs = inner chain, grid =
@@ -500,7 +500,7 @@ def v3_array_document(
     if meta.chunks_per_shard is None:
         grid, codecs = list(meta.chunks), inner
     else:
-        index_codecs: list[dict] = [{"name": "bytes", "configuration": {"endian": "little"}}]
+        index_codecs: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
         if index_codecs_checksum:
             index_codecs.append({"name": "crc32c"})
         grid = list(meta.shard_shape)
@@ -540,7 +540,7 @@ def v3_array_document(
     return json.loads(json.dumps(doc))  # plain JSON types only (zarr returns tuples)
 
 
-def _xarray_fill_attribute(meta: DraftArrayMeta, attributes: dict) -> dict:
+def _xarray_fill_attribute(meta: DraftArrayMeta, attributes: dict[str, Any]) -> dict[str, Any]:
     """xarray of the draft era (``_ARRAY_DIMENSIONS``) kept the CF ``_FillValue`` in the zarr
     ``fill_value`` (``null`` when there was none) and read it back from there; xarray reads
     Zarr v3's from a ``_FillValue`` attribute instead, spelled as its ``FillValueCoder``
@@ -565,7 +565,7 @@ def _b64_float64(value: float) -> str:
     return base64.standard_b64encode(struct.pack("<d", value)).decode()
 
 
-def _given_dimension_names(meta: DraftArrayMeta, names: Any, own: list | None) -> list[str | None]:
+def _given_dimension_names(meta: DraftArrayMeta, names: Any, own: list[Any] | None) -> list[str | None]:
     key = array_meta_key(meta.path)
     if not isinstance(names, (list, tuple)) or not all(n is None or isinstance(n, str) for n in names):
         raise UsageError(f"'/{meta.path}': dimension names must be a list of strings, got {names!r}", key=key)
@@ -579,7 +579,7 @@ def _given_dimension_names(meta: DraftArrayMeta, names: Any, own: list | None) -
     return names
 
 
-def consolidated_metadata(docs: Mapping[str, Mapping[str, Any]]) -> dict:
+def consolidated_metadata(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """zarr-python 3's inline consolidated metadata for a root group: the document of every
     node below the root by path, as ``zarr.consolidate_metadata`` writes it (a nested
     group carries an empty one of its own). ``docs``: path -> ``zarr.json`` document."""
@@ -594,7 +594,7 @@ def consolidated_metadata(docs: Mapping[str, Mapping[str, Any]]) -> dict:
     return {"kind": "inline", "must_understand": False, "metadata": inner}
 
 
-def v3_group_document(attributes: dict) -> dict:
+def v3_group_document(attributes: dict[str, Any]) -> dict[str, Any]:
     """The v3.0 ``zarr.json`` of a group."""
     return {"zarr_format": 3, "node_type": "group", "attributes": dict(attributes or {})}
 

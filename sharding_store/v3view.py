@@ -109,7 +109,7 @@ def _as_range(key: str, byte_range: ByteRequest | None) -> RangeRequest | None:
     raise TypeError(f"Unexpected byte_range, got {byte_range}.")
 
 
-def _check_zarr_reads(meta: dm.DraftArrayMeta, document: dict) -> None:
+def _check_zarr_reads(meta: dm.DraftArrayMeta, document: dict[str, Any]) -> None:
     """Refuse, naming the array, what zarr-python 3 would open but fail to read.
 
     zarr's sharding codec hashes the chunk spec, fill value included; a structured
@@ -687,7 +687,7 @@ class _IndexCheck:
         )
 
 
-def _sharding_config(doc: dict) -> dict | None:
+def _sharding_config(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The configuration of a ``sharding_indexed`` whose index the stored objects carry as
     they are: the only codec. After a bytes->bytes codec the index is inside an encoded
     object (valid v1.0): its objects are passed through and zarr decodes and checks them."""
@@ -698,7 +698,7 @@ def _sharding_config(doc: dict) -> dict | None:
     return None
 
 
-def _origin_key(doc: dict) -> str:
+def _origin_key(doc: dict[str, Any]) -> str:
     """The key (relative to the array) of the first chunk of the grid of a final array document."""
     cke = doc["chunk_key_encoding"]
     ndim = len(doc["shape"])
@@ -710,7 +710,7 @@ def _origin_key(doc: dict) -> str:
     return coords if ndim else "0"
 
 
-def _checkable_index(cfg: dict) -> bool | None:
+def _checkable_index(cfg: dict[str, Any]) -> bool | None:
     """Whether a declared index chain is the plain little-endian table (with a CRC32C: True,
     without: False) at the end of the shard, which the view validates; None otherwise (zarr
     reads it as declared)."""
@@ -753,14 +753,14 @@ class _View2023(_Pickled):
             if doc is None:
                 norm = self.normalised.get(path)
                 if norm is None:  # an implicit group
-                    d: dict = {"zarr_format": 3, "node_type": "group", "attributes": {}}
+                    d: dict[str, Any] = {"zarr_format": 3, "node_type": "group", "attributes": {}}
                     self._checks[path] = None
                 else:
                     d = self._decide(path, norm)
                 doc = self._documents[path] = json.dumps(d, indent=2).encode()
         return doc
 
-    def _decide(self, path: str, norm: meta2023.Normalised) -> dict:
+    def _decide(self, path: str, norm: meta2023.Normalised) -> dict[str, Any]:
         """The served document of a node, and how its shard indices are checked."""
         doc = norm.document
         cfg = _sharding_config(doc) if norm.node_type == "array" else None
@@ -786,7 +786,7 @@ class _View2023(_Pickled):
         self._checks[path] = _IndexCheck(path, cps, served == "crc32c-hidden", served)
         return norm.document_for(served)  # type: ignore[arg-type]
 
-    def _first_reading(self, path: str, doc: dict, n: int) -> str:
+    def _first_reading(self, path: str, doc: dict[str, Any], n: int) -> str:
         """The reading of the first shard whose tail decides (``"none"``: no shard): the grid's
         first shard if it exists (no listing), else the array's objects as listed. Objects that
         decide nothing are passed over (at most :data:`DECIDE_TRIES`); every other shard is
@@ -946,7 +946,7 @@ class Draft2023V3Store(_ReadOnlyView):
             return "group"
         raise StoreNotFoundError(f"no array or group at '{path or '/'}'", key=path)
 
-    def document(self, path: str) -> dict:
+    def document(self, path: str) -> dict[str, Any]:
         """The final ``zarr.json`` the view serves for the node at ``path``."""
         self.node_kind(path)
         return json.loads(self._load_view().document(dm.normalize_path(path)))

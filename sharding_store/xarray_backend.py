@@ -107,10 +107,10 @@ class DraftBackendArray(BackendArray):
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
         return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC, self._getitem)
 
-    def _getitem(self, key: tuple) -> np.ndarray:
+    def _getitem(self, key: tuple[Any, ...]) -> np.ndarray:
         return np.asarray(self.array[key])
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         if self._ref is None:
             raise TypeError(
                 f"array '/{self.path}' was opened from a store object, which cannot be sent to another "
@@ -118,7 +118,7 @@ class DraftBackendArray(BackendArray):
             )
         return {"shape": self.shape, "dtype": self.dtype, "path": self.path, "ref": self._ref}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.shape, self.dtype, self.path, self._ref = state["shape"], state["dtype"], state["path"], state["ref"]
         self._array = None
 
@@ -251,12 +251,12 @@ class DraftDataStore(AbstractDataStore):
     def close(self) -> None:
         pass  # nothing is held open: reads open and close what they need
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         # a pickled Dataset carries its close callback (this store): the variables travel
         # by themselves (DraftBackendArray), so the store travels empty
         return {}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.group, self.arrays, self.hints, self.mask, self.xarray_era, self.ref = None, {}, None, None, False, None
 
 

@@ -172,7 +172,7 @@ def _interrupted(h: DraftHierarchy, root: str, unreadable: list[ShardingStoreErr
     that cannot be read go to ``unreadable`` (reported; ``--strict`` fails on them)."""
     from ..journal import interrupted_reshards
 
-    bad: list = []
+    bad: list[Any] = []
     found = [j for j in interrupted_reshards(h.inner, bad) if _in_subtree(j.path, root)]
     if unreadable is not None:
         unreadable += bad

@@ -345,7 +345,7 @@ class ObstoreInner(FsspecInner):
         except Exception as e:
             raise self._error(key, e)  # noqa: B904 - the cause is set by _error
 
-    def _clamped(self, key: str, start: int, end: int | None, cond: dict[str, Any]) -> tuple[bytes, dict] | None:
+    def _clamped(self, key: str, start: int, end: int | None, cond: dict[str, Any]) -> tuple[bytes, dict[str, Any]] | None:
         """A range the server refused (past the end, or of an empty object): the object's size
         (one HEAD, of the version), then the range clamped to it."""
         head = self._get(key, {"head": True, **cond})
