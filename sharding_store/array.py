@@ -710,7 +710,7 @@ class DraftArray:
             f.result()
 
     def _decode_run(self, out: np.ndarray, run: list[tuple[_Piece, bytes | memoryview]]) -> None:
-        scratch = np.empty(self.chunks, dtype=self.dtype, order=self.order)  # type: ignore[call-overload]
+        scratch = np.empty(self.chunks, dtype=self.dtype, order=self.order)
         for p, payload in run:
             chunk = decode_chunk_payload(self.meta, payload, key=p.key, out=scratch)
             out[p.out_sel] = chunk[p.chunk_sel]

@@ -1073,7 +1073,7 @@ class ChunkCodec:
         if self._encode_row is not None:
             return self._encode_row(address)
         chunk = _native.row_at(address, self.nbytes).view(self.meta.dtype)
-        shaped = chunk.reshape(self.meta.chunks, order=self.meta.order)  # type: ignore[call-overload]
+        shaped = chunk.reshape(self.meta.chunks, order=self.meta.order)
         return self._encode(shaped)
 
 

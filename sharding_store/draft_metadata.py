@@ -14,9 +14,9 @@ import binascii
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast
 
 import numpy as np
 
@@ -160,7 +160,8 @@ def _load_document(raw: bytes | str | Mapping[str, Any], key: str) -> dict[str, 
     """Parse a JSON object document (or copy an already-parsed mapping); nesting deeper than
     :data:`MAX_JSON_DEPTH` is refused, so no later step can hit the recursion limit."""
     if isinstance(raw, Mapping):
-        return _json_copy(dict(raw), key)
+        copied: dict[str, Any] = _json_copy(dict(raw), key)
+        return copied
     if isinstance(raw, (bytes, bytearray, memoryview)):
         try:
             raw = bytes(raw).decode("utf-8")
@@ -192,8 +193,15 @@ def _text(value: Any, limit: int = 80) -> str:
     return text[:limit]
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _as_tuple(v: Iterable[Any] | int, n: int = 1) -> tuple[Any, ...]:
+    """``(v,) * n`` for an integer (not a bool), else ``tuple(v)``."""
+    if _is_int(v):
+        return (v,) * n
+    return tuple(cast("Iterable[Any]", v))
 
 
 def _int_list(value: Any, key: str, fld: str, *, minimum: int) -> tuple[int, ...]:
@@ -328,7 +336,7 @@ def path_from_meta_key(
             continue
         stem = key[: -len(tail)]
         if stem == META_ROOT:
-            return "", kind  # type: ignore[return-value]
+            return "", kind
         if stem.startswith(META_ROOT + "/") and len(stem) > len(META_ROOT) + 1:
             path = stem[len(META_ROOT) + 1 :]
             try:
@@ -337,7 +345,7 @@ def path_from_meta_key(
                 raise DraftMetadataError(f"{key}: malformed node path: {e}", key=key) from None
             if not ok:
                 raise DraftMetadataError(f"{key}: malformed node path {path!r}", key=key)
-            return path, kind  # type: ignore[return-value]
+            return path, kind
     return None
 
 
@@ -391,7 +399,7 @@ def _parse_dtype(value: Any, key: str) -> np.dtype:
             raise _error(key, "data_type", "extension data type object has no 'type'")
         spec = value["type"]
     try:
-        dtype = np.dtype(_decode_descr(spec))
+        dtype: np.dtype[Any] = np.dtype(_decode_descr(spec))
         _check_dtype(dtype)
     except DraftMetadataError:
         raise
@@ -418,7 +426,7 @@ def _encode_dtype(dtype: np.dtype) -> Any:
     elif dtype.kind == "U":
         ext, t = _EXT_UNICODE, s
     else:
-        ext, t = _EXT_STRUCTURED, dtype.descr
+        return {"extension": _EXT_STRUCTURED, "fallback": None, "type": dtype.descr}
     return {"extension": ext, "fallback": None, "type": t}
 
 
@@ -582,7 +590,7 @@ def _make_codec(config: dict[str, Any], key: str, fld: str) -> Codec:
 
 
 def _codec_config(codec: Codec) -> dict[str, Any]:
-    config = codec.get_config()
+    config: dict[str, Any] = codec.get_config()
     config.pop("id", None)
     return config
 
@@ -945,16 +953,15 @@ def draft_array_document(
     path = normalize_path(path)
     key = array_meta_key(path)
     dtype = np.dtype(dtype)
-    shape = (shape,) if _is_int(shape) else tuple(shape)
-    shape = shape + dtype.shape  # zarr 2 folds sub-array dtypes into the shape
+    shape_t = _as_tuple(shape) + dtype.shape  # zarr 2 folds sub-array dtypes into the shape
     dtype = dtype.base
-    ndim = len(shape)
-    if _is_int(chunks):
-        chunks = (chunks,) * ndim
-    chunks = tuple(chunks) + tuple(shape[len(chunks) :])  # zarr pads with full extents
-    chunks = tuple(s if c in (None, -1) else c for s, c in zip(shape, chunks))
+    ndim = len(shape_t)
+    chunks_t = _as_tuple(chunks, ndim)
+    chunks_t = chunks_t + shape_t[len(chunks_t) :]  # zarr pads with full extents
+    chunks_t = tuple(s if c in (None, -1) else c for s, c in zip(shape_t, chunks_t))
     if ndim == 0:
         compressor = None  # zarr 2.18: "no point in compressing a 0-dimensional array"
+    fill: Any
     try:
         _check_dtype(dtype)
         if fill_value is None or isinstance(fill_value, np.void):
@@ -974,8 +981,8 @@ def draft_array_document(
     if filters:
         attributes["filters"] = [f.get_config() for f in filters]
     doc: dict[str, Any] = {
-        "shape": list(shape),
-        "chunk_grid": {"type": "regular", "chunk_shape": list(chunks), "separator": separator},
+        "shape": list(shape_t),
+        "chunk_grid": {"type": "regular", "chunk_shape": list(chunks_t), "separator": separator},
         "data_type": _encode_dtype(dtype),
         "fill_value": _encode_fill_value(fill, dtype),
         "chunk_memory_layout": order,
@@ -988,7 +995,7 @@ def draft_array_document(
         doc["dimension_separator"] = separator
     if chunks_per_shard is not None:
         # zarr 2.18's ShardingStorageTransformer keeps the tuple it is given (n -> (n,))
-        cps = (chunks_per_shard,) if _is_int(chunks_per_shard) else tuple(chunks_per_shard)
+        cps: tuple[int, ...] = _as_tuple(chunks_per_shard)
         doc["storage_transformers"] = [_transformer_entry(cps)]
     # Everything is validated in one place: the parser.
     return parse_array_metadata(json.loads(_json_dumps(doc)), key, path)

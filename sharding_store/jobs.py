@@ -460,7 +460,7 @@ class Outcome(Generic[R]):
 
     def result(self) -> R:
         if self._ok:
-            return self._value  # type: ignore[no-any-return]
+            return self._value
         raise self._value
 
 

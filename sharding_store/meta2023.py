@@ -61,7 +61,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from .draft_metadata import DRAFT_PROTOCOL, _load_document, _text
 from .errors import DraftMetadataError
@@ -134,7 +134,7 @@ class Normalised:
 
     @property
     def node_type(self) -> str:
-        return self.document["node_type"]
+        return str(self.document["node_type"])
 
     def document_for(self, reading: Literal["plain", "crc32c-hidden"]) -> dict[str, Any]:
         """The final document once the shard bytes decided the index's reading
@@ -145,7 +145,7 @@ class Normalised:
             raise ValueError(f"{self.key}: the document declares its shard index; nothing to decide")
         if reading not in ("plain", "crc32c-hidden"):
             raise ValueError(f"reading must be 'plain' or 'crc32c-hidden', got {reading!r}")
-        doc = json.loads(json.dumps(self.document))
+        doc: dict[str, Any] = json.loads(json.dumps(self.document))
         if reading == "crc32c-hidden":
             sharding = next(c for c in doc["codecs"] if _name(c) == "sharding_indexed")
             sharding["configuration"]["index_codecs"].append({"name": "crc32c"})
@@ -159,7 +159,7 @@ class _Damage(Exception):
         self.message = message
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -366,10 +366,10 @@ class _Normaliser:
                     )
 
     # ------------------------------------------------------------------ codecs
-    def codecs(self, codecs: Any, fld: str, chain: _Chain) -> list[dict[str, Any]]:
+    def codecs(self, codecs: Any, fld: str, chain: _Chain) -> list[dict[str, Any] | str]:
         if not isinstance(codecs, list):
             raise _Damage(fld, f"expected a list of codecs, got {_text(codecs)}")
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, Any] | str] = []  # a codec without configuration as its name (short form)
         kinds: list[str] = []
         opaque: str | None = None
         for i, entry in enumerate(codecs):

@@ -352,8 +352,8 @@ def target_parts(
         pos = 0
         for local, (key, off, nb) in chunks:
             last = parts[-1] if parts else None
-            if last is not None and last[0] == key and last[2] == off:  # type: ignore[index]
-                parts[-1] = (key, last[1], off + nb)  # type: ignore[index]
+            if last is not None and last[0] == key and last[2] == off:
+                parts[-1] = (key, last[1], off + nb)
             else:
                 parts.append((key, off, off + nb))
             i = 0

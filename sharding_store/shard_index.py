@@ -26,7 +26,7 @@ import operator
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import crc32c as _crc32c
 import numpy as np
@@ -282,7 +282,7 @@ def entry_lists(
         unpacker = struct.Struct(f"<{2 * n}Q")
     body_n = ENTRY_NBYTES * n
     if len(data) == body_n + (CHECKSUM_NBYTES if checksum else 0):
-        body = data if type(data) is bytes and not checksum else memoryview(data).cast("B")[:body_n]
+        body = data if type(data) is bytes and not checksum else memoryview(data).cast("B")[:body_n]  # type: ignore[arg-type]  # numpy's stubs: ndarray is no Buffer
         if not checksum or int.from_bytes(bytes(data[-CHECKSUM_NBYTES:]), "little") == _crc32c.crc32c(body):
             values = unpacker.unpack(body)
             offsets, sizes = list(values[0::2]), list(values[1::2])
@@ -378,7 +378,8 @@ def bad_rows(table: np.ndarray, payload_limits: Sequence[int], payload_start: in
     with np.errstate(over="ignore"):
         ends = off + nb  # wraps only where the overflow check above already refused
     wrong |= live & ((off < np.uint64(payload_start)) | (ends > limit))
-    return wrong.any(axis=1)
+    rows: np.ndarray[Any, Any] = wrong.any(axis=1)
+    return rows
 
 
 def payload_bounds(
@@ -531,7 +532,7 @@ def index_reading(
             f"{key}: need the last {body_n + CHECKSUM_NBYTES} bytes of the object (or all {size}), got {len(tail)}"
         )
     view = memoryview(tail).cast("B")
-    readings: dict[str, list[tuple[int, int]]] = {}
+    readings: dict[Literal["plain", "crc32c-hidden"], list[tuple[int, int]]] = {}
     why: dict[str, str] = {}
     if size >= body_n:
         try:
@@ -564,7 +565,7 @@ def index_reading(
             key=key,
         )
     if readings:
-        return next(iter(readings))  # type: ignore[return-value]
+        return next(iter(readings))
     raise ShardCorruptError(
         f"{key}: the shard index fits neither reading of an undeclared index: as {n} plain entries, "
         f"{why['plain']}; as {n} entries followed by a CRC32C, {why['crc32c-hidden']}",

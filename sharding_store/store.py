@@ -286,7 +286,7 @@ class ShardingStore(MutableMapping[str, bytes]):
         return out
 
     # ----------------------------------------------------------------- writing
-    def update(self, other: Any = (), /, **kwargs: bytes) -> None:  # type: ignore[override]
+    def update(self, other: Any = (), /, **kwargs: bytes) -> None:
         """Write many keys; each affected shard is rewritten exactly once."""
         items = dict(other.items() if isinstance(other, Mapping) else other)
         items.update(kwargs)

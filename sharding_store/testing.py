@@ -304,8 +304,8 @@ def slow_units(seconds: float) -> Iterator[None]:
 
         return real(slow, batch, stop)
 
-    jobs._run_batch = slowed  # type: ignore[assignment]
+    jobs._run_batch = slowed
     try:
         yield
     finally:
-        jobs._run_batch = real  # type: ignore[assignment]
+        jobs._run_batch = real

@@ -80,7 +80,7 @@ def _decode_bytes(value: Any, where: str) -> bytes:
         raise ValueError(f"{where}: neither \"text\" nor \"base64\"")
     if _sha(data) != value["sha256"]:
         raise ValueError(f"{where}: its bytes do not match their sha256")
-    return data
+    return bytes(data)
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ def _refuse(key: str, fld: str, message: str) -> DraftMetadataError:
 
 
 def _name(codec: Any) -> str:
-    return codec.get("name") if isinstance(codec, dict) else str(codec)
+    return str(codec.get("name")) if isinstance(codec, dict) else str(codec)
 
 
 def _config(codec: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +187,7 @@ def _index(config: dict[str, Any], fld: str) -> tuple[Literal["start", "end"], b
         raise _Unmappable(f"{fld}.index_location", f"expected 'start' or 'end', got {location!r}")
     codecs = config.get("index_codecs")
     names = [_name(c) for c in codecs] if isinstance(codecs, list) else None
-    if names not in (["bytes"], ["bytes", "crc32c"]) or _config(codecs[0]).get("endian", "little") != "little":
+    if names not in (["bytes"], ["bytes", "crc32c"]) or codecs is None or _config(codecs[0]).get("endian", "little") != "little":
         raise _Unmappable(
             f"{fld}.index_codecs",
             f"{codecs} is not an index open_draft reads ([bytes little] or [bytes little, crc32c])",
@@ -316,7 +316,7 @@ def _layout(doc: dict[str, Any], path: str, key: str, hidden_checksum: bool | No
         chunks_per_shard=cps,
         attributes=dict(attributes),
         raw=doc,
-        key_encoding=encoding,
+        key_encoding="default" if encoding == "default" else "v2",
         index_location=location,
         index_checksum=checksum,
         node_key=key,

@@ -93,7 +93,7 @@ def _float_json(x: Any) -> float | str:
         return "NaN"
     if x in (float("inf"), float("-inf")):
         return "Infinity" if x > 0 else "-Infinity"
-    return x
+    return float(x)
 
 
 class _NumericType:
@@ -267,7 +267,7 @@ def _short_text(e: BaseException, limit: int = 160) -> str:
 def _json_config(meta: DraftArrayMeta, codec: Codec, fld: str) -> dict[str, Any]:
     """A numcodecs codec's configuration as zarr-python 3 will see it: JSON, from which
     numcodecs must build the same codec (zarr 3 does that on first use)."""
-    config = codec.get_config()
+    config: dict[str, Any] = codec.get_config()
     config.pop("id", None)
     try:
         config = json.loads(json.dumps(config))
@@ -537,7 +537,8 @@ def v3_array_document(
     }
     if dimension_names is not None:
         doc["dimension_names"] = dimension_names
-    return json.loads(json.dumps(doc))  # plain JSON types only (zarr returns tuples)
+    plain: dict[str, Any] = json.loads(json.dumps(doc))  # plain JSON types only (zarr returns tuples)
+    return plain
 
 
 def _xarray_fill_attribute(meta: DraftArrayMeta, attributes: dict[str, Any]) -> dict[str, Any]:
@@ -570,13 +571,14 @@ def _given_dimension_names(meta: DraftArrayMeta, names: Any, own: list[Any] | No
     if not isinstance(names, (list, tuple)) or not all(n is None or isinstance(n, str) for n in names):
         raise UsageError(f"'/{meta.path}': dimension names must be a list of strings, got {names!r}", key=key)
     names = list(names)
+    checked: list[str | None] = names
     if len(names) != meta.ndim:
         raise UsageError(f"'/{meta.path}': {len(names)} dimension name(s) {names} for an array of "
                          f"{meta.ndim} dimension(s)", key=key)
     if own is not None and own != names:
         raise UsageError(f"'/{meta.path}': the array names its dimensions {own} already (_ARRAY_DIMENSIONS); "
                          f"refusing to rename them {names}", key=key)
-    return names
+    return checked
 
 
 def consolidated_metadata(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

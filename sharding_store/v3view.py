@@ -398,7 +398,7 @@ class _ReadOnlyView(_Pickled, Store):
 
     # ------------------------------------------------------------- zarr plumbing
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._identity() == other._identity()  # type: ignore[attr-defined]
+        return type(other) is type(self) and self._identity() == other._identity()
 
     __hash__ = None  # type: ignore[assignment]  # mutable cache; equality is by location
 
@@ -888,10 +888,10 @@ def _walk_2023(inner: Inner, raw: bytes | None) -> V3Walk | None:
     None: absent), or None when the store is of another generation (a mixed one raises
     :class:`DraftMetadataError` naming the first node of the other generation)."""
     cached = _ReadCache(inner)
-    generation, _ = detect_generation(cached, raw)  # type: ignore[arg-type]
+    generation, _ = detect_generation(cached, raw)
     if generation is not Generation.DRAFT_2023:
         return None
-    return walk_v3_nodes(cached, raw)  # type: ignore[arg-type]
+    return walk_v3_nodes(cached, raw)
 
 
 class Draft2023V3Store(_ReadOnlyView):

@@ -386,7 +386,7 @@ class ShardingStoreBackendEntrypoint(BackendEntrypoint):
         raw = _read_small_file(os.path.join(os.path.expanduser(path), dm.ENTRY_POINT_KEY))
         return raw is not None and meta2023.classify_node(raw, dm.ENTRY_POINT_KEY) in ("draft-2022", "2023")
 
-    def open_dataset(  # type: ignore[override]
+    def open_dataset(
         self,
         filename_or_obj: Any,
         *,
@@ -416,7 +416,7 @@ class ShardingStoreBackendEntrypoint(BackendEntrypoint):
         opened.hints.check_all_used()
         return ds
 
-    def open_groups_as_dict(  # type: ignore[override]
+    def open_groups_as_dict(
         self,
         filename_or_obj: Any,
         *,
@@ -451,7 +451,7 @@ class ShardingStoreBackendEntrypoint(BackendEntrypoint):
         opened.hints.check_all_used()
         return out
 
-    def open_datatree(  # type: ignore[override]
+    def open_datatree(
         self,
         filename_or_obj: Any,
         **kwargs: Any,

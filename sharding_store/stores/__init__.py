@@ -119,14 +119,14 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> Inne
 def as_inner(store: Any, *, storage_options: Mapping[str, Any] | None = None) -> Inner:
     """Adapt ``store`` (path/URL, ``FSMap``, zarr-3 ``Store``, mapping, or a store) to :class:`Inner`."""
     if isinstance(store, BaseInner):
-        return store  # type: ignore[return-value]
+        return store
     if isinstance(store, str):  # the usual case first: Protocol checks below cost ~20 µs each
         return open_url(store, storage_options)
     if not isinstance(store, Mapping):
         if isinstance(store, Inner):
             return store
         if isinstance(store, CoreInner):  # a hand-written wrapper with the core methods only
-            return CompletedInner(store)  # type: ignore[return-value]
+            return CompletedInner(store)
     if isinstance(store, os.PathLike):
         store = os.fspath(store)
     if isinstance(store, str):

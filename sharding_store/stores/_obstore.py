@@ -216,7 +216,7 @@ class ObstoreInner(FsspecInner):
 
     # ------------------------------------------------------------------ clients
     @property
-    def fs(self) -> Any:  # type: ignore[override]
+    def fs(self) -> Any:
         """The s3fs filesystem for writes, listings and copies, made on first use in each
         process (s3fs refuses to be used in a forked child: the child makes its own)."""
         pid = os.getpid()

@@ -332,7 +332,7 @@ class BaseInner:
         :meth:`get_ranges` call, then one ``set``.
         """
         ranges = [p for p in parts if not isinstance(p, (bytes, bytearray, memoryview))]
-        spans = coalesce_parts(ranges)  # type: ignore[arg-type]
+        spans = coalesce_parts(ranges)
         requests = [(k, lo, hi) for k, lo, hi, _ in spans]
         if versions and any(versions.get(k) is not None for k, _, _ in requests):
             blobs = self.get_ranges(requests, versions=[versions.get(k) for k, _, _ in requests])
@@ -350,7 +350,7 @@ class BaseInner:
             for start, end in members:
                 at[(k, start, end)] = view[start - lo : end - lo]
         for p in parts:
-            pieces.append(p if isinstance(p, (bytes, bytearray, memoryview)) else at[p])  # type: ignore[index]
+            pieces.append(p if isinstance(p, (bytes, bytearray, memoryview)) else at[p])
         value = b"".join(pieces)
         (self if into is None else into).set(key, value)
         return len(value)
