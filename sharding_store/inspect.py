@@ -55,6 +55,8 @@ __all__ = [
 ]
 
 BATCH = 512
+#: bytes of shard tails held at once by a batch of tail reads (a batch holds one tail at least)
+TAIL_BUDGET = 32 << 20
 #: bytes read from the end of an unsharded array's first object to look for a draft shard index
 LOST_TRANSFORMER_TAIL = 1 << 16
 #: payloads decoded per probed object and index length (each must decode to a full chunk)
@@ -599,7 +601,10 @@ def _lost_transformer_problem(inner: Inner, meta: dm.DraftArrayMeta, keys: Seque
 # --------------------------------------------------------------------------- scanning
 
 
-def _batches(items: Sequence[Any], n: int = BATCH) -> Iterator[Sequence[Any]]:
+def _batches(items: Sequence[Any], n: int = BATCH, nbytes: int = 0) -> Iterator[Sequence[Any]]:
+    """``items`` in batches of at most ``n``, and of at most :data:`TAIL_BUDGET` bytes when
+    each item costs ``nbytes`` (a tail read): at least one item per batch."""
+    n = max(1, min(n, TAIL_BUDGET // nbytes)) if nbytes > 0 else n
     for i in range(0, len(items), n):
         yield items[i : i + n]
 
@@ -656,7 +661,7 @@ def _sharded_stats(
     sizes: list[int | None] = []
     dead: list[int | None] = []
     problems: list[ShardCorruptError] = []
-    for batch in _batches(keys):
+    for batch in _batches(keys, nbytes=n_index):
         for key, tail in zip(batch, inner.get_tails([(k, n_index) for k in batch])):
             if tail is None:  # deleted while we looked
                 continue
@@ -766,13 +771,16 @@ def stats_nodes(h: DraftHierarchy, path: str = "") -> list[Node]:
 
 def _tails(src: Inner, keys: Sequence[tuple[str, int | None]], n: int, skip_absent: bool = False,
            ) -> Iterator[tuple[str, bytes, int]]:
+    """The tail of each shard, read in batches of bounded bytes (a caller that stops at the
+    first bad one never reads the rest)."""
     want = ENTRY_NBYTES * n + CHECKSUM_NBYTES
-    for (key, size), tail in zip(keys, src.get_tails([(k, want) for k, _ in keys])):
-        if tail is None:
-            if skip_absent:
-                continue
-            raise ShardCorruptError(f"{key}: vanished while it was read", key=key)
-        yield key, tail.data, tail.size if tail.size is not None else (size if size is not None else len(tail.data))
+    for batch in _batches(keys, nbytes=want):
+        for (key, size), tail in zip(batch, src.get_tails([(k, want) for k, _ in batch])):
+            if tail is None:
+                if skip_absent:
+                    continue
+                raise ShardCorruptError(f"{key}: vanished while it was read", key=key)
+            yield key, tail.data, tail.size if tail.size is not None else (size if size is not None else len(tail.data))
 
 
 def decide_reading(src: Inner, path: str, objects: Sequence[tuple[str, int | None]], n: int, *,

@@ -63,8 +63,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
-from .draft_metadata import DRAFT_PROTOCOL, _load_document, _text
+from .draft_metadata import DRAFT_PROTOCOL, MAX_SHARD_INDEX_BYTES, _load_document, _text
 from .errors import DraftMetadataError
+from .shard_index import ENTRY_NBYTES
 
 __all__ = [
     "Normalised",
@@ -355,15 +356,21 @@ class _Normaliser:
         self.change(f"fill_value bare {text} -> \"{text}\" (JSON has no NaN/Infinity literals)")
         return text
 
-    def _shard_fits(self, codecs: list[dict[str, Any]], grid: list[int]) -> None:
+    def _shard_fits(self, codecs: list[dict[str, Any]], grid: list[int], fld: str = "codecs") -> None:
+        """Each ``sharding_indexed`` (nested ones too) divides the shape it shards, and its
+        index stays within the bound every generation's reader allocates (a hostile chunk
+        count damages this node, as a 2022 ``chunks_per_shard`` does)."""
         for i, c in enumerate(codecs):
             if isinstance(c, dict) and c.get("name") == "sharding_indexed":
                 inner = c["configuration"]["chunk_shape"]
-                if len(inner) != len(grid) or any(g % s for g, s in zip(grid, inner)):
-                    raise _Damage(
-                        f"codecs[{i}].configuration.chunk_shape",
-                        f"{inner} does not divide the chunk grid's chunk_shape {grid}",
-                    )
+                at = f"{fld}[{i}].configuration"
+                if fld == "codecs" and (len(inner) != len(grid) or any(g % s for g, s in zip(grid, inner))):
+                    raise _Damage(f"{at}.chunk_shape", f"{inner} does not divide the chunk grid's chunk_shape {grid}")
+                n = math.prod(-(-g // s) for g, s in zip(grid, inner))
+                if ENTRY_NBYTES * n > MAX_SHARD_INDEX_BYTES:
+                    raise _Damage(f"{at}.chunk_shape", f"{inner} in a shard of {grid} means {n} chunks per shard: a "
+                                  f"{ENTRY_NBYTES * n}-byte shard index (limit {MAX_SHARD_INDEX_BYTES} bytes)")
+                self._shard_fits(c["configuration"].get("codecs") or [], inner, f"{at}.codecs")
 
     # ------------------------------------------------------------------ codecs
     def codecs(self, codecs: Any, fld: str, chain: _Chain) -> list[dict[str, Any] | str]:

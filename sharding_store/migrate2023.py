@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +49,7 @@ from .draft_metadata import escape_name
 from .errors import (
     DestinationExistsError,
     DraftMetadataError,
+    LinkOutsideStoreError,
     MigrationError,
     ShardCorruptError,
     ShardingStoreError,
@@ -56,7 +57,7 @@ from .errors import (
     UsageError,
 )
 from .hierarchy import V3Walk, walk_v3_nodes
-from .inspect import decide_reading
+from .inspect import _batches, decide_reading
 from .jobs import cancelling, fault_point, with_retries
 from .migrate_units import MARKER_KEY, ArrayReport, UnitResult, json_bytes, node_key
 from .progress import object_noun, progress_bar
@@ -173,8 +174,7 @@ def check_declared_indices(src: Inner, doc: dict[str, Any], objects: list[tuple[
     cps = shard_grid(doc)
     nbytes = index_nbytes(cps, checksum)
     if cfg["index_location"] == "end":
-        tails = src.get_tails([(k, nbytes) for k, _ in objects])
-        for (key, size), tail in zip(objects, tails):
+        for (key, size), tail in _bounded_tails(src, objects, nbytes):
             if tail is None:
                 raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
             total = tail.size if tail.size is not None else size
@@ -188,6 +188,43 @@ def check_declared_indices(src: Inner, doc: dict[str, Any], objects: list[tuple[
         if data is None:
             raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
         read_index(data, cps, checksum=checksum, index_location="start", key=key)
+
+
+def _bounded_tails(src: Inner, objects: list[tuple[str, int | None]], nbytes: int) -> Iterator[tuple[tuple[str, int | None], Any]]:
+    """Each object with its last ``nbytes``, read in batches of bounded bytes: a caller that
+    stops at the first bad shard reads no further, and never holds every tail at once."""
+    for batch in _batches(objects, nbytes=nbytes):
+        yield from zip(batch, src.get_tails([(k, nbytes) for k, _ in batch]))
+
+
+def _plan_array(src: Inner, path: str, key: str, norm: meta2023.Normalised, plan: Plan2023,
+                left_out: str) -> ArrayPlan2023:
+    """One array of :func:`plan_hierarchy`: its chunk objects listed, its undeclared index
+    decided (or its declared one checked). Raises what damages this array only: a bad
+    shard index, shards that disagree, an object that links out of the store."""
+    prefix = _prefix(path)
+    pattern = chunk_key_pattern(norm.document)
+    objects = []
+    for k, size in sorted(src.list_sized(prefix)):
+        rest = k[len(prefix):]
+        if rest == meta2023.NODE_KEY:
+            continue
+        if pattern.fullmatch(rest):
+            objects.append((k, size))
+        else:
+            plan.warnings.append(f"{escape_name(k)}: not a chunk key of array '{path or '/'}': {left_out}")
+    a = ArrayPlan2023(path, norm, objects)
+    if norm.hidden_checksum is None:
+        cfg = _sharding(norm.document)
+        if cfg is None or cfg.get("index_location") != "end" or not index_readable(norm.document):
+            raise DraftMetadataError(
+                f"{key}: an undeclared shard index must be at the end to be decided from the bytes", key=key)
+        a.n_entries = math.prod(shard_grid(norm.document))
+        a.reading = decide_reading(src, path, objects, a.n_entries)
+        plan.changes[path].append(f"shard index: {READING_TEXT[a.reading]}")
+    elif _sharding(norm.document) is not None:
+        check_declared_indices(src, norm.document, objects)
+    return a
 
 
 def plan_hierarchy(src: Inner, walk: V3Walk | None = None, *, left_out: str = "not copied") -> Plan2023:
@@ -214,37 +251,11 @@ def plan_hierarchy(src: Inner, walk: V3Walk | None = None, *, left_out: str = "n
         if norm.node_type == "group":
             plan.groups.append((node.path, norm.document))
             continue
-        prefix = _prefix(node.path)
-        pattern = chunk_key_pattern(norm.document)
-        objects = []
-        for key, size in sorted(src.list_sized(prefix)):
-            rest = key[len(prefix):]
-            if rest == meta2023.NODE_KEY:
-                continue
-            if pattern.fullmatch(rest):
-                objects.append((key, size))
-            else:
-                plan.warnings.append(f"{escape_name(key)}: not a chunk key of array '{node.path or '/'}': {left_out}")
-        a = ArrayPlan2023(node.path, norm, objects)
-        if norm.hidden_checksum is None:
-            cfg = _sharding(norm.document)
-            if cfg is None or cfg.get("index_location") != "end" or not index_readable(norm.document):
-                plan.damaged[node.path] = DraftMetadataError(
-                    f"{node.key}: an undeclared shard index must be at the end to be decided from the bytes", key=node.key)
-                continue
-            a.n_entries = math.prod(shard_grid(norm.document))
-            try:
-                a.reading = decide_reading(src, node.path, objects, a.n_entries)
-            except ShardCorruptError as e:
-                plan.damaged[node.path] = e
-                continue
-            plan.changes[node.path].append(f"shard index: {READING_TEXT[a.reading]}")
-        elif _sharding(norm.document) is not None:
-            try:
-                check_declared_indices(src, norm.document, objects)
-            except ShardCorruptError as e:
-                plan.damaged[node.path] = e
-                continue
+        try:
+            a = _plan_array(src, node.path, node.key, norm, plan, left_out)
+        except (DraftMetadataError, ShardCorruptError, LinkOutsideStoreError) as e:
+            plan.damaged[node.path] = e
+            continue
         plan.arrays.append(a)
     _leave_out_below_damage(plan)
     plan.groups.sort(key=lambda g: (g[0] == "", -g[0].count("/"), g[0]))  # deepest first, the root last
