@@ -75,6 +75,7 @@ from .migrate_units import json_bytes, node_key
 from .stores import Inner
 from .upgrade_journal import (
     UPGRADE_JOURNAL_KEY,
+    Claim,
     DocumentStep,
     UpgradeJournal,
     interrupted_upgrade,
@@ -94,6 +95,7 @@ RETRY_DELAY = 0.2
 #: the fault-point phases of this module (tests kill the process there)
 FAULT_UPGRADE = "upgrade"
 FAULT_UNDO = "undo"
+FAULT_CLAIM = "claim"
 
 
 @dataclass
@@ -110,6 +112,7 @@ class InPlaceReport:
     deleted: int = 0  # documents deleted (undo of a created group document)
     already: int = 0  # documents already in their target state
     shards_checked: int = 0
+    leftovers_removed: int = 0  # temporary files of an interrupted run removed
     changes: dict[str, list[str]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -120,6 +123,7 @@ class InPlaceReport:
         return {"store": self.location, "action": self.action, "in_place": True, "arrays": self.arrays,
                 "groups": self.groups, "created": self.created, "written": self.written, "restored": self.restored,
                 "deleted": self.deleted, "already_done": self.already, "shards_checked": self.shards_checked,
+                "leftovers_removed": self.leftovers_removed,
                 "changes": self.changes, "skipped": self.skipped, "warnings": list(self.warnings),
                 "verified": self.verified, "seconds": round(self.seconds, 3)}
 
@@ -138,6 +142,8 @@ class InPlaceReport:
                      f"in {self.seconds:.2f} s"]
             if self.verified:
                 lines.append(f"  verified: every document final v1.0, {self.shards_checked} shard indices checked")
+        if self.leftovers_removed:
+            lines.append(f"  removed {self.leftovers_removed} temporary files an interrupted run left")
         lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"left as it was {escape_name(p) or '/'} (damaged): {r}" for p, r in self.skipped.items()]
         return "\n".join(lines)
@@ -359,8 +365,60 @@ class _Runner:
         self.report.verified = True
         fault_point(FAULT_UPGRADE)
 
-    def finish(self) -> None:
-        self.retried(self.inner.delete, UPGRADE_JOURNAL_KEY)
+    def claim(self, journal: UpgradeJournal, raw: bytes, action: str, *,
+              take_over: bool) -> tuple[UpgradeJournal, bytes]:
+        """The journal held by this run (and its bytes), replaced conditionally on ``raw``:
+        of two runs claiming the same journal at most one gets it."""
+        holder = journal.owner
+        if holder is not None and not take_over and holder.alive() is not False:
+            raise self.held(holder)
+        journal = journal.owned_by(Claim.mine(action))
+        mine = journal.encode()
+        fault_point(FAULT_CLAIM)  # (two runs racing for the journal are released together here)
+        if not self.retried(self.inner.put_if_unchanged, UPGRADE_JOURNAL_KEY, mine, raw):
+            now = self.retried(self.inner.get, UPGRADE_JOURNAL_KEY)
+            if now != mine:
+                other = None if now is None else UpgradeJournal.parse(now).owner
+                raise self.held(other)
+        return journal, mine
+
+    def held(self, holder: Claim | None) -> MigrationError:
+        """Exit 10: another run holds (or just took, or finished) the journal."""
+        if holder is None:
+            return MigrationError(f"{UPGRADE_JOURNAL_KEY}: another run changed or removed the journal while this one "
+                                  "claimed it; nothing was changed by this run", key=UPGRADE_JOURNAL_KEY)
+        alive = holder.alive()
+        state = "still running" if alive else "no longer running" if alive is False else \
+            "on another host: this host cannot tell whether it still runs"
+        return MigrationError(
+            f"{self.location}: the in-place upgrade is held by {holder.describe()}, {state}; nothing was changed by "
+            f"this run; wait for it to end{'' if alive else ', or if it is dead rerun with --take-over'}",
+            key=UPGRADE_JOURNAL_KEY)
+
+    @contextlib.contextmanager
+    def holding(self, journal: UpgradeJournal, mine: bytes) -> Iterator[None]:
+        """On any error (not a kill) the claim is released, so that the next ``--resume`` or
+        ``--undo`` need not take it over; best effort (the error raised is the first one)."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.inner.put_if_unchanged(UPGRADE_JOURNAL_KEY, journal.owned_by(None).encode(), mine)
+            raise
+
+    def tidy(self, journal: UpgradeJournal) -> None:
+        """Remove the temporary files an interrupted run left next to the journal and to each
+        journalled document (local stores: a write killed before its rename)."""
+        keys = [UPGRADE_JOURNAL_KEY, *(s.key for s in journal.steps)]
+        self.report.leftovers_removed += sum(self.map(self.inner.remove_temp_leftovers, keys))
+
+    def finish(self, mine: bytes) -> None:
+        """Delete the journal, only if this run still holds it."""
+        if self.retried(self.inner.put_if_unchanged, UPGRADE_JOURNAL_KEY, None, mine):
+            return
+        now = self.retried(self.inner.get, UPGRADE_JOURNAL_KEY)
+        if now is not None:  # (None: a retried delete whose first attempt went through)
+            raise self.held(UpgradeJournal.parse(now).owner)
 
 
 def upgrade_in_place(
@@ -376,12 +434,15 @@ def upgrade_in_place(
     jobs: int = JOBS,
     retries: int = RETRY_ATTEMPTS,
     retry_delay: float = RETRY_DELAY,
+    take_over: bool = False,
 ) -> InPlaceReport:
     """Upgrade the 2023-generation store at ``path`` (a path, fsspec URL or store object) to
     final Zarr v3 in place, rewriting only its ``zarr.json`` documents (module docstring).
 
     ``resume`` finishes an interrupted run, ``undo`` rolls it back (the journal decides what
-    they write; ``index_checksum`` and ``skip_damaged`` then do not apply). Raises
+    they write; ``index_checksum`` and ``skip_damaged`` then do not apply); each first
+    claims the journal (:mod:`~sharding_store.upgrade_journal`): a journal held by a live
+    run, or by one on another host unless ``take_over``, is exit 10 naming it. Raises
     :class:`UsageError` (exit 2: the store needs data objects changed, keys not final, a
     2022 store; nothing to resume or undo), :class:`StoreNotFoundError` (exit 7: already
     Zarr v3, Zarr v2, no hierarchy), the damage's own class (exit 3/4) without
@@ -395,27 +456,13 @@ def upgrade_in_place(
     ref = StoreRef.of(path, storage_options)
     inner = ref.open()
     location = ref.describe()
-    journal = interrupted_upgrade(inner)
     if resume or undo:
-        if journal is None:
-            raise UsageError(f"{location}: no interrupted in-place upgrade here (no {UPGRADE_JOURNAL_KEY}): nothing to "
-                             f"{'resume' if resume else 'undo'}", key=UPGRADE_JOURNAL_KEY)
-        report = InPlaceReport(location, "resume" if resume else "undo", skipped=dict(journal.skipped))
-        _count(report, journal)
+        report = InPlaceReport(location, "resume" if resume else "undo")
         runner = _Runner(inner, location, report, retries, retry_delay, jobs)
-        if dry_run:
-            report.action = "dry-run"
-            return report
-        with _interrupted_on_error(location):
-            if undo:
-                runner.backward(runner.states(journal, "restore"))
-            else:
-                runner.forward(runner.states(journal, "write"))
-                if verify:
-                    runner.verify(journal, walk=True)
-            runner.finish()
+        _recover(runner, undo=undo, verify=verify, dry_run=dry_run, take_over=take_over)
         report.seconds = time.perf_counter() - started
         return report
+    journal = interrupted_upgrade(inner)
     if journal is not None:
         raise interrupted_upgrade_error(journal, location, "nothing was changed by this run")
     journal, report = _plan(inner, location, index_checksum=index_checksum, skip_damaged=skip_damaged)
@@ -428,22 +475,57 @@ def upgrade_in_place(
         report.verified = None
         report.seconds = time.perf_counter() - started
         return report
-    if not runner.retried(inner.create_exclusive, UPGRADE_JOURNAL_KEY, journal.encode()):
-        raise interrupted_upgrade_error(UpgradeJournal.parse(inner.get(UPGRADE_JOURNAL_KEY) or b"{}"), location,
-                                        "another run created its journal while this one planned; nothing was changed")
-    fault_point(FAULT_UPGRADE)
-    try:
-        states = runner.states(journal, "write")
-    except MigrationError:  # changed between the plan and the journal: nothing written yet
-        runner.finish()
-        raise
-    with _interrupted_on_error(location):
-        runner.forward(states)
-        if verify:
-            runner.verify(journal, walk=False)
-        runner.finish()
+    _upgrade(runner, journal.owned_by(Claim.mine("upgrade")), verify=verify)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _upgrade(runner: _Runner, journal: UpgradeJournal, *, verify: bool) -> None:
+    """A fresh run: the journal created exclusively (held by this run), then every document."""
+    mine = journal.encode()
+    if not runner.retried(runner.inner.create_exclusive, UPGRADE_JOURNAL_KEY, mine):
+        raise interrupted_upgrade_error(UpgradeJournal.parse(runner.inner.get(UPGRADE_JOURNAL_KEY) or b"{}"),
+                                        runner.location,
+                                        "another run created its journal while this one planned; nothing was changed")
+    with runner.holding(journal, mine):
+        fault_point(FAULT_UPGRADE)
+        runner.tidy(journal)
+        try:
+            states = runner.states(journal, "write")
+        except MigrationError:  # changed between the plan and the journal: nothing written yet
+            runner.finish(mine)
+            raise
+        with _interrupted_on_error(runner.location):
+            runner.forward(states)
+            if verify:
+                runner.verify(journal, walk=False)
+            runner.finish(mine)
+
+
+def _recover(runner: _Runner, *, undo: bool, verify: bool, dry_run: bool, take_over: bool) -> None:
+    """``--resume`` / ``--undo``: the journal claimed for this run first (at most one
+    recovery runs), then every document read and written from the claimed journal."""
+    action = "undo" if undo else "resume"
+    raw = runner.retried(runner.inner.get, UPGRADE_JOURNAL_KEY)
+    if raw is None:
+        raise UsageError(f"{runner.location}: no interrupted in-place upgrade here (no {UPGRADE_JOURNAL_KEY}): "
+                         f"nothing to {action}", key=UPGRADE_JOURNAL_KEY)
+    journal = UpgradeJournal.parse(raw)
+    runner.report.skipped = dict(journal.skipped)
+    _count(runner.report, journal)
+    if dry_run:
+        runner.report.action = "dry-run"
+        return
+    journal, mine = runner.claim(journal, raw, action, take_over=take_over)
+    with runner.holding(journal, mine), _interrupted_on_error(runner.location):
+        runner.tidy(journal)
+        if undo:
+            runner.backward(runner.states(journal, "restore"))
+        else:
+            runner.forward(runner.states(journal, "write"))
+            if verify:
+                runner.verify(journal, walk=True)
+        runner.finish(mine)
 
 
 @contextlib.contextmanager

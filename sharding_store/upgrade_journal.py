@@ -16,6 +16,18 @@ document being either its original, its new version, or something a third party 
 * ``--undo`` writes back each original (a created document is deleted), then deletes the
   journal: the store is byte for byte what it was.
 
+**One run at a time.** The journal names the run that holds it (``owner``: pid, host,
+boot id, process start time, a token, the action). A fresh upgrade creates the journal
+with itself as owner; ``--resume`` and ``--undo`` claim it by replacing the journal with
+one naming themselves, conditionally on the bytes they read (:meth:`Inner.put_if_unchanged`),
+so of two recovery runs at most one proceeds; the other, and any run that finds the
+journal held by a live process, stops with exit 10 naming the holder. A holder that is
+dead (same host and boot, no such process or a zombie, or another process under its pid)
+is taken over automatically; one this host cannot check (another host) only with
+``--take-over``. A run that stops with an error (not a kill) releases its claim. The run
+that holds the journal deletes it at the end, again conditionally: if another run took
+it over meanwhile, this one says so (exit 10) instead of reporting success.
+
 This module owns the document (key, encoding, parsing: pure) and the question every
 command reading such a store asks first: is an in-place upgrade unfinished
 (:func:`interrupted_upgrade`, one get)? ``migrate`` refuses (exit 10, naming ``--resume``
@@ -29,12 +41,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from dataclasses import dataclass, field
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .errors import MigrationError
 
 __all__ = [
+    "Claim",
     "UPGRADE_JOURNAL_KEY",
     "UPGRADE_JOURNAL_VERSION",
     "DocumentStep",
@@ -107,6 +124,78 @@ class DocumentStep:
                 "new": _encode_bytes(self.new)}
 
 
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of a local process from ``/proc``, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        return fields[0].decode(), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The run that holds the journal (the only one that may write documents)."""
+
+    action: str  # "upgrade" | "resume" | "undo"
+    pid: int
+    host: str
+    since: float  # time.time() when claimed
+    token: str
+    boot: str | None = None
+    start: int | None = None  # the process's start time in clock ticks (/proc), when known
+
+    @classmethod
+    def mine(cls, action: str) -> Claim:
+        stat = _proc_stat(os.getpid())
+        return cls(action, os.getpid(), socket.gethostname(), time.time(), uuid.uuid4().hex, _boot_id(),
+                   None if stat is None else stat[1])
+
+    def alive(self) -> bool | None:
+        """Whether the holder still runs: None when this host cannot tell (another host)."""
+        if self.host != socket.gethostname():
+            return None
+        if self.boot is not None and _boot_id() not in (None, self.boot):
+            return False  # claimed before a reboot
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        stat = _proc_stat(self.pid)
+        if stat is not None and (stat[0] in ("Z", "X") or (self.start is not None and stat[1] != self.start)):
+            return False  # a zombie (killed, not yet reaped), or another process under a reused pid
+        return True
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
+        return f"a {self.action} run (pid {self.pid} on host {self.host}, since {when})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action, "pid": self.pid, "host": self.host, "since": self.since, "token": self.token,
+                "boot": self.boot, "start": self.start}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Claim:
+        if not isinstance(doc, dict) or not isinstance(doc.get("pid"), int) or not isinstance(doc.get("host"), str) \
+                or not isinstance(doc.get("token"), str) or not isinstance(doc.get("since"), (int, float)):
+            raise ValueError("field 'owner': expected {\"action\", \"pid\", \"host\", \"since\", \"token\"}")
+        start = doc.get("start")
+        return cls(str(doc.get("action")), doc["pid"], doc["host"], float(doc["since"]), doc["token"],
+                   doc.get("boot") if isinstance(doc.get("boot"), str) else None,
+                   start if isinstance(start, int) else None)
+
+
 @dataclass
 class UpgradeJournal:
     """The plan of one in-place upgrade (see the module docstring)."""
@@ -117,14 +206,21 @@ class UpgradeJournal:
     #: nodes left as they were (``--skip-damaged``): path -> reason
     skipped: dict[str, str] = field(default_factory=dict)
     version: int = UPGRADE_JOURNAL_VERSION
+    #: the run that holds the journal; None: released (a run that stopped with an error)
+    owner: Claim | None = None
 
     key = UPGRADE_JOURNAL_KEY
 
     def encode(self) -> bytes:
         doc = {"kind": _KIND, "version": self.version, "location": self.location,
                "index_checksum": self.index_checksum, "skipped": self.skipped,
+               "owner": None if self.owner is None else self.owner.to_json(),
                "steps": [s.to_json() for s in self.steps]}
         return json.dumps(doc, indent=1).encode()
+
+    def owned_by(self, owner: Claim | None) -> UpgradeJournal:
+        """The same journal held by ``owner`` (None: released)."""
+        return replace(self, owner=owner)
 
     @classmethod
     def parse(cls, raw: bytes, key: str = UPGRADE_JOURNAL_KEY) -> UpgradeJournal:
@@ -150,10 +246,11 @@ class UpgradeJournal:
                     raise ValueError(f"steps[{i}]: expected {{\"path\", \"key\", \"original\", \"new\"}}")
                 original = None if s.get("original") is None else _decode_bytes(s["original"], f"steps[{i}].original")
                 steps.append(DocumentStep(s["path"], s["key"], original, _decode_bytes(s.get("new"), f"steps[{i}].new")))
+            owner = None if doc.get("owner") is None else Claim.from_json(doc["owner"])
         except (ValueError, TypeError, RecursionError) as e:
             raise MigrationError(f"{key}: unreadable in-place upgrade journal ({e}); inspect it before deleting it "
                                  "by hand: it holds the original documents", key=key) from None
-        return cls(doc["location"], doc["index_checksum"], steps, dict(skipped))
+        return cls(doc["location"], doc["index_checksum"], steps, dict(skipped), owner=owner)
 
     def progress(self, inner: _Readable) -> dict[str, list[str]]:
         """The state of each document now (one get each): keys by ``"new"``,

@@ -65,6 +65,9 @@ def register(subparsers: Any) -> None:
                         "rewritten (refused when a data object would have to change)")
     p.add_argument("--undo", action="store_true",
                    help="with --in-place: roll back an interrupted in-place upgrade (every original document restored)")
+    p.add_argument("--take-over", action="store_true",
+                   help="with --in-place --resume/--undo: take over a journal held by a run this host cannot check "
+                        "(another host); only when that run is known to be dead")
     p.add_argument("--dry-run", action="store_true", help="print the plan (arrays, shards, bytes); write nothing")
     p.add_argument("--no-verify", action="store_true", help="skip the verification of DST against SRC")
     p.set_defaults(func=run_migrate, interrupted=interrupted_advice)
@@ -164,7 +167,7 @@ def run_in_place(args: argparse.Namespace) -> int:
                else storage_options(args.storage_options))
     report = upgrade_in_place(args.src, storage_options=options, index_checksum=not args.no_index_checksum,
                               resume=args.resume, undo=args.undo, skip_damaged=args.skip_damaged,
-                              dry_run=args.dry_run, verify=not args.no_verify,
+                              dry_run=args.dry_run, verify=not args.no_verify, take_over=args.take_over,
                               **({"jobs": args.jobs} if args.jobs is not None else {}))
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
     return 0
