@@ -228,7 +228,7 @@ def _bind_loops(zstd: Library | None, blosc: Library | None) -> Loops | None:
     if lib.ss_loops_abi() != LOOPS_ABI:
         return None
     i64, vp = ctypes.c_int64, ctypes.c_void_p
-    tail = [vp, vp, vp, vp, i64, vp, i64, vp]  # buf, rows, offsets, sizes, n, dst, nbytes, failed
+    tail: list[Any] = [vp, vp, vp, vp, i64, vp, i64, vp]  # buf, rows, offsets, sizes, n, dst, nbytes, failed
     blosc_rows = zstd_rows = None
     blosc_fn = zstd_fns = None
     if blosc is not None:
@@ -485,7 +485,7 @@ def row_at(address: int, nbytes: int) -> Any:
     general path of a decoder given an address (the caller keeps the memory alive)."""
     import numpy as np
 
-    return np.frombuffer((ctypes.c_ubyte * nbytes).from_address(address), dtype=np.uint8)
+    return np.frombuffer(memoryview((ctypes.c_ubyte * nbytes).from_address(address)).cast("B"), dtype=np.uint8)
 
 
 class Source(NamedTuple):

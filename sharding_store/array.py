@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from array import array as _array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -192,7 +192,7 @@ class Segment(NamedTuple):
     positions: slice  # their positions in the shard's list of touched chunks
     inner: slice  # the selection inside each of them
     outer: slice  # the output range the run covers
-    count: int  # elements per chunk
+    count: int  # type: ignore[assignment]  # elements per chunk (a field named like tuple.count)
 
 
 class _DimGroup(NamedTuple):
@@ -633,7 +633,7 @@ class DraftArray:
             return
         cps = self.meta.chunks_per_shard_or_ones
         per_dim = [
-            [list(g) for _, g in itertools.groupby(dim_pieces(s, c, extent), key=lambda piece, k=k: piece[0] // k)]
+            [list(g) for _, g in itertools.groupby(dim_pieces(s, c, extent), key=lambda piece: piece[0] // k)]  # consumed at once
             for s, c, extent, k in zip(sels, self.chunks, self.shape, cps)
         ]
         head = self.layout.head
@@ -837,9 +837,8 @@ class DraftArray:
         if scatter is not None:
             geometry = _ScatterGeometry(self, out)
             out_address, out_nbytes, fill = _native.data_address(out), out.nbytes, _native.data_address(self._fill_row())
-        if objects is None:
-            objects = self.engine.read_whole_shards(self._shards_of(run), lists=scatter is None)
-        for combo, obj in zip(run, objects):
+        got: Iterable[Any] = objects if objects is not None else self.engine.read_whole_shards(self._shards_of(run), lists=scatter is None)
+        for combo, obj in zip(run, got):
             if obj is None:
                 self._fill_segments(out, combo)
                 continue
@@ -870,7 +869,7 @@ class DraftArray:
             offsets, sizes = [offsets[i] for i in todo], [sizes[i] for i in todo]
         scratch, address = _scratch_rows(n, cnb)
         self.codec.decode_many(
-            obj.data, obj.address, todo, offsets, sizes, address, key_of=lambda i, c=combo: self._key_in(c, i)
+            obj.data, obj.address, todo, offsets, sizes, address, key_of=lambda i: self._key_in(combo, i)
         )
         chunks = scratch.view(self.dtype)
         if len(todo) < n:
@@ -894,7 +893,7 @@ class DraftArray:
             cps = self.meta.chunks_per_shard
             assert cps is not None
             inside = counts == tuple(cps)
-            rows = None if inside else np.ravel_multi_index(np.indices(counts).reshape(len(counts), -1), cps).tolist()
+            rows = None if inside else np.asarray(np.ravel_multi_index(np.indices(counts).reshape(len(counts), -1), cps)).tolist()
             self._rows_of[counts] = rows
         return rows  # type: ignore[return-value]
 
@@ -1055,7 +1054,7 @@ class DraftArray:
         if writes:
             self._chunks.update(writes)
 
-    def _encode_piece(self, p: _Piece, block: np.ndarray, old: bytes | None) -> bytes | None:
+    def _encode_piece(self, p: _Piece, block: np.ndarray, old: bytes | memoryview | None) -> bytes | None:
         """The new payload of one chunk, or ``None`` to erase it (``write_empty_chunks=False``)."""
         value = block[p.out_sel]
         if p.covers:
@@ -1356,7 +1355,7 @@ def create_draft_array(
         fill_value=fill_value,
         order=order,
         separator=dimension_separator,
-        filters=filters,
+        filters=None if filters is None else tuple(filters),
         attributes=attrs,
         chunks_per_shard=None if chunks_per_shard is None else _int_or_tuple(chunks_per_shard),
     )

@@ -702,7 +702,7 @@ class Run(NamedTuple):
     """Consecutive rows whose payloads follow each other in a read buffer."""
 
     row: int  # first row
-    count: int  # rows
+    count: int  # type: ignore[assignment]  # rows (a field named like tuple.count)
     start: int  # first byte in the buffer
     nbytes: int  # bytes of the payloads together
 
@@ -896,7 +896,7 @@ def decode_chunk_into(meta: DraftArrayMeta, payload: Any, out: np.ndarray, *, ke
     """The general path of a batch decode: :func:`decode`, then its bytes in memory order
     into the uint8 row ``out`` (raises :class:`ChunkDecodeError`)."""
     chunk = decode(meta, payload, key=key)
-    out[:] = np.ravel(chunk, order=meta.order).view(np.uint8)
+    out[:] = chunk.ravel(order="F" if meta.order == "F" else "C").view(np.uint8)
 
 
 def fast_encoder(meta: DraftArrayMeta) -> FastEncoder:
@@ -1030,9 +1030,7 @@ class ChunkCodec:
                 row = _native.row_at(row, self.nbytes)
             if fast(payload, row):
                 return
-        if type(row) is int:
-            row = _native.row_at(row, self.nbytes)
-        decode_chunk_into(self.meta, payload, row, key=key)
+        decode_chunk_into(self.meta, payload, _native.row_at(row, self.nbytes) if isinstance(row, int) else row, key=key)
 
     def decode_many(
         self,

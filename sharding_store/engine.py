@@ -228,7 +228,7 @@ class VersionedIndex(NamedTuple):
     """One shard's index as read, with what ties later chunk reads to that read."""
 
     #: None: the shard object does not exist
-    index: ShardIndex | None
+    index: ShardIndex | None  # type: ignore[assignment]  # a field named like tuple.index
     #: the object's version at that read (:class:`~sharding_store.stores.Tail`), None if unknown
     version: Hashable | None = None
     #: the object's size, when known (the payload area was checked against it)
@@ -271,7 +271,7 @@ class ShardContents(NamedTuple):
     chunks: dict[Coords, memoryview]
     blob: bytes
     dead_bytes: int
-    index: ShardIndex
+    index: ShardIndex  # type: ignore[assignment]  # a field named like tuple.index
 
 
 # --------------------------------------------------------------------------- cache and locks

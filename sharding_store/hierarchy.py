@@ -393,7 +393,7 @@ class DraftHierarchy:
         self.nodes: dict[str, Node] = self._read_nodes()
 
     def _read_nodes(self) -> dict[str, Node]:
-        docs: dict[str, tuple[str, str]] = {}  # path -> (kind, key)
+        docs: dict[str, tuple[Literal["array", "group"], str]] = {}  # path -> (kind, key)
         implicit: set[str] = {""}
         has_consolidated = False
         for key in self.inner.list_prefix("meta/"):

@@ -296,7 +296,7 @@ class ShardEvidence:
         ordered = sorted(self.coords, key=self.coords.__getitem__)
         self.first: str | None = ordered[0] if ordered else None
         #: per dimension, the key furthest along it
-        self.furthest = [max(ordered, key=lambda k, d=d: (self.coords[k][d], self.coords[k])) for d in range(meta.ndim)] if ordered else []
+        self.furthest = [max(ordered, key=lambda k: (self.coords[k][d], self.coords[k])) for d in range(meta.ndim)] if ordered else []
         self.top = tuple(self.coords[k][d] for d, k in enumerate(self.furthest))
         self.probed = list(dict.fromkeys([*ordered[:1], *self.furthest]))[:MAX_PROBED_SHARDS]
         self.tails: dict[str, tuple[bytes, int]] = {}
@@ -632,7 +632,8 @@ def data_keys(
     """``(object keys, stray keys)`` under the array's data prefix."""
     prefix = dm.data_prefix(meta.path)
     excluded = tuple(exclude_prefixes)
-    objects, stray = [], []
+    objects: list[Any] = []
+    stray: list[Any] = []
     for key in inner.list_prefix(prefix):
         if excluded and key.startswith(excluded):
             continue

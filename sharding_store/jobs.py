@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Executor, Future, ThreadPoolExecutor, wait
 from contextlib import closing
 from dataclasses import dataclass
@@ -322,7 +322,7 @@ def group_targets(group: Group, src_cps: Coords, dst_cps: Coords) -> set[Coords]
     return {t for obj in group.sources for t in target_range(obj.coords, src_cps, dst_cps)}
 
 
-def interleave(units: list[R], directory: Callable[[R], str]) -> list[R]:
+def interleave(units: list[R], directory: Callable[[R], Hashable]) -> list[R]:
     """Units reordered so that consecutive ones write into different directories.
 
     Creating a file costs far more than copying a small shard's bytes, and a filesystem
@@ -330,7 +330,7 @@ def interleave(units: list[R], directory: Callable[[R], str]) -> list[R]:
     different directories in parallel: workers taking units in key order would queue
     on one directory's lock. Round-robin over the target directories instead.
     """
-    by_dir: dict[str, list[R]] = {}
+    by_dir: dict[Hashable, list[R]] = {}
     for unit in units:
         by_dir.setdefault(directory(unit), []).append(unit)
     if len(by_dir) < 2:
@@ -402,7 +402,7 @@ def run_bounded(
     *,
     window: int,
     max_batch: int = MAX_BATCH,
-) -> Iterator[tuple[tuple[Any, ...], Outcome[R]]]:
+) -> Generator[tuple[tuple[Any, ...], Outcome[R]], None, None]:
     """Run ``fn(*item)`` for each item with at most ``window`` batches pending.
 
     Yields ``(item, outcome)`` as items complete (``outcome.result()`` may raise: each

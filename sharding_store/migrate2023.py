@@ -153,6 +153,7 @@ READING_TEXT = {
 def shard_grid(doc: dict[str, Any]) -> tuple[int, ...]:
     """Chunks per shard of a sharded final array document."""
     cfg = _sharding(doc)
+    assert cfg is not None  # a sharded document (the callers' precondition)
     grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
     return tuple(g // c for g, c in zip(grid, cfg["chunk_shape"]))
 
@@ -162,7 +163,7 @@ def check_declared_indices(src: Inner, doc: dict[str, Any], objects: list[tuple[
     ``index_codecs`` are the plain little-endian entries (with or without a CRC32C): a shard
     whose index is corrupt is refused (:class:`ShardCorruptError`), never copied as valid."""
     cfg = _sharding(doc)
-    if not index_readable(doc):
+    if cfg is None or not index_readable(doc):
         return  # the index is inside an encoded object: copied verbatim, the reader checks it
     codecs = cfg["index_codecs"]
     names = [c.get("name") for c in codecs]

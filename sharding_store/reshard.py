@@ -75,7 +75,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -103,7 +103,7 @@ from .journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshar
 from .keys import Coords, chunk_to_shard, local_to_global, shard_chunks
 from .progress import NullBar, progress_bar
 from .shard_index import MAX_UINT64, encode_shard, index_nbytes, n_entries, parse_indices
-from .stores import Inner, Part, Version
+from .stores import Inner, Part, Tail, Version
 
 STAGING = STAGING_PREFIX
 #: an lcm block may hold this many times the chunks of the larger shard before each
@@ -307,16 +307,17 @@ def source_ranges(
     for key, tail in zip(keys, tails):
         if tail is None:
             raise ObjectChangedError(f"{key}: listed, but gone before it was read (is another process writing?)", key=key)
-    versions = {k: getattr(t, "version", None) for k, t in zip(keys, tails)}
+    found = cast("list[Tail]", tails)  # none is None (checked above)
+    versions = {k: getattr(t, "version", None) for k, t in zip(keys, found)}
     located: dict[Coords, tuple[str, int, int]] = {}
     if cps is None:
-        for src, tail in zip(sources, tails):
+        for src, tail in zip(sources, found):
             if tail.size is None:  # pragma: no cover - stores that compose by kernel copies know sizes
                 raise MigrationError(f"{src.key}: the store did not report the object's size", key=src.key)
             located[src.coords] = (src.key, 0, tail.size)
         return located, versions, 0
-    raws = [t.data for t in tails]
-    sizes = [t.size for t in tails]
+    raws = [t.data for t in found]
+    sizes = [t.size for t in found]
     limits = [None if n is None else max(0, n - len(r)) for r, n in zip(raws, sizes)]
     table = parse_indices(raws, cps, keys=keys, payload_limits=limits)
     locals_ = list(shard_chunks((0,) * len(cps), cps))  # C order, as the index is laid out

@@ -28,6 +28,7 @@ Writes to one shard from several threads are serialised by a per-shard lock;
 
 from __future__ import annotations
 
+import builtins
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, ContextManager
@@ -436,7 +437,7 @@ class ShardingStore(MutableMapping[str, bytes]):
         if pending:
             yield from flush()
 
-    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+    def list_dir(self, prefix: str) -> tuple[builtins.list[str], builtins.list[str]]:  # ``list``: the method above
         """Direct children of ``prefix``: ``(keys, prefixes)``, prefixes ending in ``/``.
 
         As the spec notes, a prefix is listed for every chunk row a present shard may

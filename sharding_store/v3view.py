@@ -41,6 +41,7 @@ reads is checked first (an undeclared index is decided from the bytes, never gue
 from __future__ import annotations
 
 import asyncio
+import builtins
 import itertools
 import json
 import math
@@ -149,7 +150,7 @@ class _ArrayReader:
             self.engine = ShardEngine(inner, self.layout, index_cache_size=INDEX_CACHE_SIZE)
         self._codec: ChunkCodec | None = None
 
-    def check(self, payload: Any, shard_key: str, local: Coords) -> None:
+    def check(self, payload: Any, shard_key: str, local: Coords | None) -> None:
         """Decode ``payload`` into scratch memory (bounded by the chunk's size): raises
         :class:`~sharding_store.errors.ChunkDecodeError` naming the chunk's draft key when it
         is not one chunk (``local``: its coordinates in shard ``shard_key``; ``None``: the
@@ -491,7 +492,7 @@ class _ReadOnlyView(_Pickled, Store):
         for key in await self._list_prefix(prefix):
             yield key
 
-    async def _list_prefix(self, prefix: str) -> list[str]:
+    async def _list_prefix(self, prefix: str) -> builtins.list[str]:  # ``list``: the method above
         raise NotImplementedError
 
 

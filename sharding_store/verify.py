@@ -25,7 +25,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field, replace
@@ -264,6 +264,7 @@ def _as_migrated(job: ArrayJob, got: SourceChunks, blob: bytes) -> bool:
     if got.blob is not None and job.can_copy_shards and len(blob) == len(got.blob) + (CHECKSUM_NBYTES if job.checksum else 0):
         if blob.startswith(got.blob):
             return True
+    assert job.dst_cps is not None
     return blob == encode_shard(got.chunks, job.dst_cps, checksum=job.checksum, index_location=job.index_location)
 
 
@@ -281,7 +282,7 @@ def _same_contents(fd_a: int, fd_b: int, nbytes: int) -> bool:
         a, b = io_buffer(BLOCK), io_buffer(BLOCK)
         bufs = _buffers.pair = (a, b)
     a, b = bufs
-    ma, mb = memoryview(a), memoryview(b)
+    ma, mb = a.data, b.data
     done = 0
     while done < nbytes:
         k = min(BLOCK, nbytes - done)

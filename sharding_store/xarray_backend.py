@@ -56,7 +56,7 @@ except ImportError as e:  # pragma: no cover - exercised in a venv without xarra
 try:  # xarray >= 2024.11: closes every group's store when the tree is closed
     from xarray.backends.common import datatree_from_dict_with_io_cleanup
 except ImportError:  # pragma: no cover - older xarray: nothing of ours needs closing
-    def datatree_from_dict_with_io_cleanup(groups_dict: Mapping[str, Any]) -> Any:
+    def datatree_from_dict_with_io_cleanup(groups_dict: Mapping[str, Any]) -> Any:  # type: ignore[misc]
         from xarray import DataTree
 
         return DataTree.from_dict(groups_dict)
@@ -257,7 +257,8 @@ class DraftDataStore(AbstractDataStore):
         return {}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.group, self.arrays, self.hints, self.mask, self.xarray_era, self.ref = None, {}, None, None, False, None
+        # an emptied store (see __getstate__): nothing of it is read again
+        self.group, self.arrays, self.hints, self.mask, self.xarray_era, self.ref = None, {}, None, None, False, None  # type: ignore[assignment]
 
 
 def _decode_fill_attribute(value: Any, dtype: np.dtype) -> Any:

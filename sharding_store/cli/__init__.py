@@ -60,7 +60,7 @@ BACKEND_INSTALL = {
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like every other usage error
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, like every other usage error
         raise UsageError(f"{self.prog}: {message}")
 
 

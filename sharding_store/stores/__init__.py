@@ -134,11 +134,11 @@ def as_inner(store: Any, *, storage_options: Mapping[str, Any] | None = None) ->
     if isinstance(store, MutableMapping) and type(store).__module__.startswith("fsspec"):
         fs = getattr(store, "fs", None)
         if fs is not None:  # an fsspec FSMap
-            return FsspecInner(fs, store.root)
+            return FsspecInner(fs, getattr(store, "root"))
     try:
         from zarr.abc.store import Store as ZarrStore
     except ImportError:  # pragma: no cover - zarr is a dependency
-        ZarrStore = ()  # type: ignore[assignment]
+        ZarrStore = ()  # type: ignore[assignment,misc]
     if isinstance(store, ZarrStore):
         return ZarrStoreInner(store)
     if isinstance(store, MutableMapping):

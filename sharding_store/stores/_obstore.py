@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from ..errors import ObjectChangedError, StoreIOError, UsageError
@@ -60,7 +60,7 @@ _CLIENT_KWARGS = frozenset({"endpoint_url", "region_name"})
 _HARMLESS_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION",
                            "AWS_EC2_METADATA_DISABLED"})
 #: object_store retries (botocore's default: 4 retries, then the error)
-_RETRY = {"max_retries": 4, "retry_timeout": timedelta(seconds=60),
+_RETRY: Any = {"max_retries": 4, "retry_timeout": timedelta(seconds=60),
           "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=4), "base": 2}}
 #: connect within botocore's connect timeout; no limit on a whole (large) object's transfer,
 #: but a read that stalls for a minute fails (botocore's read timeout)
@@ -281,11 +281,11 @@ class ObstoreInner(FsspecInner):
         import obstore
 
         try:
-            result = obstore.get(self.client(), self._obj(key), options=options)
+            result = obstore.get(self.client(), self._obj(key), options=cast(Any, options))
             data = b"" if options and options.get("head") else bytes(result.bytes())
         except FileNotFoundError:
             return None
-        return data, result.meta
+        return data, cast("dict[str, Any]", result.meta)  # a TypedDict: a dict
 
     # ------------------------------------------------------------------ reads
     def get(self, key: str) -> bytes | None:
@@ -421,7 +421,7 @@ class ObstoreInner(FsspecInner):
         return endpoint_location("s3", self.storage_options, self.root)
 
     def describe(self) -> str:
-        return self.url
+        return self.url or f"s3://{self.root}"
 
 
 def _changed(key: str) -> ObjectChangedError:

@@ -81,12 +81,14 @@ class ZarrStoreInner(BaseInner):
 
     def set(self, key: str, value: bytes) -> None:
         if self._local_writes:
-            return self._local.set(key, value)  # type: ignore[union-attr]
+            self._local.set(key, value)  # type: ignore[union-attr]
+            return
         self._sync(self.store.set(key, self._proto.buffer.from_bytes(bytes(value))))
 
     def delete(self, key: str) -> None:
         if self._local_writes:
-            return self._local.delete(key)  # type: ignore[union-attr]
+            self._local.delete(key)  # type: ignore[union-attr]
+            return
         self._sync(self.store.delete(key))
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
