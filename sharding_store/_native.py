@@ -64,6 +64,7 @@ __all__ = [
     "memcmp",
     "memmove",
     "pointer_table",
+    "rename_exchange",
     "report",
     "row_at",
     "address_of",
@@ -323,6 +324,13 @@ _MADVISE = (
     if sys.platform.startswith("linux")
     else None
 )
+_RENAMEAT2 = (
+    _bind_libc("renameat2", ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint],
+               use_errno=True)
+    if os.name == "posix"
+    else None
+)
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 PAGE_SIZE = mmap.PAGESIZE
 #: Linux's MADV_NOHUGEPAGE
 MADV_NOHUGEPAGE = 15
@@ -467,6 +475,18 @@ def batch_table(rows: Sequence[int], offsets: Sequence[int], sizes: Sequence[int
 def align_skip(arr: Any, align: int) -> int:
     """How many bytes past the start of ``arr`` the next multiple of ``align`` lies."""
     return -data_address(arr) % align
+
+
+def rename_exchange(a: bytes, b: bytes) -> int | None:
+    """Swap the files at paths ``a`` and ``b`` atomically: libc ``renameat2(AT_FDCWD, a,
+    AT_FDCWD, b, RENAME_EXCHANGE)`` (Linux 3.15+, glibc 2.28+). 0 when swapped, the errno
+    when refused, None when this C library has no such call. Not switched off by
+    :func:`set_enabled` (no codec: the stores' atomic replace)."""
+    if _RENAMEAT2 is None:
+        return None
+    if _RENAMEAT2(_AT_FDCWD, a, _AT_FDCWD, b, _RENAME_EXCHANGE) == 0:
+        return 0
+    return ctypes.get_errno()
 
 
 #: ``memmove(dst, src, n)`` and ``string_at(address, n) -> bytes``: ctypes' own helpers

@@ -42,11 +42,12 @@ ROOT = Path(importlib.util.find_spec(PACKAGE).origin).parent  # the package unde
 #: The module map of issue 13 (PLAN.md "Target layers"), bottom-up. A module may import its
 #: own layer or lower ones. ``stores.*`` / ``cli.*`` stand for every module of the package.
 LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
+    0: ("native bindings (ctypes: no package import)", ("_native",)),
     1: ("format (pure, no I/O)",
         ("errors", "keys", "shard_index", "draft_metadata", "v3_metadata", "meta2023", "v3_layout", "journal",
          "upgrade_journal")),
     2: ("stores", ("stores", "stores.*", "locks")),
-    3: ("codecs", ("chunk_codec", "_native", "buffers")),
+    3: ("codecs", ("chunk_codec", "buffers")),
     4: ("shard engine", ("engine", "store")),
     5: ("hierarchy and arrays", ("hierarchy", "array", "v3view", "inspect")),
     6: ("jobs", ("jobs", "progress")),

@@ -61,3 +61,22 @@ def test_batch_table_holds_rows_offsets_sizes_back_to_back():
     table, address, failed, failed_address = _native.batch_table([3, 1], [10, 20], [5, 6])
     assert list(table) == [3, 1, 10, 20, 5, 6] and address == table.buffer_info()[0]
     assert bytes(failed) == b"\0\0" and failed_address == failed.buffer_info()[0]
+
+
+def test_rename_exchange_swaps_two_files_or_says_why_not(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"A")
+    b.write_bytes(b"B")
+    got = _native.rename_exchange(bytes(a), bytes(b))
+    if got is None:
+        pytest.skip("no renameat2 in this C library")
+    if got != 0:  # a filesystem without RENAME_EXCHANGE: refused, nothing changed
+        import errno
+
+        assert got in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
+        assert a.read_bytes() == b"A" and b.read_bytes() == b"B"
+        return
+    assert a.read_bytes() == b"B" and b.read_bytes() == b"A"
+    import errno
+
+    assert _native.rename_exchange(bytes(a), bytes(tmp_path / "missing")) == errno.ENOENT

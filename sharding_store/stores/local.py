@@ -42,6 +42,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from .. import _native
 from ..errors import LinkOutsideStoreError, MigrationError, ObjectChangedError
 from .base import BaseInner, ForkSafeLock, Inner, Location, Part, RangeRequest, Tail, Version
 
@@ -838,34 +839,17 @@ def _sibling(key: str, path: str) -> str:
     return f"{lead}/{name}" if lead else name
 
 
-def _load_renameat2() -> Any:
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError, ImportError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_RENAMEAT2 = _load_renameat2() if os.name == "posix" else None
-_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 _NO_EXCHANGE = frozenset(getattr(errno, n) for n in ("EINVAL", "ENOSYS", "EOPNOTSUPP", "ENOTSUP") if hasattr(errno, n))
 
 
 def _exchange(a: str, b: str) -> bool | None:
     """Swap the files at ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``):
     True; False when one of them is missing; None when this system or filesystem cannot."""
-    if _RENAMEAT2 is None:
+    err = _native.rename_exchange(os.fsencode(a), os.fsencode(b))
+    if err is None:
         return None
-    import ctypes
-
-    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+    if err == 0:
         return True
-    err = ctypes.get_errno()
     if err == errno.ENOENT:
         return False
     if err in _NO_EXCHANGE:
