@@ -40,7 +40,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from .. import _native
 from ..errors import LinkOutsideStoreError, MigrationError, ObjectChangedError
@@ -117,7 +117,7 @@ def _check(key: str, expected: Version, fd: int | None, st: os.stat_result | Non
         or expected[2] != st.st_mtime_ns
         or expected[3] != st.st_size
         or expected[0] != st.st_dev
-        or (len(expected) == 6 and zlib.crc32(os.pread(fd, expected[4], st.st_size - expected[4])) != expected[5])
+        or (len(expected) == 6 and zlib.crc32(os.pread(cast(int, fd), expected[4], st.st_size - expected[4])) != expected[5])
     ):
         raise ObjectChangedError(f"{key}: the object changed between two reads of it (read it again)", key=key)
 
@@ -241,22 +241,20 @@ class LocalInner(BaseInner):
     # ------------------------------------------------------------------ reads
     def _pread(self, key: str, start: int, end: int | None, fd: int | None = None) -> Tail | None:
         """One ``pread`` of a local file: the bytes (clamped to the file), its size and version."""
-        own = fd is None
-        if own:
-            fd = self._open(key)
-            if fd is None:
-                return None
+        handle = self._open(key) if fd is None else fd
+        if handle is None:
+            return None
         try:
-            st = os.fstat(fd)
+            st = os.fstat(handle)
             if not stat.S_ISREG(st.st_mode):
                 return None  # a directory (or a device) is no object
             size = st.st_size
             lo = max(0, size + start) if start < 0 else min(start, size)
             hi = size if end is None else min(end, size)
-            return _Tail((os.pread(fd, hi - lo, lo) if hi > lo else b"", size, None))
+            return _Tail((os.pread(handle, hi - lo, lo) if hi > lo else b"", size, None))
         finally:
-            if own:
-                os.close(fd)
+            if fd is None:  # opened here
+                os.close(handle)
 
     def get(self, key: str) -> bytes | None:
         got = self._pread(key, 0, None)
@@ -732,7 +730,8 @@ class LocalInner(BaseInner):
         here = os.path.realpath(path)
         if base and not self._inside(here):
             return [], []
-        keys, prefixes = [], []
+        keys: list[str] = []
+        prefixes: list[str] = []
         try:
             with os.scandir(path) as it:
                 for e in it:
