@@ -606,6 +606,11 @@ class ShardEngine:
             )
         return reading == "crc32c-hidden"
 
+    def expect_reading(self, reading: str, key: str) -> None:
+        """An undeclared index: the array's shards read as ``reading`` (``key`` did), as a reader
+        has already declared; a shard that reads otherwise is refused as disagreeing."""
+        self._decided.setdefault(reading, key)
+
     def _object_index(self, key: str, data: Any) -> tuple[list[int], list[int], int]:
         """``(offsets, sizes, index bytes)`` of a whole object of another index layout."""
         n = len(data)

@@ -357,6 +357,9 @@ class Node:
     explicit: bool = True  # False for implicit groups
     attributes: dict[str, Any] = field(default_factory=dict[str, Any])
     meta: dm.DraftArrayMeta | None = None  # arrays only
+    #: the node's own document in the final v1.0 spelling, where its generation writes one
+    #: (per-node hierarchies); None: the final document is translated from ``meta``/``attributes``
+    spelled: meta2023.Normalised | None = None
 
     @property
     def name(self) -> str:
@@ -540,14 +543,14 @@ class Hierarchy2023(DraftHierarchy):
                 continue
             attributes = dict(norm.document.get("attributes") or {})
             if norm.node_type != "array":
-                nodes[n.path] = Node(n.path, "group", True, attributes)
+                nodes[n.path] = Node(n.path, "group", True, attributes, spelled=norm)
                 continue
             try:
                 meta = layout_from_v3(norm.document, n.path, key=n.key, hidden_checksum=norm.hidden_checksum)
             except ShardingStoreError as e:
                 self.unreadable[n.path] = e
                 meta = None
-            nodes[n.path] = Node(n.path, "array", True, attributes, meta)
+            nodes[n.path] = Node(n.path, "array", True, attributes, meta, spelled=norm)
         for path in walk.implicit:
             nodes.setdefault(path, Node(path, "group", explicit=False))
         self.nodes = dict(sorted(nodes.items(), key=lambda kv: (kv[0].count("/") if kv[0] else -1, kv[0])))
@@ -574,6 +577,46 @@ def hierarchy_2023(inner: Inner, raw: bytes | None = _UNREAD) -> Hierarchy2023 |
     if detect_generation(inner, None)[0] is not Generation.DRAFT_2023:
         return None
     return Hierarchy2023(inner, walk_v3_nodes(inner, None))
+
+
+class ReadCache:
+    """Remembers what the generation check reads (documents, listings), so that the walk that
+    follows is served from memory: every node document is read once."""
+
+    def __init__(self, inner: Inner) -> None:
+        self._inner = inner
+        self._gets: dict[str, bytes | None] = {}
+        self._dirs: dict[str, tuple[list[str], list[str]]] = {}
+
+    def get(self, key: str) -> bytes | None:
+        if key not in self._gets:
+            self._gets[key] = self._inner.get(key)
+        return self._gets[key]
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        if prefix not in self._dirs:
+            self._dirs[prefix] = self._inner.list_dir(prefix)
+        return self._dirs[prefix]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def node_model(inner: Inner, raw: bytes | None = _UNREAD, *, location: str = "store") -> DraftHierarchy:
+    """The nodes of a draft-era store of any generation (damaged ones recorded, not raised),
+    from whichever generation reader matches (``raw``: the root ``zarr.json`` when the
+    caller has read it, None: absent): a per-node hierarchy of the 2023 generation from one
+    walk (each document read once: the generation check's reads are reused), else the 2022
+    drafts' (which names any other generation: final v3, v2, nothing). A hierarchy mixing
+    generations raises :class:`DraftMetadataError` naming the first node of the other one."""
+    if raw is _UNREAD:
+        raw = inner.get(dm.ENTRY_POINT_KEY)
+    if raw is None or meta2023.classify_node(raw) in ("final", "2023"):
+        cached = ReadCache(inner)
+        generation, _ = detect_generation(cached, raw)
+        if generation is Generation.DRAFT_2023:
+            return Hierarchy2023(inner, walk_v3_nodes(cached, raw))
+    return DraftHierarchy(inner, location=location, strict=False, entry_point=raw)
 
 
 def in_subtree(path: str, root: str) -> bool:

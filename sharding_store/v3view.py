@@ -1,41 +1,41 @@
 """A read-only zarr-python 3 view of a draft-era hierarchy: v3.0 without copying.
 
-:class:`DraftV3Store` is a ``zarr.abc.store.Store`` whose key space is the final v3
-layout of a draft-era store: a synthesised ``zarr.json`` for every node (from
-:mod:`sharding_store.v3_metadata`, the one translation) and default v3 chunk keys
-(``a/c/1/0``, ``a/c.1.0``) mapped onto the draft objects (``data/root/a/c1/0``).
+:class:`DraftV3Store` is a ``zarr.abc.store.Store`` whose key space is the final v3 layout of
+a draft-era store of any generation. It is built from the node model
+(:class:`~sharding_store.hierarchy.DraftHierarchy`, whichever generation reader matched:
+the 2022 drafts, or the 2023 intermediate spelling through
+:class:`~sharding_store.hierarchy.Hierarchy2023`) and never asks which generation it serves:
 
-Why this works without rewriting anything: a draft shard *is* a v1.0
-``sharding_indexed`` shard with ``index_codecs=[bytes little]`` at the end, so a v3
-chunk of a sharded array is a whole draft shard object, and a v3 chunk of an unsharded
-array is the draft chunk object.
+* **documents**: a node whose generation writes a per-node ``zarr.json`` is served that
+  document in the final v1.0 spelling (``Node.spelled``, :mod:`sharding_store.meta2023`);
+  any other node is served the translation of its draft metadata
+  (:mod:`sharding_store.v3_metadata`, the one translation). An implicit group gets a group
+  document; a damaged node's document raises that node's error (never a bare KeyError);
+* **chunk keys**: each array's chunk keys are spelled as the served document says
+  (``default`` for draft keys, the document's own encoding otherwise) and mapped onto the
+  objects through the array's layout (:class:`~sharding_store.engine.ArrayLayout`);
+* **data**: every array the model can decode is served through the same checks as
+  :func:`~sharding_store.array.open_draft`: the shard engine (full index validation,
+  consistent reads, every index layout: CRC32C, index at the start, undeclared) and a
+  bounded check-decode of every payload served (:mod:`sharding_store.chunk_codec`), so
+  damage surfaces as :class:`~sharding_store.errors.ShardCorruptError` or
+  :class:`~sharding_store.errors.ChunkDecodeError` naming the key, never as zarr's bare
+  errors, unbounded allocations or wrong values. zarr's sharding codec reads a shard's index
+  with one suffix (or, for an index at the start, prefix) read: the view answers with the
+  validated index whose offsets *name* the chunks (``CHUNK_TOKEN + n`` for the shard's n-th
+  chunk, spelled with the checksum the document declares), so the range read that follows
+  asks for a chunk, which the engine reads (checked against the index's version) from the
+  shard as it is now. A shard read whole is one request (one snapshot), validated, every
+  chunk checked, and returned as it is; so is any byte range that does not name a chunk.
+  An array the model cannot decode (a valid final-v3 chain our reader does not map, e.g.
+  nested sharding) is served as stored, its shard indices validated where the chain makes
+  them readable, and zarr decodes it.
 
-One read path: chunks are served through the same checks as
-:func:`~sharding_store.array.open_draft` — the shard engine
-(:mod:`sharding_store.engine`: full index validation, consistent reads) and a bounded
-check-decode of every payload served (:mod:`sharding_store.chunk_codec`), so damage
-surfaces as :class:`~sharding_store.errors.ShardCorruptError` or
-:class:`~sharding_store.errors.ChunkDecodeError` naming the key, never as zarr's bare
-errors or wrong values; an unsharded array whose objects are really shards (the
-zarr-python 2.x ``resize()`` defect) is refused. zarr's sharding codec reads a shard's
-index with one suffix read: the view answers with the validated index whose offsets
-*name* the chunks (``CHUNK_TOKEN + n`` for the shard's n-th chunk) instead of locating
-them, so the range read that follows asks for a chunk, which the engine reads (one range
-read, checked against the index's version) from the shard as it is now — a writer
-replacing the shard in between cannot make it serve another chunk's bytes. A shard read
-whole is one request (one snapshot), validated and returned as it is; so is any byte
-range that does not name a chunk.
-
-The draft metadata is read once (:func:`sharding_store.hierarchy.open_hierarchy`) and
-cached; :meth:`DraftV3Store.refresh` forgets it. Every write raises
+A shard index the document does not declare (zarrita's hidden CRC32C, May-July 2023) is
+decided from the first shard's bytes (:func:`~sharding_store.inspect.decide_reading`, never
+a guess) and declared; every other shard must read the same way. The metadata is read once
+and cached; :meth:`DraftV3Store.refresh` forgets it. Every write raises
 :class:`~sharding_store.errors.ReadOnlyError`.
-
-A store of the 2023 intermediate generation (per-node ``zarr.json`` spelled as before v1.0)
-is served by :class:`Draft2023V3Store`: its keys are already final, so only the documents
-change (normalised by :mod:`sharding_store.meta2023`, the one translation; implicit groups
-get a group document); data objects are served byte for byte, and every shard index zarr
-reads is checked first (an undeclared index is decided from the bytes, never guessed).
-:func:`open_v3` tells the generation from the documents and picks the view.
 """
 
 from __future__ import annotations
@@ -53,32 +53,39 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.abc.store import (
+    ByteRequest,
+    OffsetByteRequest,
+    RangeByteRequest,
+    Store,
+    SuffixByteRequest,
+)
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
-from . import _native
+from . import _native, meta2023
 from . import draft_metadata as dm
-from . import meta2023
 from .chunk_codec import ChunkCodec, codec_for
 from .engine import ArrayLayout, ChunkRange, ShardEngine
-from .errors import ChunkDecodeError, DraftMetadataError, ReadOnlyError, ShardCorruptError, StoreNotFoundError
-from .hierarchy import (
-    _UNREAD,
-    DraftHierarchy,
-    Generation,
-    V3Walk,
-    detect_generation,
-    draft_entry_point,
-    inner_of,
-    walk_v3_nodes,
+from .errors import (
+    ChunkDecodeError,
+    DraftMetadataError,
+    ReadOnlyError,
+    ShardCorruptError,
 )
+from .hierarchy import DraftHierarchy, Node, inner_of, node_model
 from .inspect import decide_reading, refuse_lost_transformer
-from .keys import Coords, local_to_global, parse_chunk_suffix
-from .shard_index import ENTRY_NBYTES, MAX_UINT64, ShardIndex, index_nbytes, index_reading
+from .keys import Coords, format_key_suffix, local_to_global, parse_key_suffix
+from .shard_index import (
+    ENTRY_NBYTES,
+    MAX_UINT64,
+    ShardIndex,
+    index_nbytes,
+    index_reading,
+)
 from .stores import Inner, RangeRequest, slice_range
-from .v3_metadata import v3_array_document, v3_chunk_key, v3_group_document
+from .v3_metadata import v3_array_document, v3_group_document
 
-__all__ = ["DraftV3Store", "Draft2023V3Store", "open_v3"]
+__all__ = ["Draft2023V3Store", "DraftV3Store", "open_v3"]
 
 ZARR_JSON = "zarr.json"
 #: offsets of the shard indices the view serves are ``CHUNK_TOKEN + n`` for a shard's n-th
@@ -88,12 +95,23 @@ CHUNK_TOKEN = 2**62
 INDEX_CACHE_SIZE = 1024
 #: per thread, a check-decode buffer up to this size is kept for the next shard
 SCRATCH_KEEP = 64 * 2**20
+#: objects an undeclared shard index is decided from at most, before the view gives up
+DECIDE_TRIES = 4
 _SCRATCH = threading.local()
 
 
 def _node_prefix(path: str) -> str:
     """Where a node's v3 keys start: ``""`` for the root, ``"a/b/"`` otherwise."""
     return f"{path}/" if path else ""
+
+
+def _splits(key: str) -> Iterable[tuple[str, str]]:
+    """``(node path, rest)`` splits of a key, deepest node first."""
+    pos = key.rfind("/")
+    while pos != -1:
+        yield key[:pos], key[pos + 1 :]
+        pos = key.rfind("/", 0, pos)
+    yield "", key
 
 
 def _as_range(key: str, byte_range: ByteRequest | None) -> RangeRequest | None:
@@ -137,23 +155,127 @@ def _check_zarr_reads(meta: dm.DraftArrayMeta, document: dict[str, Any]) -> None
         ) from None
 
 
+def _unravel(n: int, shape: Coords) -> Coords:
+    """``np.unravel_index(n, shape)`` (C order) as a tuple of ints, without numpy's overhead."""
+    out = []
+    for extent in reversed(shape):
+        n, c = divmod(n, extent)
+        out.append(c)
+    return tuple(reversed(out))
+
+
+def _naming_index(entries: np.ndarray, checksum: bool) -> bytes:
+    """A validated shard index as the view serves it: each live entry's offset names the chunk
+    (``CHUNK_TOKEN + n``), its length is the real one; absent chunks keep the sentinel; a
+    CRC32C of it follows when the served document declares one."""
+    flat = entries.reshape(-1, 2)
+    out = np.full(flat.shape, MAX_UINT64, dtype="<u8")
+    live = np.flatnonzero(flat[:, 0] != MAX_UINT64)
+    out[live, 0] = live.astype(np.uint64) + np.uint64(CHUNK_TOKEN)
+    out[live, 1] = flat[live, 1]
+    return ShardIndex(out.reshape(entries.shape)).to_bytes(checksum=checksum)
+
+
+def _first_reading(inner: Inner, path: str, origin: str, prefix: str, n: int) -> tuple[str, str | None]:
+    """The reading of an undeclared shard index (``"none"``: no shard yet) and the shard that
+    decided it, from the first
+    shard whose tail decides: the grid's first (``origin``, no listing) if it exists, else the
+    array's objects under ``prefix`` as listed. Objects that decide nothing are passed over (at
+    most :data:`DECIDE_TRIES`); every other shard is checked when it is served.
+    ShardCorruptError (the first one's) when none decides."""
+
+    def listed() -> Iterator[str]:  # listed only if the grid's first shard decides nothing
+        yield from (k for k in inner.list_prefix(prefix) if k not in (prefix + ZARR_JSON, origin))
+
+    first_error: ShardCorruptError | None = None
+    tries = 0
+    for key in itertools.chain([origin], listed()):
+        try:
+            reading = decide_reading(inner, path, [(key, None)], n, skip_absent=True)
+        except ShardCorruptError as e:
+            first_error = first_error or e
+            tries += 1
+            if tries >= DECIDE_TRIES:
+                break
+            continue
+        if reading != "none":  # "none": the object is absent
+            return reading, key
+    if first_error is not None:
+        raise first_error
+    return "none", None
+
+
+def _doc_key(path: str) -> str:
+    return _node_prefix(path) + ZARR_JSON
+
+
+# --------------------------------------------------------------------------- serving one array
+
+
 class _ArrayReader:
-    """How the view serves one array's chunk keys: shards through the shard engine, every
+    """How the view serves one array the model can decode (``meta``, of any generation): its
+    chunk keys spelled as the served document says, shards through the shard engine, every
     payload served check-decoded (bounded) so that damage is named, not passed to zarr."""
 
     def __init__(self, inner: Inner, meta: dm.DraftArrayMeta) -> None:
         self.inner = inner
         self.meta = meta
-        self.layout = ArrayLayout.from_meta(meta)
+        self.path = meta.path
+        self.layout = layout = ArrayLayout.from_meta(meta)
+        #: the served key encoding: draft keys (``c1/0``) are served as v3 ``default`` (``c/1/0``)
+        self.encoding = "default" if layout.encoding == "draft" else layout.encoding
         self.engine: ShardEngine | None = None
+        #: whether the served document declares a CRC32C after each index (None: not decided yet)
+        self.checksum: bool | None = layout.index_checksum
         if meta.is_sharded:
-            self.engine = ShardEngine(inner, self.layout, index_cache_size=INDEX_CACHE_SIZE)
+            self.engine = ShardEngine(inner, layout, index_cache_size=INDEX_CACHE_SIZE)
         self._codec: ChunkCodec | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_codec": None}  # made again on first use (it holds native closures)
+
+    @property
+    def list_prefix(self) -> str:
+        return self.layout.prefix
+
+    def decide(self) -> str | None:
+        """The reading declared for an undeclared shard index (decided from the first shard
+        once; every other shard must read the same way); None when the index is declared."""
+        if self.engine is None or self.layout.index_checksum is not None:
+            return None
+        origin = self.layout.shard_key((0,) * self.layout.ndim)
+        reading, key = _first_reading(self.inner, self.path, origin, self.layout.prefix, self.engine.n_entries)
+        if key is not None:
+            self.engine.expect_reading(reading, key)
+        self.checksum = reading != "plain"  # no shard yet: declared as migrate declares it
+        return reading
+
+    def storage_keys(self, rest: str) -> tuple[str, ...] | None:
+        """The object(s) behind served chunk key ``rest`` (relative to the array), most likely
+        first; None if it names no chunk of the grid. A 0-d draft array has two spellings of
+        its only key (``c0`` as zarr 2.x wrote it, ``c`` as the spec draft said)."""
+        layout = self.layout
+        coords = parse_key_suffix(rest, self.encoding, layout.separator, layout.ndim)
+        if coords is None or not self._in_grid(coords):
+            return None
+        if layout.ndim == 0 and layout.encoding == "draft":
+            return (layout.prefix + "c0", layout.prefix + "c")
+        return (layout.shard_key(coords),)
+
+    def served_key(self, key: str) -> str | None:
+        """Inverse of :meth:`storage_keys` for one listed object (None: not a chunk)."""
+        coords = self.layout.parse(key)
+        if coords is None or not self._in_grid(coords):
+            return None
+        return _node_prefix(self.path) + format_key_suffix(coords, self.encoding, self.layout.separator)
+
+    def _in_grid(self, coords: Coords) -> bool:
+        return all(0 <= c < n for c, n in zip(coords, self.meta.shard_grid_shape))
 
     def check(self, payload: Any, shard_key: str, local: Coords | None) -> None:
         """Decode ``payload`` into scratch memory (bounded by the chunk's size): raises
-        :class:`~sharding_store.errors.ChunkDecodeError` naming the chunk's draft key when it
-        is not one chunk (``local``: its coordinates in shard ``shard_key``; ``None``: the
+        :class:`~sharding_store.errors.ChunkDecodeError` naming the chunk's key when it is
+        not one chunk (``local``: its coordinates in shard ``shard_key``; ``None``: the
         object is the chunk)."""
         if self._codec is None:
             self._codec = codec_for(self.meta)
@@ -189,15 +311,23 @@ class _ArrayReader:
         )
 
     def chunk_key(self, shard_key: str, local: Coords) -> str:
-        """The draft key of a shard's chunk (what errors name, as ``open_draft``'s do)."""
+        """The key of a shard's chunk as ``open_draft`` names it in errors."""
         if self.layout.ndim == 0:
             return shard_key
         shard = self.layout.parse(shard_key)
         assert shard is not None and self.layout.chunks_per_shard is not None
         return self.layout.chunk_key(local_to_global(shard, local, self.layout.chunks_per_shard))
 
+    def _is_index_read(self, start: int, end: int | None) -> bool:
+        """Whether zarr asks for a shard's index: the served size, where the document puts it."""
+        assert self.engine is not None
+        nbytes = index_nbytes(self.engine.cps, bool(self.checksum))
+        if self.layout.index_location == "start":
+            return start == 0 and end == nbytes
+        return start == -nbytes and end is None
+
     def serve(self, key: str, byte_range: RangeRequest | None) -> bytes | None:
-        """The bytes of draft object ``key`` (``byte_range``: a range of it) as zarr may ask."""
+        """The bytes of object ``key`` (``byte_range``: a range of it) as zarr may ask."""
         engine = self.engine
         if engine is None:  # unsharded: one object per chunk
             if byte_range is not None:
@@ -213,9 +343,9 @@ class _ArrayReader:
             self.check_shard(contents.blob, key, list(contents.index.live()))
             return contents.blob
         _, start, end = byte_range
-        if start < 0 and end is None and -start == engine.index_nbytes:  # zarr reads the index
+        if self._is_index_read(start, end):
             found = engine.read_index(key, use_cache=False)  # the cache only links it to the chunk reads
-            return None if found.index is None else _naming_index(found.index.entries)
+            return None if found.index is None else _naming_index(found.index.entries, bool(self.checksum))
         if end is not None and start >= CHUNK_TOKEN:  # zarr reads a chunk our index named
             n = start - CHUNK_TOKEN
             if n >= engine.n_entries:
@@ -228,128 +358,170 @@ class _ArrayReader:
         return self.inner.get_ranges([byte_range])[0]  # any other range: the object's bytes
 
 
-def _unravel(n: int, shape: Coords) -> Coords:
-    """``np.unravel_index(n, shape)`` (C order) as a tuple of ints, without numpy's overhead."""
-    out = []
-    for extent in reversed(shape):
-        n, c = divmod(n, extent)
-        out.append(c)
-    return tuple(reversed(out))
+@dataclass(frozen=True)
+class _IndexCheck:
+    """How the view checks the shard indices of an array it serves as stored.
+
+    ``checksum``: whether the served document declares a CRC32C after the index; ``reading``:
+    for an index the document did not declare, the reading the shard bytes decided (every
+    shard served must read the same way), else None (validated as declared)."""
+
+    path: str
+    cps: Coords
+    checksum: bool
+    reading: str | None
+
+    @property
+    def n(self) -> int:
+        return math.prod(self.cps)
+
+    @property
+    def served_nbytes(self) -> int:
+        """The index size zarr asks for (what the served document declares)."""
+        return index_nbytes(self.cps, self.checksum)
+
+    @property
+    def tail_nbytes(self) -> int:
+        """The bytes read from a shard's end to check its index (an undeclared index: enough
+        for both readings)."""
+        return index_nbytes(self.cps, True) if self.reading is not None else self.served_nbytes
+
+    def validate(self, tail: bytes, size: int, key: str) -> None:
+        """Raise :class:`ShardCorruptError` naming ``key`` unless the end ``tail`` of the shard
+        (``size`` bytes in all) holds a valid index read as the served document says."""
+        if self.reading is None:
+            nbytes = self.served_nbytes
+            if size < nbytes or len(tail) < nbytes:
+                raise ShardCorruptError(f"{key}: shorter ({size} bytes) than its {nbytes}-byte shard index", key=key)
+            ShardIndex.from_bytes(tail[len(tail) - nbytes:], self.cps, checksum=self.checksum, key=key,
+                                  payload_limit=size - nbytes)
+            return
+        found = index_reading(tail, self.cps, size, key=key)  # neither reading: ShardCorruptError
+        if found == self.reading:
+            return
+        if self.reading == "plain" and found == "crc32c-hidden":
+            body = ENTRY_NBYTES * self.n  # both readings hold with the same chunks: the plain one is right
+            try:
+                ShardIndex.from_bytes(tail[len(tail) - body:], self.cps, key=key, payload_limit=size - body)
+                return
+            except ShardCorruptError:
+                pass
+        raise ShardCorruptError(
+            f"{key}: array '{self.path or '/'}' declares no index_codecs and its shards disagree: this shard's index "
+            f"reads as {found!r}, the array's first shard as {self.reading!r}; refusing to guess",
+            key=key,
+        )
 
 
-def _naming_index(entries: np.ndarray) -> bytes:
-    """A validated shard index as the view serves it: each live entry's offset names the chunk
-    (``CHUNK_TOKEN + n``), its length is the real one; absent chunks keep the sentinel."""
-    flat = entries.reshape(-1, 2)
-    out = np.full(flat.shape, MAX_UINT64, dtype="<u8")
-    live = np.flatnonzero(flat[:, 0] != MAX_UINT64)
-    out[live, 0] = live.astype(np.uint64) + np.uint64(CHUNK_TOKEN)
-    out[live, 1] = flat[live, 1]
-    return out.tobytes()
+def _sharding_config(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The configuration of a ``sharding_indexed`` whose index the stored objects carry as
+    they are: the only codec. After a bytes->bytes codec the index is inside an encoded
+    object (valid v1.0): its objects are passed through and zarr decodes and checks them."""
+    codecs = doc.get("codecs") or []
+    first = codecs[0] if len(codecs) == 1 else None
+    if isinstance(first, dict) and first.get("name") == "sharding_indexed":
+        return first["configuration"]
+    return None
 
 
-class _View:
-    """What the draft metadata says about the v3 key space (immutable once built)."""
+def _origin_key(doc: dict[str, Any]) -> str:
+    """The key (relative to the array) of the first chunk of the grid of a final array document."""
+    cke = doc["chunk_key_encoding"]
+    ndim = len(doc["shape"])
+    default = cke["name"] == "default"
+    sep = (cke.get("configuration") or {}).get("separator", "/" if default else ".")
+    coords = sep.join("0" * ndim)
+    if default:
+        return "c" + (sep + coords if ndim else "")
+    return coords if ndim else "0"
 
-    def __init__(self, hierarchy: DraftHierarchy) -> None:
-        self.hierarchy = hierarchy
-        self.nodes = hierarchy.nodes
-        self.layouts: dict[str, ArrayLayout] = {
-            n.path: ArrayLayout.from_meta(n.meta) for n in hierarchy.arrays() if n.meta is not None
-        }
-        self.readers: dict[str, _ArrayReader] = {
-            n.path: _ArrayReader(hierarchy.inner, n.meta) for n in hierarchy.arrays() if n.meta is not None
-        }
-        self._documents: dict[str, bytes] = {}
 
-    def document(self, path: str) -> bytes:
-        """The v3 ``zarr.json`` of a node, translated on first use (so one array that
-        v3 cannot express fails alone, with a DraftMetadataError naming it). An unsharded
-        array whose objects are really shards is refused here, as ``open_draft`` refuses it
-        (one tail read, once): serving its shards as chunks would give wrong values."""
-        doc = self._documents.get(path)
-        if doc is None:
-            node = self.nodes[path]
-            if node.meta is not None:
-                d = v3_array_document(node.meta, index_codecs_checksum=False, index_location="end")
-                _check_zarr_reads(node.meta, d)
-                refuse_lost_transformer(self.hierarchy.inner, node.meta)
-            else:
-                d = v3_group_document(node.attributes)
-            doc = self._documents[path] = json.dumps(d, indent=2).encode()
-        return doc
-
-    def cached_document(self, path: str) -> bytes | None:
-        return self._documents.get(path)
-
-    def metadata_path(self, key: str) -> str | None:
-        """The node whose ``zarr.json`` ``key`` is, if any."""
-        if key == ZARR_JSON:
-            path = ""
-        elif key.endswith("/" + ZARR_JSON):
-            path = key[: -len(ZARR_JSON) - 1]
-        else:
-            return None
-        return path if path in self.nodes else None
-
-    def draft_keys(self, key: str) -> tuple[str, tuple[str, ...]] | None:
-        """The array and the draft object(s) behind a v3 chunk key, most likely first; None if none.
-
-        A 0-d array has two spellings of its only draft key (``c0`` as zarr 2.x wrote
-        it, ``c`` as the spec draft said); either may exist.
-        """
-        for path, rest in self._splits(key):
-            layout = self.layouts.get(path)
-            if layout is None:
-                continue
-            coords = self._v3_coords(rest, layout)
-            if coords is None or not self._in_grid(path, coords):
-                continue
-            if layout.ndim == 0:
-                return path, (layout.prefix + "c0", layout.prefix + "c")
-            return path, (layout.shard_key(coords),)
+def _checkable_index(cfg: dict[str, Any]) -> bool | None:
+    """Whether a declared index chain is the plain little-endian table (with a CRC32C: True,
+    without: False) at the end of the shard, which the view validates; None otherwise (zarr
+    reads it as declared)."""
+    codecs = cfg.get("index_codecs") or []
+    names = [c if isinstance(c, str) else c.get("name") for c in codecs]
+    if cfg.get("index_location", "end") != "end" or names not in (["bytes"], ["bytes", "crc32c"]):
         return None
+    first = codecs[0]
+    if not isinstance(first, dict) or (first.get("configuration") or {}).get("endian") != "little":
+        return None
+    return names[-1] == "crc32c"
 
-    @staticmethod
-    def _splits(key: str) -> Iterable[tuple[str, str]]:
-        """``(node path, rest)`` splits of a key, deepest node first."""
-        pos = key.rfind("/")
-        while pos != -1:
-            yield key[:pos], key[pos + 1 :]
-            pos = key.rfind("/", 0, pos)
-        yield "", key
 
-    @staticmethod
-    def _v3_coords(rest: str, layout: ArrayLayout) -> Coords | None:
-        """``c/1/0`` (or ``c.1.0``; ``c`` for 0-d) -> ``(1, 0)``, reusing the draft parser."""
-        if layout.ndim == 0:
-            return () if rest == "c" else None
-        if not rest.startswith("c" + layout.separator):
+class _StoredArray:
+    """How the view serves an array the model cannot decode (a valid final-v3 document our
+    reader does not map, e.g. nested sharding or a codec after ``sharding_indexed``): its
+    objects as stored under the document's own keys, zarr decodes them; every shard index
+    zarr reads (a suffix read, or a shard read whole) is checked first where the chain makes
+    it readable (an undeclared one is decided from the bytes, never guessed)."""
+
+    def __init__(self, inner: Inner, path: str, spelled: meta2023.Normalised) -> None:
+        self.inner = inner
+        self.path = path
+        self.spelled = spelled
+        self.index: _IndexCheck | None = None
+
+    @property
+    def list_prefix(self) -> str:
+        return _node_prefix(self.path)
+
+    def decide(self) -> str | None:
+        """Set up the index check; the reading declared for an undeclared index (else None)."""
+        doc, key = self.spelled.document, _doc_key(self.path)
+        cfg = _sharding_config(doc)
+        if cfg is None:
+            if self.spelled.hidden_checksum is None:  # undeclared index inside an encoded shard: undecidable
+                raise DraftMetadataError(f"{key}: a shard index without index_codecs behind another codec cannot "
+                                         "be decided from the bytes", key=key)
             return None
-        return parse_chunk_suffix("c" + rest[2:], layout.separator, layout.ndim)
-
-    def _in_grid(self, path: str, coords: Coords) -> bool:
-        meta = self.nodes[path].meta
-        assert meta is not None
-        return all(0 <= c < n for c, n in zip(coords, meta.shard_grid_shape))
-
-    def v3_chunk_key_of(self, path: str, draft_key: str) -> str | None:
-        """Inverse of :meth:`draft_keys` for one listed draft object (None: not a chunk)."""
-        layout = self.layouts[path]
-        coords = parse_chunk_suffix(draft_key[len(layout.prefix) :], layout.separator, layout.ndim)
-        if coords is None or not self._in_grid(path, coords):
+        grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
+        cps = tuple(g // c for g, c in zip(grid, cfg["chunk_shape"]))
+        if self.spelled.hidden_checksum is not None:
+            checksum = _checkable_index(cfg)
+            self.index = None if checksum is None else _IndexCheck(self.path, cps, checksum, None)
             return None
-        return _node_prefix(path) + v3_chunk_key(coords, layout.separator)
+        if cfg.get("index_location") != "end":
+            raise DraftMetadataError(f"{key}: an undeclared shard index must be at the end to be decided from the bytes",
+                                     key=key)
+        origin = _node_prefix(self.path) + _origin_key(doc)
+        reading, _ = _first_reading(self.inner, self.path, origin, _node_prefix(self.path), math.prod(cps))
+        served = "plain" if reading == "plain" else "crc32c-hidden"  # no shard yet: as migrate declares
+        self.index = _IndexCheck(self.path, cps, served == "crc32c-hidden", served)
+        return served
 
-    def metadata_keys(self) -> list[str]:
-        return [_node_prefix(p) + ZARR_JSON for p in self.nodes]
+    def storage_keys(self, rest: str) -> tuple[str, ...] | None:
+        return (_node_prefix(self.path) + rest,)
 
-    def arrays_touching(self, prefix: str) -> list[str]:
-        """Arrays that may hold chunk keys starting with ``prefix``."""
-        return [
-            p for p in self.layouts
-            if _node_prefix(p).startswith(prefix) or prefix.startswith(_node_prefix(p))
-        ]
+    def served_key(self, key: str) -> str | None:
+        return key
+
+    def serve(self, key: str, byte_range: RangeRequest | None) -> bytes | None:
+        """The bytes of object ``key`` (or a range of it), as they are; an index that zarr
+        reads (a suffix read of its declared size) and a shard read whole are checked first."""
+        check, inner = self.index, self.inner
+        if check is None:
+            return inner.get(key) if byte_range is None else inner.get_ranges([byte_range])[0]
+        if byte_range is None:  # a whole shard: one snapshot, its index checked
+            blob = inner.get(key)
+            if blob is not None:
+                check.validate(blob[max(0, len(blob) - check.tail_nbytes):], len(blob), key)
+            return blob
+        _, start, end = byte_range
+        if end is None and start == -check.served_nbytes:  # zarr reads the index
+            tail = inner.get_tails([(key, check.tail_nbytes)])[0]
+            if tail is None:
+                return None
+            size = tail.size if tail.size is not None else inner.size(key)
+            if size is None:
+                return None
+            check.validate(tail.data, size, key)
+            return tail.data[len(tail.data) - check.served_nbytes:] if len(tail.data) >= check.served_nbytes else tail.data
+        return inner.get_ranges([byte_range])[0]
+
+
+# --------------------------------------------------------------------------- the view
 
 
 class _Pickled:
@@ -367,9 +539,129 @@ class _Pickled:
         self._lock = threading.Lock()
 
 
-class _ReadOnlyView(_Pickled, Store):
-    """What both views share: construction from anything :func:`~sharding_store.hierarchy.inner_of`
-    accepts, equality by location, pickling, and refusing every write."""
+_Served = _ArrayReader | _StoredArray
+
+
+class _View(_Pickled):
+    """What the node model says about the v3 key space: documents (made once), and for each
+    array how its keys are served (immutable once built, but for the documents made)."""
+
+    def __init__(self, hierarchy: DraftHierarchy) -> None:
+        self.hierarchy = hierarchy
+        self.inner = inner = hierarchy.inner
+        self.nodes = hierarchy.nodes
+        self.doc_keys = {_doc_key(p): p for p in self.nodes}
+        #: documents of damaged nodes: reading one raises the node's error
+        self.damaged = {_doc_key(p): e for p, e in hierarchy.damaged.items()}
+        self.arrays: dict[str, _Served] = {}
+        for path, node in self.nodes.items():
+            if node.kind != "array":
+                continue
+            if node.meta is not None:
+                self.arrays[path] = _ArrayReader(inner, node.meta)
+            elif node.spelled is not None:
+                self.arrays[path] = _StoredArray(inner, path, node.spelled)
+        self._documents: dict[str, bytes] = {}
+        self._readings: dict[str, str | None] = {}
+        self._lock = threading.Lock()
+
+    def decided(self, path: str) -> _Served:
+        """The array at ``path``, its undeclared shard index decided (once; reads a shard)."""
+        served = self.arrays[path]
+        if path not in self._readings:
+            with self._lock:
+                if path not in self._readings:
+                    self._readings[path] = served.decide()
+        return served
+
+    def document(self, path: str) -> bytes:
+        """The v3 ``zarr.json`` of a node, made on first use (so one array that v3 cannot
+        express, or whose index cannot be decided, fails alone, naming it)."""
+        doc = self._documents.get(path)
+        if doc is None:
+            d = self._document(self.nodes[path])
+            doc = self._documents.setdefault(path, json.dumps(d, indent=2).encode())
+        return doc
+
+    def _document(self, node: Node) -> dict[str, Any]:
+        """A node's own final document where its generation spells one, else the translation
+        of its draft metadata (refusing what ``open_draft`` refuses: an unsharded array whose
+        objects are really shards, one tail read; and what zarr-python 3 could not read)."""
+        spelled = node.spelled
+        if node.kind != "array":
+            return spelled.document if spelled is not None else v3_group_document(node.attributes)
+        self.decided(node.path)
+        reading = self._readings[node.path]
+        if spelled is not None:
+            return spelled.document if reading is None else spelled.document_for(reading)  # type: ignore[arg-type]
+        meta = node.meta
+        assert meta is not None
+        d = v3_array_document(meta, index_codecs_checksum=False, index_location="end")
+        _check_zarr_reads(meta, d)
+        refuse_lost_transformer(self.inner, meta)
+        return d
+
+    def array_of(self, key: str) -> tuple[str, str] | None:
+        """``(array path, rest of the key)`` of a data key in an array's directory; None when
+        the deepest node above the key is no array (or damaged)."""
+        damaged = self.hierarchy.damaged
+        for path, rest in _splits(key):
+            if path in self.arrays:
+                return (path, rest) if rest != ZARR_JSON else None
+            if path in self.nodes or path in damaged:
+                return None
+        return None
+
+    def data_keys(self, key: str) -> tuple[str, tuple[str, ...]] | None:
+        """The array and the object(s) behind a served data key, most likely first."""
+        found = self.array_of(key)
+        if found is None:
+            return None
+        keys = self.arrays[found[0]].storage_keys(found[1])
+        return None if keys is None else (found[0], keys)
+
+    def arrays_touching(self, prefix: str) -> list[str]:
+        """Arrays that may hold data keys starting with ``prefix``."""
+        return [p for p in self.arrays if _node_prefix(p).startswith(prefix) or prefix.startswith(_node_prefix(p))]
+
+    def serve(self, pending: Sequence[tuple[str, tuple[str, ...], RangeRequest | None]]) -> list[bytes | None]:
+        """Each data request ``(array, objects, range)`` through its array; the second spelling
+        of a 0-d draft array's only key is tried when the first is missing."""
+        out: list[bytes | None] = []
+        for path, keys, r in pending:
+            served = self.decided(path)
+            value = None
+            for key in keys:
+                value = served.serve(key, None if r is None else (key, r[1], r[2]))
+                if value is not None:
+                    break
+            out.append(value)
+        return out
+
+    def listed(self, path: str) -> list[str]:
+        """The served data keys of one array's existing objects (one listing)."""
+        served = self.arrays[path]
+        keys = (served.served_key(k) for k in self.inner.list_prefix(served.list_prefix))
+        return [k for k in keys if k is not None and (self.array_of(k) or ("",))[0] == path]
+
+
+
+class DraftV3Store(_Pickled, Store):
+    """A draft-era hierarchy of any generation presented as final Zarr v3 (read-only,
+    nothing copied; see the module docstring).
+
+    ``store_or_url`` is anything :func:`sharding_store.hierarchy.inner_of` accepts: a
+    path/URL (with ``storage_options``), an ``fsspec.FSMap``, a mapping, an inner
+    adapter, a :class:`~sharding_store.ShardingStore`, or a zarr-python 3 ``Store``.
+    Reads go through the store interface (and the shard engine) in worker threads
+    (``asyncio.to_thread``), so concurrent chunk reads overlap and the loop never blocks.
+
+    The node documents are read once (2022: the draft metadata; a per-node hierarchy: one
+    walk) and kept; listing keys reads no data object. A damaged node is left out of the
+    view (its document, and :func:`open_v3` on it, raise its error naming it); the other
+    nodes read. The store pickles (for dask) when the store below does: fsspec filesystems
+    pickle by their storage options; the cached metadata travels along.
+    """
 
     def __init__(
         self,
@@ -473,16 +765,13 @@ class _ReadOnlyView(_Pickled, Store):
 
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
-    ) -> list[Buffer | None]:
+    ) -> builtins.list[Buffer | None]:
         requests = list(key_ranges)
         for key, byte_range in requests:
             _as_range(key, byte_range)
         values = await self._read(requests)
         proto = prototype or default_buffer_prototype()
         return [None if v is None else proto.buffer.from_bytes(v) for v in values]
-
-    async def _read(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        raise NotImplementedError
 
     async def list(self) -> AsyncIterator[str]:
         for key in await self._list_prefix(""):
@@ -492,30 +781,12 @@ class _ReadOnlyView(_Pickled, Store):
         for key in await self._list_prefix(prefix):
             yield key
 
-    async def _list_prefix(self, prefix: str) -> builtins.list[str]:  # ``list``: the method above
-        raise NotImplementedError
-
-
-class DraftV3Store(_ReadOnlyView):
-    """A draft-era hierarchy presented as final Zarr v3 (read-only, nothing copied).
-
-    ``store_or_url`` is anything :func:`sharding_store.hierarchy.inner_of` accepts: a
-    path/URL (with ``storage_options``), an ``fsspec.FSMap``, a mapping, an inner
-    adapter, a :class:`~sharding_store.ShardingStore`, or a zarr-python 3 ``Store``.
-    Reads go through the store interface (and the shard engine) in worker threads
-    (``asyncio.to_thread``), so concurrent chunk reads overlap and the loop never blocks.
-
-    The store pickles (for dask) when the store below does: fsspec filesystems
-    pickle by their storage options; the cached metadata travels along.
-    """
-
-    # ------------------------------------------------------------ metadata cache
+    # ------------------------------------------------------------ the node model
     def _load_view(self) -> _View:
-        """Read the draft metadata once (synchronous: call from a thread or sync code)."""
+        """Read the node documents once (synchronous: call from a thread or sync code)."""
         with self._lock:
             if self._view is None:
-                raw = self.__dict__.pop("_entry_point", _UNREAD)  # read by open_v3 already: used once
-                self._view = _View(DraftHierarchy(self._inner, location=self._source, strict=False, entry_point=raw))
+                self._view = _View(node_model(self._inner, location=self._source))
             return self._view
 
     async def _get_view(self) -> _View:
@@ -525,427 +796,17 @@ class DraftV3Store(_ReadOnlyView):
         return view
 
     def hierarchy(self) -> DraftHierarchy:
-        """The draft hierarchy behind this view (loaded on first use, then cached)."""
+        """The node model behind this view (loaded on first use, then cached)."""
         return self._load_view().hierarchy
-
-    async def _open(self) -> None:
-        await super()._open()
-        await self._get_view()  # a store without a draft hierarchy fails here, clearly
-
-    async def _read(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
-        """Metadata from the cache, chunks through the array's reader (in a worker thread)."""
-        view = await self._get_view()
-        out: list[bytes | None] = [None] * len(requests)
-        pending: list[tuple[int, str, tuple[str, ...], RangeRequest | None]] = []
-        for i, (key, byte_range) in enumerate(requests):
-            path = view.metadata_path(key)
-            if path is not None:
-                doc = await self._document(view, path)
-                r = _as_range(key, byte_range)
-                out[i] = doc if r is None else slice_range(doc, r[1], r[2])
-                continue
-            found = view.draft_keys(key)
-            if found is not None:
-                array, draft_keys = found
-                pending.append((i, array, draft_keys, _as_range(draft_keys[0], byte_range)))
-        if pending:
-            values = await asyncio.to_thread(self._serve, view, pending)
-            for (i, _, _, _), value in zip(pending, values):
-                out[i] = value
-        return out
-
-    @staticmethod
-    async def _document(view: _View, path: str) -> bytes:
-        doc = view.cached_document(path)
-        if doc is None:  # translating an array may read (the lost-transformer probe): off the loop
-            doc = await asyncio.to_thread(view.document, path)
-        return doc
-
-    @staticmethod
-    def _serve(view: _View, pending: Sequence[tuple[int, str, tuple[str, ...], RangeRequest | None]]) -> list[bytes | None]:
-        """Each chunk request through its array's reader; a 0-d array's second spelling of
-        its only key is tried when the first is missing."""
-        out: list[bytes | None] = []
-        for _, array, draft_keys, r in pending:
-            reader = view.readers[array]
-            value = None
-            for draft_key in draft_keys:
-                value = reader.serve(draft_key, None if r is None else (draft_key, r[1], r[2]))
-                if value is not None:
-                    break
-            out.append(value)
-        return out
-
-    async def exists(self, key: str) -> bool:
-        view = await self._get_view()
-        if view.metadata_path(key) is not None:
-            return True
-        found = view.draft_keys(key)
-        for draft_key in () if found is None else found[1]:
-            if await asyncio.to_thread(self._inner.exists, draft_key):
-                return True
-        return False
-
-    async def getsize(self, key: str) -> int:
-        view = await self._get_view()
-        path = view.metadata_path(key)
-        if path is not None:
-            return len(await self._document(view, path))
-        found = view.draft_keys(key)
-        for draft_key in () if found is None else found[1]:
-            size = await asyncio.to_thread(self._inner.size, draft_key)
-            if size is not None:
-                return size
-        raise FileNotFoundError(key)
-
-    # ------------------------------------------------------------------- listing
-    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
-        """Names directly below ``prefix``: metadata gives the nodes; chunk keys are
-        listed only for an array whose own key space ``prefix`` is in."""
-        view = await self._get_view()
-        prefix = prefix.rstrip("/")
-        base = _node_prefix(prefix)
-        names = {k[len(base) :].split("/")[0] for k in view.metadata_keys() if k.startswith(base)}
-        for path in view.layouts:
-            if base.startswith(_node_prefix(path)):
-                keys = await self._array_chunk_keys(view, path)
-                names.update(k[len(base) :].split("/")[0] for k in keys if k.startswith(base))
-        for name in sorted(names):
-            yield name
-
-    async def _list_prefix(self, prefix: str) -> list[str]:
-        view = await self._get_view()
-        keys = [k for k in view.metadata_keys() if k.startswith(prefix)]
-        for path in view.arrays_touching(prefix):
-            keys += [k for k in await self._array_chunk_keys(view, path) if k.startswith(prefix)]
-        return sorted(set(keys))
-
-    async def _array_chunk_keys(self, view: _View, path: str) -> list[str]:
-        """The v3 chunk keys of one array's existing draft objects."""
-        prefix = view.layouts[path].prefix
-        draft = await asyncio.to_thread(lambda: list(self._inner.list_prefix(prefix)))
-        v3 = (view.v3_chunk_key_of(path, k) for k in draft)
-        return [k for k in v3 if k is not None]
-
-
-
-# --------------------------------------------------------------------------- the 2023 generation
-
-
-@dataclass(frozen=True)
-class _IndexCheck:
-    """How the view checks the shard indices of one sharded array of the 2023 generation.
-
-    ``checksum``: whether the served document declares a CRC32C after the index; ``reading``:
-    for an index the source document did not declare, the reading the shard bytes decided
-    (every shard served must read the same way), else None (declared: the index is
-    validated as declared)."""
-
-    path: str
-    cps: Coords
-    checksum: bool
-    reading: str | None
-
-    @property
-    def n(self) -> int:
-        return math.prod(self.cps)
-
-    @property
-    def served_nbytes(self) -> int:
-        """The index size zarr asks for (what the served document declares)."""
-        return index_nbytes(self.cps, self.checksum)
-
-    @property
-    def tail_nbytes(self) -> int:
-        """The bytes read from a shard's end to check its index (an undeclared index: enough
-        for both readings)."""
-        return index_nbytes(self.cps, True) if self.reading is not None else self.served_nbytes
-
-    def validate(self, tail: bytes, size: int, key: str) -> None:
-        """Raise :class:`ShardCorruptError` naming ``key`` unless the end ``tail`` of the shard
-        (``size`` bytes in all) holds a valid index read as the served document says."""
-        if self.reading is None:
-            nbytes = self.served_nbytes
-            if size < nbytes or len(tail) < nbytes:
-                raise ShardCorruptError(f"{key}: shorter ({size} bytes) than its {nbytes}-byte shard index", key=key)
-            ShardIndex.from_bytes(tail[len(tail) - nbytes:], self.cps, checksum=self.checksum, key=key,
-                                  payload_limit=size - nbytes)
-            return
-        found = index_reading(tail, self.cps, size, key=key)  # neither reading: ShardCorruptError
-        if found == self.reading:
-            return
-        if self.reading == "plain" and found == "crc32c-hidden":
-            body = ENTRY_NBYTES * self.n  # both readings hold with the same chunks: the plain one is right
-            try:
-                ShardIndex.from_bytes(tail[len(tail) - body:], self.cps, key=key, payload_limit=size - body)
-                return
-            except ShardCorruptError:
-                pass
-        raise ShardCorruptError(
-            f"{key}: array '{self.path or '/'}' declares no index_codecs and its shards disagree: this shard's index "
-            f"reads as {found!r}, the array's first shard as {self.reading!r}; refusing to guess",
-            key=key,
-        )
-
-
-def _sharding_config(doc: dict[str, Any]) -> dict[str, Any] | None:
-    """The configuration of a ``sharding_indexed`` whose index the stored objects carry as
-    they are: the only codec. After a bytes->bytes codec the index is inside an encoded
-    object (valid v1.0): its objects are passed through and zarr decodes and checks them."""
-    codecs = doc.get("codecs") or []
-    first = codecs[0] if len(codecs) == 1 else None
-    if isinstance(first, dict) and first.get("name") == "sharding_indexed":
-        return first["configuration"]
-    return None
-
-
-def _origin_key(doc: dict[str, Any]) -> str:
-    """The key (relative to the array) of the first chunk of the grid of a final array document."""
-    cke = doc["chunk_key_encoding"]
-    ndim = len(doc["shape"])
-    default = cke["name"] == "default"
-    sep = (cke.get("configuration") or {}).get("separator", "/" if default else ".")
-    coords = sep.join("0" * ndim)
-    if default:
-        return "c" + (sep + coords if ndim else "")
-    return coords if ndim else "0"
-
-
-def _checkable_index(cfg: dict[str, Any]) -> bool | None:
-    """Whether a declared index chain is the plain little-endian table (with a CRC32C: True,
-    without: False) at the end of the shard, which the view validates; None otherwise (zarr
-    reads it as declared)."""
-    codecs = cfg.get("index_codecs") or []
-    names = [c if isinstance(c, str) else c.get("name") for c in codecs]
-    if cfg.get("index_location", "end") != "end" or names not in (["bytes"], ["bytes", "crc32c"]):
-        return None
-    first = codecs[0]
-    if not isinstance(first, dict) or (first.get("configuration") or {}).get("endian") != "little":
-        return None
-    return names[-1] == "crc32c"
-
-
-class _View2023(_Pickled):
-    """What the node documents of a 2023 hierarchy say (one walk; documents normalised once)."""
-
-    def __init__(self, inner: Inner, walk: V3Walk) -> None:
-        self.inner = inner
-        self.normalised: dict[str, meta2023.Normalised] = {}
-        self.damaged: dict[str, DraftMetadataError] = {}
-        for node in walk.nodes:
-            try:
-                self.normalised[node.path] = meta2023.normalise_node(node.raw, node.key)
-            except DraftMetadataError as e:
-                self.damaged[node.path] = e
-        self.implicit = [p for p in walk.implicit if p not in self.normalised and p not in self.damaged]
-        self.arrays = {p: n for p, n in self.normalised.items() if n.node_type == "array"}
-        self.doc_keys = {_node_prefix(p) + ZARR_JSON: p for p in [*self.normalised, *self.implicit]}
-        self._documents: dict[str, bytes] = {}
-        self._checks: dict[str, _IndexCheck | None] = {}
-        self._lock = threading.Lock()
-
-    def document(self, path: str) -> bytes:
-        """The final ``zarr.json`` of a node (an undeclared shard index decided on first use)."""
-        doc = self._documents.get(path)
-        if doc is not None:
-            return doc
-        with self._lock:
-            doc = self._documents.get(path)
-            if doc is None:
-                norm = self.normalised.get(path)
-                if norm is None:  # an implicit group
-                    d: dict[str, Any] = {"zarr_format": 3, "node_type": "group", "attributes": {}}
-                    self._checks[path] = None
-                else:
-                    d = self._decide(path, norm)
-                doc = self._documents[path] = json.dumps(d, indent=2).encode()
-        return doc
-
-    def _decide(self, path: str, norm: meta2023.Normalised) -> dict[str, Any]:
-        """The served document of a node, and how its shard indices are checked."""
-        doc = norm.document
-        cfg = _sharding_config(doc) if norm.node_type == "array" else None
-        if cfg is None:
-            if norm.hidden_checksum is None:  # undeclared index inside an encoded shard: undecidable
-                key = _node_prefix(path) + ZARR_JSON
-                raise DraftMetadataError(f"{key}: a shard index without index_codecs behind another codec cannot "
-                                         "be decided from the bytes", key=key)
-            self._checks[path] = None
-            return doc
-        grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
-        cps = tuple(g // c for g, c in zip(grid, cfg["chunk_shape"]))
-        if norm.hidden_checksum is not None:
-            checksum = _checkable_index(cfg)
-            self._checks[path] = None if checksum is None else _IndexCheck(path, cps, checksum, None)
-            return doc
-        if cfg.get("index_location") != "end":
-            key = _node_prefix(path) + ZARR_JSON
-            raise DraftMetadataError(f"{key}: an undeclared shard index must be at the end to be decided from the bytes",
-                                     key=key)
-        reading = self._first_reading(path, doc, math.prod(cps))
-        served = "plain" if reading == "plain" else "crc32c-hidden"  # no shard yet: as migrate declares
-        self._checks[path] = _IndexCheck(path, cps, served == "crc32c-hidden", served)
-        return norm.document_for(served)  # type: ignore[arg-type]
-
-    def _first_reading(self, path: str, doc: dict[str, Any], n: int) -> str:
-        """The reading of the first shard whose tail decides (``"none"``: no shard): the grid's
-        first shard if it exists (no listing), else the array's objects as listed. Objects that
-        decide nothing are passed over (at most :data:`DECIDE_TRIES`); every other shard is
-        checked when it is served. ShardCorruptError (the first one's) when none decides."""
-        prefix = _node_prefix(path)
-        origin = prefix + _origin_key(doc)
-
-        def listed() -> Iterator[str]:  # listed only if the grid's first shard decides nothing
-            yield from (k for k in self.inner.list_prefix(prefix) if k not in (prefix + ZARR_JSON, origin))
-
-        first_error: ShardCorruptError | None = None
-        tries = 0
-        for key in itertools.chain([origin], listed()):
-            try:
-                reading = decide_reading(self.inner, path, [(key, None)], n, skip_absent=True)
-            except ShardCorruptError as e:
-                first_error = first_error or e
-                tries += 1
-                if tries >= DECIDE_TRIES:
-                    break
-                continue
-            if reading != "none":  # "none": the object is absent
-                return reading
-        if first_error is not None:
-            raise first_error
-        return "none"
-
-    def check(self, path: str) -> _IndexCheck | None:
-        if path not in self._checks:
-            self.document(path)
-        return self._checks[path]
-
-    def array_of(self, key: str) -> str | None:
-        """The array whose directory holds data key ``key`` (None: no array's)."""
-        for path, rest in _View._splits(key):
-            if path in self.arrays:
-                return path if rest and rest != ZARR_JSON else None
-            if path in self.damaged:
-                return None
-        return None
-
-    def serve(self, key: str, byte_range: RangeRequest | None) -> bytes | None:
-        """The bytes of data object ``key`` (or a range of it), as they are; an index that zarr
-        reads (a suffix read of its declared size) and a shard read whole are checked first."""
-        path = self.array_of(key)
-        if path is None:
-            return None
-        check = self.check(path)
-        inner = self.inner
-        if check is None:
-            return inner.get(key) if byte_range is None else inner.get_ranges([byte_range])[0]
-        if byte_range is None:  # a whole shard: one snapshot, its index checked
-            blob = inner.get(key)
-            if blob is not None:
-                check.validate(blob[max(0, len(blob) - check.tail_nbytes):], len(blob), key)
-            return blob
-        _, start, end = byte_range
-        if end is None and start == -check.served_nbytes:  # zarr reads the index
-            tail = inner.get_tails([(key, check.tail_nbytes)])[0]
-            if tail is None:
-                return None
-            size = tail.size if tail.size is not None else inner.size(key)
-            if size is None:
-                return None
-            check.validate(tail.data, size, key)
-            return tail.data[len(tail.data) - check.served_nbytes:] if len(tail.data) >= check.served_nbytes else tail.data
-        return inner.get_ranges([byte_range])[0]
-
-
-#: objects an undeclared shard index is decided from at most, before the view gives up
-DECIDE_TRIES = 4
-
-
-class _ReadCache:
-    """Remembers what the generation check reads (documents, listings), so that the walk that
-    follows is served from memory: every node document is read once."""
-
-    def __init__(self, inner: Inner) -> None:
-        self._inner = inner
-        self._gets: dict[str, bytes | None] = {}
-        self._dirs: dict[str, tuple[list[str], list[str]]] = {}
-
-    def get(self, key: str) -> bytes | None:
-        if key not in self._gets:
-            self._gets[key] = self._inner.get(key)
-        return self._gets[key]
-
-    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
-        if prefix not in self._dirs:
-            self._dirs[prefix] = self._inner.list_dir(prefix)
-        return self._dirs[prefix]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-def _walk_2023(inner: Inner, raw: bytes | None) -> V3Walk | None:
-    """The walk of a 2023-generation hierarchy in ``inner`` (``raw``: its root ``zarr.json``,
-    None: absent), or None when the store is of another generation (a mixed one raises
-    :class:`DraftMetadataError` naming the first node of the other generation)."""
-    cached = _ReadCache(inner)
-    generation, _ = detect_generation(cached, raw)
-    if generation is not Generation.DRAFT_2023:
-        return None
-    return walk_v3_nodes(cached, raw)
-
-
-class Draft2023V3Store(_ReadOnlyView):
-    """A store of the 2023 intermediate generation presented as final Zarr v3 (read-only).
-
-    Every node's ``zarr.json`` is served in the v1.0 spelling (:func:`meta2023.normalise_node`,
-    the one translation); a group without a document (the root included) is served a group
-    document; data objects are served byte for byte under their own keys (they already are
-    v1.0 binary). A ``sharding_indexed`` codec whose document declares no ``index_codecs`` is
-    decided from the bytes of the array's first shard (:func:`~sharding_store.inspect.decide_reading`):
-    zarrita's undeclared CRC32C after each index (May-July 2023) is declared as
-    ``index_codecs [bytes little, crc32c]``, a plain index as ``[bytes little]``. Every shard
-    index zarr reads through the view (a suffix read, or a shard read whole) is checked first:
-    an index that fits neither reading, or reads otherwise than the first shard's, raises
-    :class:`ShardCorruptError` naming the key (never a guess); a declared plain little-endian
-    index is validated against the object's size. Chunk payloads are not decoded by the view
-    (zarr decodes them).
-
-    The node documents are read once (one walk: :func:`~sharding_store.hierarchy.walk_v3_nodes`)
-    and kept; listing keys reads no data object. A damaged node document is left out of the
-    view (:func:`open_v3` on it raises its :class:`DraftMetadataError`); the other nodes read.
-    """
-
-    def _load_view(self) -> _View2023:
-        with self._lock:
-            if self._view is None:
-                walk = self.__dict__.pop("_walk", None)  # the walk open_v3 made: used once
-                if walk is None:
-                    walk = _walk_2023(self._inner, self._inner.get(ZARR_JSON))
-                if walk is None:  # another generation: say which, as the 2022 view does
-                    draft_entry_point(self._inner, self._inner.get(ZARR_JSON), self._source)
-                    raise StoreNotFoundError(f"{self._source}: not a hierarchy of the 2023 generation", key=ZARR_JSON)
-                self._view = _View2023(self._inner, walk)
-            return self._view
-
-    async def _get_view(self) -> _View2023:
-        view = self._view
-        if view is None:
-            view = await asyncio.to_thread(self._load_view)
-        return view
 
     def node_kind(self, path: str) -> str:
         """``"array"`` or ``"group"`` for the node at ``path``; its error when it is damaged,
         StoreNotFoundError when there is none."""
-        view = self._load_view()
-        path = dm.normalize_path(path)
-        if path in view.damaged:
-            raise view.damaged[path]
-        if path in view.arrays:
-            return "array"
-        if path in view.normalised or path in view.implicit:
-            return "group"
-        raise StoreNotFoundError(f"no array or group at '{path or '/'}'", key=path)
+        h = self.hierarchy()
+        damaged = h.damaged.get(path.strip("/"))
+        if damaged is not None:  # an unreadable document: say why, rather than "not found"
+            raise damaged
+        return h.node(path).kind
 
     def document(self, path: str) -> dict[str, Any]:
         """The final ``zarr.json`` the view serves for the node at ``path``."""
@@ -954,25 +815,30 @@ class Draft2023V3Store(_ReadOnlyView):
 
     async def _open(self) -> None:
         await super()._open()
-        await self._get_view()
+        await self._get_view()  # a store without a draft hierarchy fails here, clearly
 
-    async def _read(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> list[bytes | None]:
+    async def _read(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> builtins.list[bytes | None]:
+        """Documents from the cache, data through the array's reader (in a worker thread)."""
         view = await self._get_view()
-        out: list[bytes | None] = [None] * len(requests)
-        pending: list[tuple[int, str, RangeRequest | None]] = []
+        out: builtins.list[bytes | None] = [None] * len(requests)
+        pending: builtins.list[tuple[int, str, tuple[str, ...], RangeRequest | None]] = []
         for i, (key, byte_range) in enumerate(requests):
             r = _as_range(key, byte_range)
             path = view.doc_keys.get(key)
             if path is not None:
                 doc = view._documents.get(path)
-                if doc is None:  # deciding an undeclared index reads a shard: off the loop
+                if doc is None:  # translating or deciding may read (a shard's tail): off the loop
                     doc = await asyncio.to_thread(view.document, path)
                 out[i] = doc if r is None else slice_range(doc, r[1], r[2])
-            else:  # a data key (array_of: None for a key in no array's directory)
-                pending.append((i, key, r))
+                continue
+            if key in view.damaged:  # a damaged node, reached by its key: its own error
+                raise view.damaged[key]
+            found = view.data_keys(key)
+            if found is not None:
+                pending.append((i, found[0], found[1], r))
         if pending:
-            values = await asyncio.to_thread(lambda: [view.serve(k, r) for _, k, r in pending])
-            for (i, _, _), value in zip(pending, values):
+            values = await asyncio.to_thread(view.serve, [p[1:] for p in pending])
+            for (i, _, _, _), value in zip(pending, values):
                 out[i] = value
         return out
 
@@ -980,91 +846,72 @@ class Draft2023V3Store(_ReadOnlyView):
         view = await self._get_view()
         if key in view.doc_keys:
             return True
-        if view.array_of(key) is None:
-            return False
-        return await asyncio.to_thread(self._inner.exists, key)
+        found = view.data_keys(key)
+        for draft_key in () if found is None else found[1]:
+            if await asyncio.to_thread(self._inner.exists, draft_key):
+                return True
+        return False
 
     async def getsize(self, key: str) -> int:
         view = await self._get_view()
         path = view.doc_keys.get(key)
         if path is not None:
             return len(await asyncio.to_thread(view.document, path))
-        size = None if view.array_of(key) is None else await asyncio.to_thread(self._inner.size, key)
-        if size is None:
-            raise FileNotFoundError(key)
-        return size
+        found = view.data_keys(key)
+        for draft_key in () if found is None else found[1]:
+            size = await asyncio.to_thread(self._inner.size, draft_key)
+            if size is not None:
+                return size
+        raise FileNotFoundError(key)
 
-    async def _list_prefix(self, prefix: str) -> list[str]:
-        view = await self._get_view()
-        keys = [k for k in view.doc_keys if k.startswith(prefix)]
-        for path in view.arrays:
-            base = _node_prefix(path)
-            if base.startswith(prefix) or prefix.startswith(base):
-                listed = await asyncio.to_thread(lambda: list(self._inner.list_prefix(base)))
-                keys += [k for k in listed if k.startswith(prefix) and view.array_of(k) == path]
-        return sorted(set(keys))
-
+    # ------------------------------------------------------------------- listing
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
-        """Names directly below ``prefix``: the documents give the nodes (no listing); an
-        array's own directory is listed from the store."""
+        """Names directly below ``prefix``: the documents give the nodes (no listing); data
+        keys are listed only for an array whose own key space ``prefix`` is in."""
         view = await self._get_view()
         base = _node_prefix(prefix.rstrip("/"))
-        names = {k[len(base):].split("/")[0] for k in view.doc_keys if k.startswith(base)}
+        names = {k[len(base) :].split("/")[0] for k in view.doc_keys if k.startswith(base)}
         for path in view.arrays:
             if base.startswith(_node_prefix(path)):
-                keys, prefixes = await asyncio.to_thread(self._inner.list_dir, base)
-                names.update(k[len(base):] for k in keys if view.array_of(k) == path)
-                names.update(p[len(base):].rstrip("/") for p in prefixes)
+                keys = await asyncio.to_thread(view.listed, path)
+                names.update(k[len(base) :].split("/")[0] for k in keys if k.startswith(base))
         for name in sorted(names):
             yield name
 
+    async def _list_prefix(self, prefix: str) -> builtins.list[str]:
+        view = await self._get_view()
+        keys = [k for k in view.doc_keys if k.startswith(prefix)]
+        for path in view.arrays_touching(prefix):
+            keys += [k for k in await asyncio.to_thread(view.listed, path) if k.startswith(prefix)]
+        return sorted(set(keys))
+
+
+#: the name the 2023 generation's view had: there is one view for every generation
+Draft2023V3Store = DraftV3Store
+
+
 def open_v3(store_or_url: Any, path: str = "", *, storage_options: Mapping[str, Any] | None = None) -> Any:
-    """Open the node at ``path`` of a draft-era store as a read-only zarr-python 3
-    ``Array`` or ``Group``, reading the objects in place: a 2022 store through
-    :class:`DraftV3Store`, a store of the 2023 intermediate generation through
-    :class:`Draft2023V3Store` (the generation is told from the documents).
+    """Open the node at ``path`` of a draft-era store of any generation as a read-only
+    zarr-python 3 ``Array`` or ``Group``, reading the objects in place through
+    :class:`DraftV3Store`.
 
     Raises StoreNotFoundError if there is no draft hierarchy or no node at ``path``,
     DraftMetadataError (naming the node) for a damaged document, a hierarchy mixing
-    generations or an array v3 cannot express, and ShardCorruptError for a 2023 shard index
+    generations or an array v3 cannot express, and ShardCorruptError for a shard index
     that cannot be decided.
     """
     import zarr
 
-    if isinstance(store_or_url, (DraftV3Store, Draft2023V3Store)):
-        store: Any = store_or_url
-    else:
-        store = _view_of(store_or_url, storage_options)
-    if isinstance(store, Draft2023V3Store):
-        if store.node_kind(path) == "array":
-            store.document(path)  # an undecidable index fails here, naming its shard
-            return zarr.open_array(store=store, path=dm.normalize_path(path), mode="r", zarr_format=3)
-        return zarr.open_group(store=store, path=dm.normalize_path(path), mode="r", zarr_format=3,
-                               use_consolidated=False)
-    hierarchy = store.hierarchy()
-    damaged = hierarchy.damaged.get(dm.normalize_path(path))
-    if damaged is not None:  # an unreadable document: say why, rather than "not found"
-        raise damaged
-    node = hierarchy.node(path)
-    if node.kind == "array":
-        store._load_view().document(node.path)  # refuses what open_draft refuses, naming it
-        return zarr.open_array(store=store, path=node.path, mode="r", zarr_format=3)
-    return zarr.open_group(store=store, path=node.path, mode="r", zarr_format=3, use_consolidated=False)
+    store = store_or_url if isinstance(store_or_url, DraftV3Store) else _view_of(store_or_url, storage_options)
+    if store.node_kind(path) == "array":
+        store.document(path)  # refuses what open_draft refuses, or an undecidable index, naming it
+        return zarr.open_array(store=store, path=dm.normalize_path(path), mode="r", zarr_format=3)
+    return zarr.open_group(store=store, path=dm.normalize_path(path), mode="r", zarr_format=3, use_consolidated=False)
 
 
-def _view_of(store_or_url: Any, storage_options: Mapping[str, Any] | None) -> DraftV3Store | Draft2023V3Store:
-    """The view for the store's generation, reading its root ``zarr.json`` once (and, for a
-    per-node hierarchy, each node document once)."""
-    inner = inner_of(store_or_url, storage_options)
-    raw = inner.get(ZARR_JSON)
-    walk = None
-    if raw is None or meta2023.classify_node(raw) in ("final", "2023"):
-        walk = _walk_2023(inner, raw)
-    cls = Draft2023V3Store if walk is not None else DraftV3Store
-    store = cls(inner)
-    store._source = _ReadOnlyView._describe(store_or_url)
-    if walk is not None:
-        store._walk = walk  # type: ignore[union-attr]
-    else:
-        store._entry_point = raw  # type: ignore[union-attr]
+def _view_of(store_or_url: Any, storage_options: Mapping[str, Any] | None) -> DraftV3Store:
+    """The view of anything :func:`~sharding_store.hierarchy.inner_of` accepts, described
+    (in errors and ``repr``) as the caller gave it."""
+    store = DraftV3Store(inner_of(store_or_url, storage_options))
+    store._source = DraftV3Store._describe(store_or_url)
     return store

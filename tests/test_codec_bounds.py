@@ -91,12 +91,14 @@ def test_the_bombs_are_valid_streams():
 
 # --------------------------------------------------------------------------- end to end
 
-CHILD = r"""
+CHILD_HEAD = r"""
 import json, resource, sys
 cap = int(sys.argv[1])
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 result = {}
 try:
+"""
+CHILD_BODY = r"""
     if sys.argv[2] == "read":
         from sharding_store import ChunkDecodeError, open_draft
         try:
@@ -112,6 +114,8 @@ try:
         except SystemExit as e:
             result["exit"] = e.code
         result["outcome"] = "info"
+"""
+CHILD_TAIL = r"""
 except BaseException as e:
     result.update(outcome=type(e).__name__, message=str(e)[:300])
 # the peak resident set of this process image: /proc's VmHWM starts afresh at exec, while
@@ -128,8 +132,16 @@ print("RESULT " + json.dumps(result), flush=True)
 
 
 def run_child(tmp_path: Path, *args: str) -> dict:
+    return run_child_script(tmp_path, CHILD_BODY, *args)
+
+
+def run_child_script(tmp_path: Path, body: str, *args: str) -> dict:
+    """Run ``body`` (statements indented by 4, filling ``result``; ``sys.argv[2:]`` are
+    ``args``) in a child under the address-space cap; its ``result`` with ``maxrss_mb``."""
+    import textwrap
+
     script = tmp_path / "child.py"
-    script.write_text(CHILD)
+    script.write_text(CHILD_HEAD + textwrap.indent(textwrap.dedent(body), "    ") + CHILD_TAIL)
     proc = subprocess.run(
         [sys.executable, str(script), str(CHILD_ADDRESS_SPACE), *args],
         capture_output=True, text=True, timeout=300, env={**os.environ, "SHARDING_STORE_DEBUG": "1"},

@@ -138,13 +138,13 @@ class _AlwaysChanged:
         self._inner = inner
         self.range_reads = 0
 
-    def get_ranges(self, requests, versions=None):  # noqa: ANN001, ANN201
+    def get_ranges(self, requests, versions=None):
         if versions is not None:
             self.range_reads += 1
             raise errors.ObjectChangedError(f"{requests[0][0]}: changed", key=requests[0][0])
         return self._inner.get_ranges(requests)
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         return getattr(self._inner, name)
 
 
