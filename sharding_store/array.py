@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 import numcodecs
 import numpy as np
@@ -1320,45 +1320,70 @@ def _int_or_tuple(value: int | Sequence[int]) -> int | tuple[int, ...]:
     return int(value) if isinstance(value, (int, np.integer)) else tuple(int(v) for v in value)
 
 
+class _RequiredArrayKeywords(TypedDict):
+    shape: int | Sequence[int]
+    chunks: int | Sequence[int]
+    dtype: Any
+
+
+class DraftArrayKeywords(_RequiredArrayKeywords, total=False):
+    """The array keywords of :func:`create_draft_array`, named as zarr 2.18's ``create()``."""
+
+    chunks_per_shard: int | Sequence[int] | None
+    compressor: Codec | None
+    fill_value: Any
+    order: str
+    dimension_separator: str
+    filters: Sequence[Codec] | None
+    attrs: dict[str, Any] | None
+
+
+#: zarr 2.18's defaults for the optional keywords of :class:`DraftArrayKeywords`
+_ARRAY_DEFAULTS: dict[str, Any] = {"chunks_per_shard": None, "compressor": DEFAULT_COMPRESSOR, "fill_value": 0,
+                                   "order": "C", "dimension_separator": "/", "filters": None, "attrs": None}
+
+
+def draft_array_spec(path: str, given: Mapping[str, Any]) -> dm.DraftArraySpec:
+    """zarr 2.18's ``create()`` keywords (``given``) as the spec of the array at ``path``;
+    an unknown or missing keyword is refused as Python refuses one (:class:`TypeError`)."""
+    for name in given:
+        if name not in DraftArrayKeywords.__annotations__:
+            raise TypeError(f"create_draft_array() got an unexpected keyword argument {name!r}")
+    for name in DraftArrayKeywords.__required_keys__:
+        if name not in given:
+            raise TypeError(f"create_draft_array() missing required keyword argument: {name!r}")
+    kw = {**_ARRAY_DEFAULTS, **given}
+    cps = kw["chunks_per_shard"]
+    return dm.DraftArraySpec(
+        path=path, shape=_int_or_tuple(kw["shape"]), chunks=_int_or_tuple(kw["chunks"]), dtype=kw["dtype"],
+        compressor=kw["compressor"], fill_value=kw["fill_value"], order=kw["order"],
+        separator=kw["dimension_separator"], filters=None if kw["filters"] is None else tuple(kw["filters"]),
+        attributes=kw["attrs"],
+        chunks_per_shard=None if cps is None else _int_or_tuple(cps),
+    )
+
+
 def create_draft_array(
     store_or_url: Any,
     path: str = "",
     *,
-    shape: int | Sequence[int],
-    chunks: int | Sequence[int],
-    dtype: Any,
-    chunks_per_shard: int | Sequence[int] | None = None,
-    compressor: Codec | None = DEFAULT_COMPRESSOR,
-    fill_value: Any = 0,
-    order: str = "C",
-    dimension_separator: str = "/",
-    filters: Sequence[Codec] | None = None,
-    attrs: dict[str, Any] | None = None,
     overwrite: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     write_empty_chunks: bool = True,
+    **array: Unpack[DraftArrayKeywords],
 ) -> DraftArray:
     """Create an array exactly as zarr-python 2.18's ``zarr.create(..., zarr_version=3)`` would.
 
-    The metadata document is byte-identical to 2.18's; no chunk is written (reads give
-    the fill value). An existing node is refused unless ``overwrite``, which removes it
-    and everything below it first.
+    ``array``: zarr 2.18's keywords (:class:`DraftArrayKeywords`: ``shape``, ``chunks``,
+    ``dtype`` required; ``chunks_per_shard``, ``compressor``, ``fill_value``, ``order``,
+    ``dimension_separator``, ``filters``, ``attrs`` with 2.18's defaults). The metadata
+    document is byte-identical to 2.18's; no chunk is written (reads give the fill value).
+    An existing node is refused unless ``overwrite``, which removes it and everything
+    below it first.
     """
     inner = inner_of(store_or_url, storage_options)
     path = dm.normalize_path(path)
-    meta = dm.draft_array_document(
-        path=path,
-        shape=_int_or_tuple(shape),
-        chunks=_int_or_tuple(chunks),
-        dtype=dtype,
-        compressor=compressor,
-        fill_value=fill_value,
-        order=order,
-        separator=dimension_separator,
-        filters=None if filters is None else tuple(filters),
-        attributes=attrs,
-        chunks_per_shard=None if chunks_per_shard is None else _int_or_tuple(chunks_per_shard),
-    )
+    meta = dm.draft_array_document(draft_array_spec(path, array))
     suffix = _prepare_node(inner, path, overwrite)
     inner.set(dm.array_meta_key(path, suffix), dm.encode_array_metadata(meta))
     return DraftArray(inner, meta, read_only=False, write_empty_chunks=write_empty_chunks)

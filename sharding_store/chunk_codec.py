@@ -752,61 +752,77 @@ def span_decoder(meta: DraftArrayMeta) -> SpanDecoder | None:
     if batch is not None:
         return batch
     if comp is None:
-        memmove = _native.memmove
-
-        def raw(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
-            failed = [i for i, n in zip(rows, sizes) if n != nbytes]
-            if failed:
-                kept = [(i, o, n) for i, o, n in zip(rows, offsets, sizes) if n == nbytes]
-                rows, offsets, sizes = [t[0] for t in kept], [t[1] for t in kept], [t[2] for t in kept]
-            for r0, _, o0, length in _runs(rows, offsets, sizes):
-                memmove(dst + r0 * nbytes, address + o0, length)
-            return failed
-
-        return raw
+        return _raw_span_decoder(nbytes)
     funcs = _native.blosc_for(nbytes) if _is_blosc(comp) else None
     if funcs is not None:
-        sizes_of, blosc_ctx = _BLOSC_SIZES.unpack_from, funcs.blosc_decompress_ctx
-
-        def blosc(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
-            failed = []
-            for i, o, n in zip(rows, offsets, sizes):
-                # the header must announce this chunk's size and exactly this payload's length
-                # (blosc 1 trusts its cbytes: a truncated payload is never handed to it)
-                if n < 16 or sizes_of(buf, o) != (nbytes, n) or blosc_ctx(address + o, dst + i * nbytes, nbytes, 1) != nbytes:
-                    failed.append(i)
-            return failed
-
-        return blosc
+        return _blosc_span_decoder(funcs, nbytes)
     lib = _native.zstd() if _is_zstd(comp) else None
     if lib is not None:
-        held = lib.held
-        frame_size, frame_len, decompress = held.ZSTD_getFrameContentSize, held.ZSTD_findFrameCompressedSize, lib.released.ZSTD_decompressDCtx
-
-        def zstd(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
-            ctx = _native.zstd_dctx(lib)
-            failed, good = [], []
-            for i, o, n in zip(rows, offsets, sizes):
-                # exactly one frame, announcing this chunk's size: then decoding the run's
-                # frames in one call puts every chunk's bytes in its own row, and any error
-                # falls back to one call per chunk
-                if frame_size(address + o, n) == nbytes and frame_len(address + o, n) == n:
-                    good.append((i, o, n))
-                else:
-                    failed.append(i)
-            if not good:
-                return failed
-            g_rows, g_offs, g_sizes = (list(t) for t in zip(*good))
-            for r0, k, o0, length in _runs(g_rows, g_offs, g_sizes):
-                if decompress(ctx, dst + r0 * nbytes, k * nbytes, address + o0, length) == k * nbytes:
-                    continue
-                for i, o, n in zip(g_rows, g_offs, g_sizes):
-                    if r0 <= i < r0 + k and decompress(ctx, dst + i * nbytes, nbytes, address + o, n) != nbytes:
-                        failed.append(i)
-            return failed
-
-        return zstd
+        return _zstd_span_decoder(lib, nbytes)
     return None
+
+
+def _raw_span_decoder(nbytes: int) -> SpanDecoder:
+    """Uncompressed chunks: one copy per run of payloads that follow each other."""
+    memmove = _native.memmove
+
+    def raw(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
+        failed = [i for i, n in zip(rows, sizes) if n != nbytes]
+        if failed:
+            kept = [(i, o, n) for i, o, n in zip(rows, offsets, sizes) if n == nbytes]
+            rows, offsets, sizes = [t[0] for t in kept], [t[1] for t in kept], [t[2] for t in kept]
+        for r0, _, o0, length in _runs(rows, offsets, sizes):
+            memmove(dst + r0 * nbytes, address + o0, length)
+        return failed
+
+    return raw
+
+
+def _blosc_span_decoder(funcs: Any, nbytes: int) -> SpanDecoder:
+    """blosc chunks one by one with the GIL held (small chunks: see :data:`HOLD_GIL_BELOW`)."""
+    sizes_of, blosc_ctx = _BLOSC_SIZES.unpack_from, funcs.blosc_decompress_ctx
+
+    def blosc(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
+        failed = []
+        for i, o, n in zip(rows, offsets, sizes):
+            # the header must announce this chunk's size and exactly this payload's length
+            # (blosc 1 trusts its cbytes: a truncated payload is never handed to it)
+            if n < 16 or sizes_of(buf, o) != (nbytes, n) or blosc_ctx(address + o, dst + i * nbytes, nbytes, 1) != nbytes:
+                failed.append(i)
+        return failed
+
+    return blosc
+
+
+def _zstd_span_decoder(lib: Any, nbytes: int) -> SpanDecoder:
+    """zstd chunks: one call per run of frames that follow each other (zstd decodes
+    concatenated frames in one go), one call per chunk of a run that failed."""
+    held = lib.held
+    frame_size, frame_len, decompress = held.ZSTD_getFrameContentSize, held.ZSTD_findFrameCompressedSize, lib.released.ZSTD_decompressDCtx
+
+    def zstd(buf: Any, address: int, rows: list[int], offsets: list[int], sizes: list[int], dst: int) -> list[int]:
+        ctx = _native.zstd_dctx(lib)
+        failed, good = [], []
+        for i, o, n in zip(rows, offsets, sizes):
+            # exactly one frame, announcing this chunk's size: then decoding the run's
+            # frames in one call puts every chunk's bytes in its own row, and any error
+            # falls back to one call per chunk
+            if frame_size(address + o, n) == nbytes and frame_len(address + o, n) == n:
+                good.append((i, o, n))
+            else:
+                failed.append(i)
+        if not good:
+            return failed
+        g_rows, g_offs, g_sizes = (list(t) for t in zip(*good))
+        for r0, k, o0, length in _runs(g_rows, g_offs, g_sizes):
+            if decompress(ctx, dst + r0 * nbytes, k * nbytes, address + o0, length) == k * nbytes:
+                continue
+            for i, o, n in zip(g_rows, g_offs, g_sizes):
+                if r0 <= i < r0 + k and decompress(ctx, dst + i * nbytes, nbytes, address + o, n) != nbytes:
+                    failed.append(i)
+        return failed
+
+    return zstd
 
 
 def _batch_decoder(comp: Any, nbytes: int) -> SpanDecoder | None:

@@ -41,6 +41,7 @@ __all__ = [
     "DraftArrayMeta",
     "parse_array_metadata",
     "encode_array_metadata",
+    "DraftArraySpec",
     "draft_array_document",
     "parse_group_metadata",
     "encode_group_metadata",
@@ -935,22 +936,29 @@ def encode_array_metadata(meta: DraftArrayMeta) -> bytes:
     return _json_dumps(_document(meta))
 
 
-def draft_array_document(
-    *,
-    path: str,
-    shape: tuple[int, ...] | int,
-    chunks: tuple[int, ...] | int,
-    dtype: Any,
-    compressor: Codec | None,
-    fill_value: Any,
-    order: str,
-    separator: str,
-    filters: tuple[Codec, ...] | list[Codec] | None,
-    attributes: dict[str, Any] | None,
-    chunks_per_shard: tuple[int, ...] | int | None,
-) -> DraftArrayMeta:
+@dataclass(frozen=True)
+class DraftArraySpec:
+    """What zarr 2.18's ``create()`` is given for an array, every field explicit (the
+    defaults are the caller's): :func:`draft_array_document` turns it into the metadata."""
+
+    path: str
+    shape: tuple[int, ...] | int
+    chunks: tuple[int, ...] | int
+    dtype: Any
+    compressor: Codec | None
+    fill_value: Any
+    order: str
+    separator: str
+    filters: tuple[Codec, ...] | list[Codec] | None
+    attributes: dict[str, Any] | None
+    chunks_per_shard: tuple[int, ...] | int | None
+
+
+def draft_array_document(spec: DraftArraySpec) -> DraftArrayMeta:
     """Build a draft array as zarr 2.18's ``create()`` would (defaults are the caller's)."""
-    path = normalize_path(path)
+    path, shape, chunks, dtype, separator = normalize_path(spec.path), spec.shape, spec.chunks, spec.dtype, spec.separator
+    compressor, fill_value, attributes, chunks_per_shard = spec.compressor, spec.fill_value, spec.attributes, \
+        spec.chunks_per_shard
     key = array_meta_key(path)
     dtype = np.dtype(dtype)
     shape_t = _as_tuple(shape) + dtype.shape  # zarr 2 folds sub-array dtypes into the shape
@@ -977,7 +985,7 @@ def draft_array_document(
     attributes = dict(attributes or {})
     if "filters" in attributes:
         raise _error(key, "attributes", "'filters' is reserved for the filter pipeline")
-    filters = tuple(filters or ())
+    filters = tuple(spec.filters or ())
     if filters:
         attributes["filters"] = [f.get_config() for f in filters]
     doc: dict[str, Any] = {
@@ -985,7 +993,7 @@ def draft_array_document(
         "chunk_grid": {"type": "regular", "chunk_shape": list(chunks_t), "separator": separator},
         "data_type": _encode_dtype(dtype),
         "fill_value": _encode_fill_value(fill, dtype),
-        "chunk_memory_layout": order,
+        "chunk_memory_layout": spec.order,
         "attributes": attributes,
         "extensions": [],
     }

@@ -101,6 +101,7 @@ from .jobs import (
 )
 from .journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshards
 from .keys import Coords, chunk_to_shard, local_to_global, shard_chunks
+from .options import ReshardOptions, RunOptions, StoreOptions, legacy_options
 from .progress import NullBar, progress_bar
 from .shard_index import MAX_UINT64, encode_shard, index_nbytes, n_entries, parse_indices
 from .stores import Inner, Part, Tail, Version
@@ -526,13 +527,17 @@ def _reshard_in_place(inner: Inner, meta_key: str, target: dm.DraftArrayMeta, re
 
 
 def complete_interrupted(
-    src: Any, *, storage_options: Mapping[str, Any] | None = None, jobs: int = DEFAULT_JOBS, progress: bool | None = None
+    src: Any, *, run: RunOptions | None = None, stores: StoreOptions | None = None, **legacy: Any
 ) -> ReshardReport:
     """Finish every interrupted in-place reshard found in ``src`` (``reshard --resume``)."""
     started = time.perf_counter()
-    inner = inner_of(src, storage_options)
+    if "chunks_per_shard" in legacy or set(legacy) & {f.name for f in fields(ReshardOptions)}:
+        raise TypeError(f"complete_interrupted() takes no layout options, got {sorted(legacy)}")
+    _, run, stores = legacy_options("complete_interrupted", ReshardOptions(None), legacy, run, stores)
+    run.refuse_executor("reshard")
+    inner = inner_of(src, stores.src)
     report = ReshardReport(source=_describe(src), destination=None)
-    _resume_all(inner, report, _Options(max(1, jobs), progress))
+    _resume_all(inner, report, _Options(run.jobs_or(DEFAULT_JOBS), run.progress))
     report.seconds = time.perf_counter() - started
     return report
 
@@ -617,29 +622,18 @@ def _select(h: DraftHierarchy, arrays: Iterable[str] | None) -> list[dm.DraftArr
     return out
 
 
-def _run(
-    src: Any,
-    dst: Any | None,
-    want: Callable[[dm.DraftArrayMeta], Coords | None | bool],
-    *,
-    arrays: Iterable[str] | None,
-    storage_options: Mapping[str, Any] | None,
-    dst_storage_options: Mapping[str, Any] | None,
-    jobs: int,
-    progress: bool | None,
-    resume: bool,
-    overwrite: bool,
-) -> ReshardReport:
-    """Shared driver: ``want(meta)`` gives the target cps, or ``False`` to leave an array alone."""
+def _run(src: Any, dst: Any | None, options: ReshardOptions, run: RunOptions, stores: StoreOptions) -> ReshardReport:
+    """The one driver of :func:`reshard`, :func:`shard` and :func:`unshard`."""
     started = time.perf_counter()
-    opts = _Options(max(1, jobs), progress)
-    src_inner = inner_of(src, storage_options)
-    dst_inner = None if dst is None else inner_of(dst, dst_storage_options)
+    run.refuse_executor("reshard")
+    opts = _Options(run.jobs_or(DEFAULT_JOBS), run.progress)
+    src_inner = inner_of(src, stores.src)
+    dst_inner = None if dst is None else inner_of(dst, stores.dst)
     if dst_inner is not None:
         check_apart(src_inner, dst_inner, _describe(src), _describe(dst), hint="omit DST to work in place")
     report = ReshardReport(source=_describe(src), destination=None if dst is None else _describe(dst))
     journals = interrupted_reshards(src_inner)
-    if journals and (dst is not None or not resume):
+    if journals and (dst is not None or not options.resume):
         names = ", ".join(f"'{j.path or '/'}' ({j.phase})" for j in journals)
         raise MigrationError(
             f"{_describe(src)}: interrupted in-place reshard of {names}; "
@@ -649,17 +643,25 @@ def _run(
     if dst_inner is None:
         _resume_all(src_inner, report, opts)
     h = DraftHierarchy(src_inner, location=_describe(src), strict=False)
-    targets = _targets(h, want, arrays, report)
+    targets = _targets(h, _wanted(options), options.arrays, report)
     if dst_inner is None:
         for path, target in targets.items():
             _reshard_in_place(src_inner, dm.array_meta_key(path, h.suffix), target, report, opts)
             report.arrays_changed.append(path)
     else:
-        prepare_destination(dst_inner, _describe(dst), overwrite=overwrite)
+        prepare_destination(dst_inner, _describe(dst), overwrite=options.overwrite)
         _copy_hierarchy(src_inner, dst_inner, h, targets, report, opts)
         report.arrays_changed.extend(targets)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _wanted(options: ReshardOptions) -> Callable[[dm.DraftArrayMeta], Coords | None | bool]:
+    """``want(meta)``: an array's target chunks per shard, or ``False`` to leave it alone."""
+    cps = options.chunks_per_shard
+    if options.only_unsharded:
+        return lambda meta: False if meta.is_sharded else resolve_chunks_per_shard(meta, cps)
+    return lambda meta: resolve_chunks_per_shard(meta, cps)
 
 
 def _targets(
@@ -687,59 +689,61 @@ def _targets(
     return targets
 
 
+def _not_a_destination(dst: Any) -> None:
+    """``reshard(src, ReshardOptions(...))`` puts the options where the destination goes."""
+    if isinstance(dst, ReshardOptions):
+        raise TypeError("reshard(): the destination is a ReshardOptions: pass it as options=... (in place: dst=None)")
+
+
 def reshard(
     src: Any,
     dst: Any | None = None,
+    options: ReshardOptions | None = None,
     *,
-    chunks_per_shard: ChunksPerShard,
-    arrays: Iterable[str] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    dst_storage_options: Mapping[str, Any] | None = None,
-    jobs: int = DEFAULT_JOBS,
-    progress: bool | None = None,
-    resume: bool = True,
-    overwrite: bool = False,
+    run: RunOptions | None = None,
+    stores: StoreOptions | None = None,
+    **legacy: Any,
 ) -> ReshardReport:
-    """Give the chosen arrays (default: all) ``chunks_per_shard`` chunks per shard.
+    """Give the chosen arrays (``options.arrays``, default all) ``options.chunks_per_shard``
+    chunks per shard (:class:`~sharding_store.options.ReshardOptions`).
 
-    ``chunks_per_shard``: one number for every dimension, one per dimension, or
-    ``None`` to unshard. Without ``dst`` the store is changed in place, safely (see the
-    module docstring); interrupted runs found in it are completed first unless
-    ``resume=False``, which refuses such a store. With ``dst`` the hierarchy is copied
-    there (``dst`` must be empty unless ``overwrite``; it must not be the source, inside
-    it or contain it, however spelled). Arrays already in the layout are skipped
-    without writing anything.
+    ``chunks_per_shard``: one number for every dimension, one per dimension, or ``None``
+    to unshard. Without ``dst`` the store is changed in place, safely (see the module
+    docstring); interrupted runs found in it are completed first unless ``resume=False``,
+    which refuses such a store. With ``dst`` the hierarchy is copied there (``dst`` must
+    be empty unless ``overwrite``; it must not be the source, inside it or contain it,
+    however spelled). Arrays already in the layout are skipped without writing anything.
+    ``run``: jobs (default 8) and progress (no executor: the journals live here).
+    The keywords of 0.1.0 (``chunks_per_shard=4, jobs=2, storage_options={...}``) still
+    work (:func:`~sharding_store.options.legacy_options`).
     """
-    return _run(
-        src, dst, lambda meta: resolve_chunks_per_shard(meta, chunks_per_shard),
-        arrays=arrays, storage_options=storage_options, dst_storage_options=dst_storage_options,
-        jobs=jobs, progress=progress, resume=resume, overwrite=overwrite,
-    )
+    _not_a_destination(dst)
+    if options is None:
+        if "chunks_per_shard" not in legacy:
+            raise TypeError("reshard() missing the layout: give ReshardOptions(chunks_per_shard=...) "
+                            "or chunks_per_shard=...")
+        options = ReshardOptions(legacy.pop("chunks_per_shard"))
+    return _run(src, dst, *legacy_options("reshard", options, legacy, run, stores))
 
 
-def unshard(src: Any, dst: Any | None = None, **kwargs: Any) -> ReshardReport:
+def unshard(src: Any, dst: Any | None = None, options: ReshardOptions | None = None, **kwargs: Any) -> ReshardReport:
     """One object per chunk again (for readers without sharding); a no-op on unsharded arrays."""
-    return reshard(src, dst, chunks_per_shard=None, **kwargs)
+    return reshard(src, dst, replace(options or ReshardOptions(None), chunks_per_shard=None), **kwargs)
 
 
 def shard(
     src: Any,
     dst: Any | None = None,
+    options: ReshardOptions | None = None,
     *,
-    chunks_per_shard: int | Sequence[int],
-    arrays: Iterable[str] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    dst_storage_options: Mapping[str, Any] | None = None,
-    jobs: int = DEFAULT_JOBS,
-    progress: bool | None = None,
-    resume: bool = True,
-    overwrite: bool = False,
+    run: RunOptions | None = None,
+    stores: StoreOptions | None = None,
+    **legacy: Any,
 ) -> ReshardReport:
-    """Add sharding to the *unsharded* chosen arrays; sharded ones are left as they are."""
-    if chunks_per_shard is None:
-        raise UsageError("shard(): chunks_per_shard is required (use unshard() to remove sharding)")
-    return _run(
-        src, dst, lambda meta: False if meta.is_sharded else resolve_chunks_per_shard(meta, chunks_per_shard),
-        arrays=arrays, storage_options=storage_options, dst_storage_options=dst_storage_options,
-        jobs=jobs, progress=progress, resume=resume, overwrite=overwrite,
-    )
+    """Add sharding to the *unsharded* chosen arrays; sharded ones are left as they are
+    (:func:`reshard` with ``only_unsharded=True``)."""
+    _not_a_destination(dst)
+    if options is None:
+        options = ReshardOptions(legacy.pop("chunks_per_shard", None), only_unsharded=True)
+    options, run, stores = legacy_options("shard", replace(options, only_unsharded=True), legacy, run, stores)
+    return _run(src, dst, options, run, stores)

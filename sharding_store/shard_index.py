@@ -540,8 +540,31 @@ def index_reading(
         raise UsageError(
             f"{key}: need the last {body_n + CHECKSUM_NBYTES} bytes of the object (or all {size}), got {len(tail)}"
         )
-    view = memoryview(tail).cast("B")
-    readings: dict[Literal["plain", "crc32c-hidden"], list[tuple[int, int]]] = {}
+    readings, why = _undeclared_readings(memoryview(tail).cast("B"), cps, size, key)
+    if len(readings) == 2:
+        if readings["plain"] == readings["crc32c-hidden"]:
+            return "crc32c-hidden"
+        raise ShardCorruptError(
+            f"{key}: the shard index reads validly both without and with a trailing CRC32C, and the two "
+            "readings point to different chunk bytes: refusing to guess (the document declares no index_codecs)",
+            key=key,
+        )
+    if readings:
+        return next(iter(readings))
+    raise ShardCorruptError(
+        f"{key}: the shard index fits neither reading of an undeclared index: as {n} plain entries, "
+        f"{why['plain']}; as {n} entries followed by a CRC32C, {why['crc32c-hidden']}",
+        key=key,
+    )
+
+
+def _undeclared_readings(
+    view: memoryview, cps: tuple[int, ...], size: int, key: str
+) -> tuple[dict[IndexReading, list[tuple[int, int]]], dict[str, str]]:
+    """The live entries of each reading of :func:`index_reading` that holds for the tail
+    ``view`` of an object of ``size`` bytes, and why each other one does not."""
+    body_n = ENTRY_NBYTES * n_entries(cps)
+    readings: dict[IndexReading, list[tuple[int, int]]] = {}
     why: dict[str, str] = {}
     if size >= body_n:
         try:
@@ -565,18 +588,4 @@ def index_reading(
                 why["crc32c-hidden"] = str(e).removeprefix(f"{key}: ")
     else:
         why["crc32c-hidden"] = f"the object ({size} bytes) is shorter than a {body_n}-byte index and its checksum"
-    if len(readings) == 2:
-        if readings["plain"] == readings["crc32c-hidden"]:
-            return "crc32c-hidden"
-        raise ShardCorruptError(
-            f"{key}: the shard index reads validly both without and with a trailing CRC32C, and the two "
-            "readings point to different chunk bytes: refusing to guess (the document declares no index_codecs)",
-            key=key,
-        )
-    if readings:
-        return next(iter(readings))
-    raise ShardCorruptError(
-        f"{key}: the shard index fits neither reading of an undeclared index: as {n} plain entries, "
-        f"{why['plain']}; as {n} entries followed by a CRC32C, {why['crc32c-hidden']}",
-        key=key,
-    )
+    return readings, why

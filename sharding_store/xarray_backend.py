@@ -38,7 +38,7 @@ import os
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 
@@ -351,7 +351,32 @@ class _Opened:
         return DraftDataStore(group, arrays, hints=self.hints, mask=self.mask, xarray_era=self.xarray_era, ref=self.ref)
 
 
-def _decode(store: DraftDataStore, drop_variables: Any, **decode: Any) -> Any:
+class CFDecoding(TypedDict, total=False):
+    """xarray's CF decoding switches, passed on to its decoder as ``xr.open_zarr`` does."""
+
+    mask_and_scale: bool
+    decode_times: Any  # a bool, or xarray's CFDatetimeCoder in recent versions
+    concat_characters: bool
+    decode_coords: Any  # a bool or "coordinates"/"all"
+    use_cftime: bool | None
+    decode_timedelta: Any
+
+
+#: xarray's defaults for :class:`CFDecoding` (its ``open_dataset`` passes every one it knows)
+_CF_DEFAULTS: dict[str, Any] = {"mask_and_scale": True, "decode_times": True, "concat_characters": True,
+                                "decode_coords": True, "use_cftime": None, "decode_timedelta": None}
+
+
+def _cf_decoding(given: Mapping[str, Any], method: str = "open_dataset") -> dict[str, Any]:
+    """The CF switches with xarray's defaults; an unknown keyword is refused as Python
+    refuses one (:class:`TypeError`), naming it."""
+    for name in given:
+        if name not in _CF_DEFAULTS:
+            raise TypeError(f"{method}() got an unexpected keyword argument {name!r}")
+    return {**_CF_DEFAULTS, **given}
+
+
+def _decode(store: DraftDataStore, drop_variables: Any, decode: Mapping[str, Any]) -> Any:
     """xarray's CF decoding of one group (the same code path as ``xr.open_zarr``)."""
     if drop_variables is not None:
         drop = {drop_variables} if isinstance(drop_variables, str) else set(drop_variables)
@@ -391,17 +416,12 @@ class ShardingStoreBackendEntrypoint(BackendEntrypoint):
         self,
         filename_or_obj: Any,
         *,
-        mask_and_scale: bool = True,
-        decode_times: bool = True,
-        concat_characters: bool = True,
-        decode_coords: bool = True,
         drop_variables: str | Iterable[str] | None = None,
-        use_cftime: bool | None = None,
-        decode_timedelta: bool | None = None,
         group: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         dimension_names: Mapping[str, Sequence[str]] | None = None,
         use_zarr_fill_value_as_mask: bool | None = None,
+        **decode: Unpack[CFDecoding],
     ) -> Any:
         """The group ``group`` (default: the root) as a Dataset: its child arrays are the
         variables, its attributes the Dataset's. ``dimension_names``: ``{path: [names]}``
@@ -409,11 +429,7 @@ class ShardingStoreBackendEntrypoint(BackendEntrypoint):
         opened = _Opened(filename_or_obj, group, storage_options, dimension_names, use_zarr_fill_value_as_mask)
         arrays, _ = opened.members(opened.root)
         store = opened.store(opened.root, arrays)
-        ds = _decode(
-            store, drop_variables, mask_and_scale=mask_and_scale, decode_times=decode_times,
-            concat_characters=concat_characters, decode_coords=decode_coords, use_cftime=use_cftime,
-            decode_timedelta=decode_timedelta,
-        )
+        ds = _decode(store, drop_variables, _cf_decoding(decode))
         opened.hints.check_all_used()
         return ds
 
@@ -421,20 +437,16 @@ class ShardingStoreBackendEntrypoint(BackendEntrypoint):
         self,
         filename_or_obj: Any,
         *,
-        mask_and_scale: bool = True,
-        decode_times: bool = True,
-        concat_characters: bool = True,
-        decode_coords: bool = True,
         drop_variables: str | Iterable[str] | None = None,
-        use_cftime: bool | None = None,
-        decode_timedelta: bool | None = None,
         group: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         dimension_names: Mapping[str, Sequence[str]] | None = None,
         use_zarr_fill_value_as_mask: bool | None = None,
+        **decode: Unpack[CFDecoding],
     ) -> dict[str, Any]:
         """Every group at and below ``group`` as ``{"/", "/a", "/a/b", ...: Dataset}`` (paths
         relative to ``group``), parents before children."""
+        cf = _cf_decoding(decode, "open_groups_as_dict")
         opened = _Opened(filename_or_obj, group, storage_options, dimension_names, use_zarr_fill_value_as_mask)
         base = opened.root.path
         out: dict[str, Any] = {}
@@ -443,11 +455,7 @@ class ShardingStoreBackendEntrypoint(BackendEntrypoint):
             g = todo.pop(0)
             arrays, groups = opened.members(g)
             rel = g.path[len(base) :].lstrip("/") if base else g.path
-            out["/" + rel] = _decode(
-                opened.store(g, arrays), drop_variables, mask_and_scale=mask_and_scale, decode_times=decode_times,
-                concat_characters=concat_characters, decode_coords=decode_coords, use_cftime=use_cftime,
-                decode_timedelta=decode_timedelta,
-            )
+            out["/" + rel] = _decode(opened.store(g, arrays), drop_variables, cf)
             todo.extend(groups[name] for name in sorted(groups))
         opened.hints.check_all_used()
         return out

@@ -44,10 +44,10 @@ class Case:
 
 
 def _meta(path: str, cps=CPS, compressor=None) -> dm.DraftArrayMeta:
-    return dm.draft_array_document(
+    return dm.draft_array_document(dm.DraftArraySpec(
         path=path, shape=SHAPE, chunks=CHUNKS, dtype="<u2", compressor=compressor or numcodecs.Zlib(1),
         fill_value=0, order="C", separator="/", filters=None, attributes={}, chunks_per_shard=cps,
-    )
+    ))
 
 
 def values(path: str) -> np.ndarray:

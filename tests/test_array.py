@@ -25,7 +25,7 @@ from sharding_store import (
     open_draft,
 )
 from sharding_store import draft_metadata as dm
-from sharding_store.array import SelectionError, dim_pieces, normalize_selection
+from sharding_store.array import DEFAULT_COMPRESSOR, SelectionError, dim_pieces, normalize_selection
 from sharding_store.testing import CountingInner
 from sharding_store.shard_index import read_index
 from tests.fixtures import ZARR_JS, require, stores
@@ -402,3 +402,17 @@ def test_read_batches_do_not_split_shards(monkeypatch, big):
     shards_read += [key for name, key in counting.log if name == "read_into"]  # local: into a reused buffer
     assert len(shards_read) == len(set(shards_read)) == 4  # each shard read once, whole
     assert math.prod(a.meta.shard_grid_shape) == 4
+
+
+def test_create_draft_array_keywords_are_checked_as_python_checks_them(tmp_path):
+    """zarr 2.18's array keywords travel as one typed bundle (issue 23: at most 8
+    parameters): a misspelt or missing one is still a TypeError naming it, nothing is
+    written, and 2.18's defaults still apply to those not given."""
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk'"):
+        create_draft_array(str(tmp_path), "a", shape=4, chunk=2, dtype="i2")
+    with pytest.raises(TypeError, match="missing required keyword argument: 'dtype'"):
+        create_draft_array(str(tmp_path), "a", shape=4, chunks=2)
+    assert not any(tmp_path.iterdir())
+    a = create_draft_array(str(tmp_path), "a", shape=4, chunks=2, dtype="i2")
+    assert a.meta.compressor.get_config() == DEFAULT_COMPRESSOR.get_config() and a.meta.fill_value == 0
+    assert a.meta.order == "C" and a.meta.chunks_per_shard is None

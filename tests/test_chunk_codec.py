@@ -32,7 +32,7 @@ def meta(**kw):
         chunks_per_shard=None,
     )
     args.update(kw)
-    return dm.draft_array_document(**args)
+    return dm.draft_array_document(dm.DraftArraySpec(**args))
 
 
 COMPRESSORS = [

@@ -230,10 +230,10 @@ def test_the_lost_transformer_probe_of_info_decodes_a_bomb_within_bounds(tmp_pat
 def _meta(compressor, chunks=(1024,), dtype="<f4", filters=None):
     from sharding_store import draft_metadata as dm
 
-    return dm.draft_array_document(
+    return dm.draft_array_document(dm.DraftArraySpec(
         path="a", shape=chunks, chunks=chunks, dtype=dtype, compressor=compressor, fill_value=0, order="C",
         separator="/", filters=filters, attributes=None, chunks_per_shard=None,
-    )
+    ))
 
 
 def _lz4_bomb(nbytes: int) -> bytes:

@@ -47,11 +47,11 @@ CHUNKS = [(1,), (7,), (16, 8), (64, 64), (3, 5), (2, 3, 4), (5, 1, 9)]
 
 
 def make_meta(compressor, chunks, dtype, order="C", fill_value=0):
-    return dm.draft_array_document(
+    return dm.draft_array_document(dm.DraftArraySpec(
         path="a", shape=tuple(c * 2 + 1 for c in chunks), chunks=chunks, dtype=dtype, compressor=compressor,
         fill_value=fill_value if np.dtype(dtype).kind in "biufc" else None, order=order, separator="/",
         filters=None, attributes=None, chunks_per_shard=None,
-    )
+    ))
 
 
 def chunk_data(meta, seed: int, kind: str) -> np.ndarray:

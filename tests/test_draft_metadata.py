@@ -20,6 +20,7 @@ from sharding_store.draft_metadata import (
     EntryPoint,
     array_meta_key,
     data_prefix,
+    DraftArraySpec,
     draft_array_document,
     encode_array_metadata,
     encode_entry_point,
@@ -540,29 +541,29 @@ def test_path_from_key_and_explicit_path():
 
 
 def test_draft_array_document_matches_zarr_defaults():
-    m = draft_array_document(
+    m = draft_array_document(DraftArraySpec(
         path="a/b", shape=(5, 6), chunks=(2, 3), dtype="<i2", compressor=numcodecs.Zlib(1), fill_value=0,
         order="C", separator="/", filters=None, attributes={"k": "v"}, chunks_per_shard=(2, 2),
-    )
+    ))
     assert m == parse_array_metadata(encode_array_metadata(m), "meta/root/a/b.array.json")
     assert json.loads(encode_array_metadata(m)) == base_doc(attributes={"k": "v"})
     assert encode_array_metadata(m) == json.dumps(m.raw, indent=4, sort_keys=True).encode()
     # zarr 2.18 drops the compressor of a 0-d array and writes chunks_per_shard [1]
-    z = draft_array_document(
+    z = draft_array_document(DraftArraySpec(
         path="", shape=(), chunks=(), dtype="<f8", compressor=numcodecs.Zlib(1), fill_value=float("nan"),
         order="C", separator="/", filters=(), attributes={}, chunks_per_shard=(),
-    )
+    ))
     assert z.compressor is None and z.chunks_per_shard == () and np.isnan(z.fill_value)
     assert z.raw["storage_transformers"][0]["configuration"]["chunks_per_shard"] == [1]
     assert z.raw["fill_value"] == "NaN"
-    u = draft_array_document(
+    u = draft_array_document(DraftArraySpec(
         path="s", shape=3, chunks=2, dtype="<U4", compressor=None, fill_value=0, order="F", separator=".",
         filters=None, attributes=None, chunks_per_shard=None,
-    )
+    ))
     assert u.fill_value == "" and u.raw["dimension_separator"] == "." and u.raw["chunk_grid"]["separator"] == "."
     with pytest.raises(DraftMetadataError, match="field 'fill_value'"):
-        draft_array_document(path="x", shape=(3,), chunks=(2,), dtype="u1", compressor=None, fill_value=300,
-                             order="C", separator="/", filters=None, attributes=None, chunks_per_shard=None)
+        draft_array_document(DraftArraySpec(path="x", shape=(3,), chunks=(2,), dtype="u1", compressor=None, fill_value=300,
+                             order="C", separator="/", filters=None, attributes=None, chunks_per_shard=None))
 
 
 # --------------------------------------------------------------------------- hypothesis round trip
@@ -606,11 +607,11 @@ def draft_arrays(draw) -> DraftArrayMeta:
                                  st.one_of(st.integers(), st.text(max_size=5), st.none()), max_size=3))
     path = draw(st.from_regex(r"([a-z0-9_.-]{1,5}/){0,2}[a-z0-9_-]{1,5}", fullmatch=True).filter(
         lambda p: all(s not in (".", "..") for s in p.split("/"))) | st.just(""))
-    return draft_array_document(
+    return draft_array_document(DraftArraySpec(
         path=path, shape=shape, chunks=chunks, dtype=dtype, compressor=compressor, fill_value=fill,
         order=draw(st.sampled_from("CF")), separator=draw(st.sampled_from("/.")), filters=None,
         attributes=attrs, chunks_per_shard=cps,
-    )
+    ))
 
 
 def _same_fill(a, b) -> bool:

@@ -93,10 +93,10 @@ def test_live_and_is_compact_match_their_definitions(seed):
 
 
 def _meta(compressor, chunks=(16, 8), dtype="<f4"):
-    return dm.draft_array_document(
+    return dm.draft_array_document(dm.DraftArraySpec(
         path="a", shape=chunks, chunks=chunks, dtype=dtype, compressor=compressor, fill_value=0, order="C",
         separator="/", filters=None, attributes=None, chunks_per_shard=(1, 1),
-    )
+    ))
 
 
 @pytest.mark.parametrize("level", [1, 3, 9])

@@ -77,10 +77,10 @@ def test_hostile_chunks_per_shard_fails_fast_without_allocating(corpus):
 
 # ------------------------------------------------------------------------ fuzzing
 def _valid_doc() -> dict:
-    meta = dm.draft_array_document(
+    meta = dm.draft_array_document(dm.DraftArraySpec(
         path="a", shape=(6, 5), chunks=(2, 2), dtype="<f4", compressor=numcodecs.Blosc(), fill_value=0,
         order="C", separator="/", filters=None, attributes={}, chunks_per_shard=(2, 1),
-    )
+    ))
     return json.loads(dm.encode_array_metadata(meta))
 
 

@@ -36,6 +36,7 @@ from sharding_store.draft_metadata import (
     array_meta_key,
     data_prefix,
     encode_entry_point,
+    DraftArraySpec,
     draft_array_document,
     encode_array_metadata,
     parse_array_metadata,
@@ -155,11 +156,11 @@ FILLS = [0, 1, -1, None, 2**70, 10**400, 1.5, "NaN", "Infinity", "-Infinity", [0
 def draft_documents(draw) -> dict:
     dtype = np.dtype(draw(st.sampled_from(DTYPES)))
     cps = draw(st.sampled_from([None, (2, 2), (1, 2), (2,)]))
-    meta = draft_array_document(
+    meta = draft_array_document(DraftArraySpec(
         path="a", shape=(6, 4), chunks=(3, 2), dtype=dtype, compressor=None, fill_value=None,
         order=draw(st.sampled_from("CF")), separator=draw(st.sampled_from("/.")), filters=None,
         attributes={"_ARRAY_DIMENSIONS": ["y", "x"]} if draw(st.booleans()) else {}, chunks_per_shard=cps,
-    )
+    ))
     doc = json.loads(encode_array_metadata(meta))
     doc["fill_value"] = draw(st.one_of(st.sampled_from([0, None]), st.sampled_from(FILLS)))
     compressor = draw(_compressors())
@@ -248,8 +249,8 @@ def test_every_generated_document_works_in_zarr3_or_the_array_is_refused(doc):
     ],
 )
 def test_codec_parameters_readers_reject_are_refused(name, config):
-    meta = draft_array_document(path="a", shape=(6, 4), chunks=(3, 2), dtype="<u2", compressor=None, fill_value=0,
-                                order="C", separator="/", filters=None, attributes={}, chunks_per_shard=(2, 2))
+    meta = draft_array_document(DraftArraySpec(path="a", shape=(6, 4), chunks=(3, 2), dtype="<u2", compressor=None, fill_value=0,
+                                order="C", separator="/", filters=None, attributes={}, chunks_per_shard=(2, 2)))
     doc = json.loads(encode_array_metadata(meta))
     doc["compressor"] = {"codec": URI.format(name), "configuration": config}
     assert _check(doc) == "refused"
@@ -266,9 +267,9 @@ def test_codec_parameters_readers_reject_are_refused(name, config):
 def test_levels_the_library_clamps_translate_to_what_it_used(compressor, written):
     """zarr-python 2.18 wrote these (libzstd clamps levels above 22; zlib's -1 is level 6);
     zarr-python 3 refuses the literal values, so the translation says what was used."""
-    meta = draft_array_document(path="a", shape=(6, 4), chunks=(3, 2), dtype="<u2", compressor=compressor,
+    meta = draft_array_document(DraftArraySpec(path="a", shape=(6, 4), chunks=(3, 2), dtype="<u2", compressor=compressor,
                                 fill_value=0, order="C", separator="/", filters=None, attributes={},
-                                chunks_per_shard=(2, 2))
+                                chunks_per_shard=(2, 2)))
     doc = v3_array_document(meta)
     assert doc["codecs"][0]["configuration"]["codecs"][-1] == written
     assert_zarr3_uses(doc)

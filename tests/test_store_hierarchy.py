@@ -31,10 +31,10 @@ SPELLINGS = {
 
 
 def array_doc(path="a/b", *, shape=(8, 8), chunks=(2, 2), cps=(2, 2), separator="/", transformer=None) -> bytes:
-    meta = dm.draft_array_document(
+    meta = dm.draft_array_document(dm.DraftArraySpec(
         path=path, shape=shape, chunks=chunks, dtype="<u2", compressor=numcodecs.Zlib(1), fill_value=0,
         order="C", separator=separator, filters=None, attributes={}, chunks_per_shard=cps,
-    )
+    ))
     if transformer is not None:
         doc = json.loads(dm.encode_array_metadata(meta))
         doc["storage_transformers"] = [transformer]

@@ -27,6 +27,7 @@ from sharding_store.draft_metadata import (
     CONSOLIDATED_KEY,
     DraftArrayMeta,
     data_prefix,
+    DraftArraySpec,
     draft_array_document,
     encode_array_metadata,
     parse_array_metadata,
@@ -263,7 +264,7 @@ def make(**kw) -> DraftArrayMeta:
     args = dict(path="a", shape=(6, 5), chunks=(2, 3), dtype="<i2", compressor=None, fill_value=0,
                 order="C", separator="/", filters=None, attributes={}, chunks_per_shard=(2, 1))
     args.update(kw)
-    return draft_array_document(**args)
+    return draft_array_document(DraftArraySpec(**args))
 
 
 @pytest.mark.parametrize(
@@ -348,12 +349,12 @@ def test_migrating_numeric_arrays_does_not_import_zarr(tmp_path: Path):
     """The translation of numeric arrays with the usual codecs needs no zarr-python 3."""
     code = (
         "import sys\n"
-        "from sharding_store.draft_metadata import draft_array_document\n"
+        "from sharding_store.draft_metadata import DraftArraySpec, draft_array_document\n"
         "from sharding_store.v3_metadata import v3_array_document, portability_problems\n"
         "import numcodecs\n"
         "for dt, comp in (('<u2', numcodecs.Blosc()), ('>f8', numcodecs.Zstd()), ('|b1', None), ('<c8', numcodecs.GZip())):\n"
-        "    m = draft_array_document(path='a', shape=(4, 4), chunks=(2, 2), dtype=dt, compressor=comp, fill_value=0,\n"
-        "                             order='F', separator='/', filters=None, attributes={}, chunks_per_shard=(2, 2))\n"
+        "    m = draft_array_document(DraftArraySpec(path='a', shape=(4, 4), chunks=(2, 2), dtype=dt, compressor=comp, fill_value=0,\n"
+        "                             order='F', separator='/', filters=None, attributes={}, chunks_per_shard=(2, 2)))\n"
         "    v3_array_document(m); portability_problems(m)\n"
         "print('zarr' in sys.modules)\n"
     )
@@ -582,13 +583,13 @@ def test_legacy_encoding_is_byte_identical(case, legacy_stores: Path):
     meta = parse_array_metadata(legacy_bytes, key)
     assert encode_array_metadata(meta) == legacy_bytes
     if case["sep"] != "/":  # an explicit "/" is indistinguishable from the default
-        built = draft_array_document(
+        built = draft_array_document(DraftArraySpec(
             path=case["path"], shape=tuple(case["shape"]), chunks=tuple(case["chunks"]), dtype=eval(case["dtype"]),
             compressor=numcodecs.get_codec(case["compressor"]) if case["compressor"] else None,
             fill_value=eval(case["fill"]), order=case["order"], separator=case["sep"] or "/",
             filters=[numcodecs.get_codec(f) for f in case["filters"]], attributes=case["attrs"],
             chunks_per_shard=tuple(case["cps"]) if case["cps"] is not None else None,
-        )
+        ))
         assert encode_array_metadata(built) == legacy_bytes
         assert parse_array_metadata(legacy_bytes, key).raw == built.raw
 

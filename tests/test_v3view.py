@@ -98,11 +98,11 @@ def write_draft(
     inner = as_inner(str(root))
     if not inner.exists(dm.ENTRY_POINT_KEY):
         inner.set(dm.ENTRY_POINT_KEY, dm.encode_entry_point())
-    meta = dm.draft_array_document(
+    meta = dm.draft_array_document(dm.DraftArraySpec(
         path=path, shape=data.shape, chunks=chunks, dtype=data.dtype, compressor=compressor,
         fill_value=fill, order=order, separator=sep, filters=None, attributes=attrs,
         chunks_per_shard=cps,
-    )
+    ))
     inner.set(dm.array_meta_key(path), dm.encode_array_metadata(meta))
     layout = ArrayLayout.from_meta(meta)
     pad = np.zeros((), meta.dtype)[()] if meta.fill_value is None else meta.fill_value
@@ -556,11 +556,11 @@ class TestStoreTestsUnsharded(StoreTests[DraftV3Store, cpu.Buffer]):
         meta_key = dm.array_meta_key(path)
         if not inner.exists(meta_key):
             cps = None if self.chunks_per_shard is None else (self.chunks_per_shard,) * len(coords)
-            meta = dm.draft_array_document(
+            meta = dm.draft_array_document(dm.DraftArraySpec(
                 path=path, shape=(10_000,) * len(coords), chunks=(max(1, nbytes),) + (1,) * (len(coords) - 1), dtype="u1",
                 compressor=None, fill_value=0, order="C", separator=sep, filters=None,
                 attributes=None, chunks_per_shard=cps,
-            )
+            ))
             inner.set(meta_key, dm.encode_array_metadata(meta))
         return dm.data_prefix(path) + format_chunk_suffix(coords, sep)
 

@@ -61,10 +61,10 @@ def test_whole_reads_match_chunk_reads_with_edges_gaps_and_missing_shards(tmp_pa
 
 def _handmade(tmp_path, codec: str) -> tuple[str, dm.DraftArrayMeta]:
     """An (8, 8) u2 array of (4, 4) chunks in one shard, whose object the test writes by hand."""
-    meta = dm.draft_array_document(
+    meta = dm.draft_array_document(dm.DraftArraySpec(
         path="h", shape=(8, 8), chunks=(4, 4), dtype="<u2", compressor=COMPRESSORS[codec], fill_value=0,
         order="C", separator="/", filters=None, attributes={}, chunks_per_shard=(2, 2),
-    )
+    ))
     store = ShardingStore(str(tmp_path))
     store["zarr.json"] = dm.encode_entry_point()
     store[dm.array_meta_key("h")] = dm.encode_array_metadata(meta)
@@ -168,10 +168,10 @@ def test_runs_group_consecutive_rows_with_adjacent_bytes():
 
 @pytest.mark.parametrize("codec", ["blosc", "zstd", "none"])
 def test_span_decoder_matches_per_chunk_decoding(codec):
-    meta = dm.draft_array_document(
+    meta = dm.draft_array_document(dm.DraftArraySpec(
         path="s", shape=(64, 64), chunks=(16, 16), dtype="<f4", compressor=COMPRESSORS[codec], fill_value=0,
         order="C", separator="/", filters=None, attributes={}, chunks_per_shard=(2, 2),
-    )
+    ))
     decode = span_decoder(meta)
     if decode is None:
         pytest.skip("numcodecs' native symbols are not available here")

@@ -81,6 +81,25 @@ def test_values_dims_attrs_and_cf_decoding(store):
     np.testing.assert_array_equal(raw["time"].values, values["time"])
 
 
+def test_each_cf_switch_reaches_the_decoder_and_unknown_keywords_are_refused(store):
+    """The CF switches travel as one bundle (issue 23: at most 8 parameters): each one
+    xarray passes still reaches its decoder, in ``open_dataset`` and the datatree, and a
+    keyword neither xarray nor the backend knows is a TypeError naming it."""
+    root, values = store
+    unmasked = xr.open_dataset(root, engine=Engine, mask_and_scale=False)
+    np.testing.assert_array_equal(unmasked["packed"].values, values["packed"])  # neither masked nor scaled
+    assert unmasked["time"].values[1] == np.datetime64("2020-01-02T00:00")  # times still decoded
+    hours = xr.open_dataset(root, engine=Engine, decode_times=False)
+    np.testing.assert_array_equal(hours["time"].values, values["time"])
+    tree = xr.open_datatree(root, engine=Engine, mask_and_scale=False, decode_times=False)
+    np.testing.assert_array_equal(tree["packed"].values, values["packed"])
+    np.testing.assert_array_equal(tree["time"].values, values["time"])
+    for call in (Engine().open_dataset, Engine().open_groups_as_dict):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'mask_and_scael'"):
+            call(str(root), mask_and_scael=False)
+    assert "mask_and_scale" in Engine.open_dataset_parameters  # xarray filters its decoders by this list
+
+
 def test_groups_datatree_and_drop_variables(store):
     root, values = store
     sub = xr.open_dataset(root, engine=Engine, group="sub")

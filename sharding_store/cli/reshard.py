@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from ..errors import UsageError
+from ..options import ReshardOptions, RunOptions, StoreOptions
 from .options import add_progress_option, command_again, int_tuple, storage_options
 
 
@@ -43,32 +44,29 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run, interrupted=interrupted_advice)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..reshard import complete_interrupted, reshard, shard
-
+def options(args: argparse.Namespace) -> tuple[ReshardOptions, RunOptions, StoreOptions]:
+    """The one mapping of ``reshard``'s arguments onto the typed options of :func:`~sharding_store.reshard.reshard`."""
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: must be >= 1")
     if args.only_unsharded and args.chunks_per_shard is None:
         raise UsageError("--only-unsharded needs --chunks-per-shard")
-    progress = args.progress
-    src_options = storage_options(args.storage_options)
-    common: dict[str, Any] = dict(
-        arrays=args.array,
-        storage_options=src_options,
-        dst_storage_options=storage_options(args.dst_storage_options, "--dst-storage-options"),
-        jobs=args.jobs,
-        progress=progress,
-        overwrite=args.overwrite,
-    )
+    layout = ReshardOptions(None if args.unshard else args.chunks_per_shard, arrays=args.array,
+                            only_unsharded=args.only_unsharded, overwrite=args.overwrite)
+    stores = StoreOptions(storage_options(args.storage_options),
+                          storage_options(args.dst_storage_options, "--dst-storage-options"))
+    return layout, RunOptions(jobs=args.jobs, progress=args.progress), stores
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..reshard import complete_interrupted, reshard
+
+    layout, run_options, stores = options(args)
     if args.chunks_per_shard is None and not args.unshard:
         if not args.resume or args.dst:
             raise UsageError("give --chunks-per-shard N[,N...] or --unshard (or --resume alone, without DST)")
-        report = complete_interrupted(args.src, storage_options=src_options, jobs=args.jobs, progress=progress)
-    elif args.only_unsharded:
-        report = shard(args.src, args.dst, chunks_per_shard=args.chunks_per_shard, **common)
+        report = complete_interrupted(args.src, run=run_options, stores=stores)
     else:
-        cps = None if args.unshard else args.chunks_per_shard
-        report = reshard(args.src, args.dst, chunks_per_shard=cps, **common)
+        report = reshard(args.src, args.dst, layout, run=run_options, stores=stores)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
