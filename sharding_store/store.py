@@ -31,7 +31,7 @@ from __future__ import annotations
 import builtins
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
-from typing import Any, ContextManager
+from typing import Any, ContextManager, TypedDict, Unpack
 
 from . import draft_metadata as dm
 from .engine import ArrayLayout, ChunkRange, IndexCache, ShardEngine, ShardLocks, WholeShard, coalesced_spans
@@ -46,6 +46,33 @@ DATA_ROOT = "data/root/"
 
 #: chunk changes staged per shard: shard key -> (layout, shard coords, {local coords: bytes or None})
 _Changes = dict[str, tuple[ArrayLayout, Coords, dict[Coords, "bytes | None"]]]
+
+
+class SingleArrayKeywords(TypedDict, total=False):
+    """:class:`ShardingStore`'s single-array mode spelled out (``layout`` is the other spelling)."""
+
+    chunks_per_shard: int | Sequence[int] | None
+    array_path: str
+    separator: str
+
+
+def _single_array_layout(given: Mapping[str, Any]) -> ArrayLayout | None:
+    """The layout of ``ShardingStore(..., chunks_per_shard=, array_path=, separator=)``, or
+    None (hierarchy mode) without ``chunks_per_shard``; an unknown keyword is refused as
+    Python refuses one (:class:`TypeError`), naming it."""
+    for name in given:
+        if name not in SingleArrayKeywords.__annotations__:
+            raise TypeError(f"ShardingStore() got an unexpected keyword argument {name!r}")
+    chunks_per_shard = given.get("chunks_per_shard")
+    if chunks_per_shard is None:
+        return None
+    separator = given.get("separator", "/")
+    if separator not in ("/", "."):
+        raise UsageError(f"separator {separator!r}: must be '/' or '.'")
+    cps = (chunks_per_shard,) if isinstance(chunks_per_shard, int) else tuple(chunks_per_shard)
+    path = dm.normalize_path(given.get("array_path", ""))
+    n_entries(cps)  # validates the entries (without allocating an index)
+    return ArrayLayout(path, dm.data_prefix(path), len(cps), separator, cps)
 
 
 class ShardingStore(MutableMapping[str, bytes]):
@@ -80,16 +107,15 @@ class ShardingStore(MutableMapping[str, bytes]):
         self,
         inner: Any,
         *,
-        chunks_per_shard: int | Sequence[int] | None = None,
-        array_path: str = "",
-        separator: str = "/",
         storage_options: Mapping[str, Any] | None = None,
         index_cache_size: int = 0,
         coalesce_gap: int = 0,
         lock: Callable[[str], ContextManager[Any]] | None = None,
         max_workers: int = 8,
         layout: ArrayLayout | None = None,
+        **single_array: Unpack[SingleArrayKeywords],
     ) -> None:
+        single = _single_array_layout(single_array)  # before the store is opened: nothing done on a bad keyword
         self.inner: Inner = as_inner(inner, storage_options=storage_options)
         self.index_cache_size = index_cache_size
         self.coalesce_gap = coalesce_gap
@@ -99,16 +125,9 @@ class ShardingStore(MutableMapping[str, bytes]):
         self._layouts: dict[str, ArrayLayout | None] = {}
         self._engines: dict[ArrayLayout, ShardEngine] = {}
         self._suffix: str | None = None
-        self._fixed: ArrayLayout | None = layout
+        self._fixed: ArrayLayout | None = single if layout is None else layout
         if layout is not None and not layout.sharded:
             raise UsageError("layout=: the array must be sharded (chunks_per_shard is None)")
-        if chunks_per_shard is not None and layout is None:
-            if separator not in ("/", "."):
-                raise UsageError(f"separator {separator!r}: must be '/' or '.'")
-            cps = (chunks_per_shard,) if isinstance(chunks_per_shard, int) else tuple(chunks_per_shard)
-            path = dm.normalize_path(array_path)
-            self._fixed = ArrayLayout(path, dm.data_prefix(path), len(cps), separator, cps)
-            n_entries(cps)  # validates the entries (without allocating an index)
 
     # ------------------------------------------------------------------ metadata
     @property

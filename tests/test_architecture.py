@@ -104,7 +104,6 @@ SIZE_EXCEPTIONS: dict[str, str] = {
     "verify:verify": "being moved onto VerifyOptions/RunOptions/StoreOptions",
     "inplace:upgrade_in_place": "being moved onto UpgradeOptions/RunOptions/StoreOptions",
     "migrate2023:migrate_copy": "the 2023 copy pipeline another change deletes (one copy driver, issue 23)",
-    "store:ShardingStore.__init__": "the mapping facade's keywords (zarr 2.18's ShardingStore spelling); not split yet",
 }
 
 

@@ -372,3 +372,20 @@ def test_local_writes_survive_other_processes_pruning_their_directories(tmp_path
         p.join(timeout=120)
     assert [p.exitcode for p in procs] == [0, 0, 0]
     assert not (tmp_path / "a").exists()
+
+
+def test_single_array_keywords_are_one_checked_bundle(tmp_path):
+    """``chunks_per_shard``/``array_path``/``separator`` travel as one typed bundle (issue
+    23: at most 8 parameters): each still takes effect, a misspelt one is a TypeError
+    naming it before the store is opened, a bad separator is our UsageError."""
+    from sharding_store.errors import UsageError
+
+    store = ShardingStore(str(tmp_path), chunks_per_shard=(2,), array_path="a/b", separator=".")
+    store["data/root/a/b/c3"] = b"x"  # chunk 3 of shard 1 ("." separator: one flat key per shard)
+    assert sorted(p.name for p in (tmp_path / "data/root/a/b").iterdir()) == ["c1"]
+    assert store["data/root/a/b/c3"] == b"x"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk_per_shard'"):
+        ShardingStore(str(tmp_path / "never"), chunk_per_shard=2)
+    assert not (tmp_path / "never").exists()
+    with pytest.raises(UsageError, match="separator '-'"):
+        ShardingStore(str(tmp_path), chunks_per_shard=2, separator="-")
