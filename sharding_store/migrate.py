@@ -9,12 +9,14 @@ plan and the work units, :mod:`.jobs` for how they run.
 Claiming the destination: before anything is written a marker object records the
 options; it is created *exclusively* (``O_EXCL``-like locally, a conditional PUT on S3),
 so of two migrations started into one destination only one proceeds, the other refuses
-(:class:`DestinationExistsError`). ``resume=True`` continues under an existing marker
-with the same options, skipping target shards whose index parses (and checksums).
-Other fsspec backends have no atomic create: there two migrations started at the same
-instant can both claim it (a documented limit). ``overwrite`` empties the destination
-before claiming it, marker included: it must not be given while another migration is
-writing there.
+(:class:`DestinationExistsError`); then the record, which stays (:mod:`.destination`).
+``resume=True`` continues under an existing marker and record with the same source and
+options, skipping target shards whose index parses (and checksums); another source or
+other options are refused, also on a finished destination. Other fsspec backends have no
+atomic create: there two migrations started at the same instant can both claim it (a
+documented limit). ``overwrite`` empties a destination that holds a Zarr hierarchy or one
+of our markers or records before claiming it: it must not be given while another
+migration is writing there.
 
 Order of writes, so that a killed migration never leaves an array that reads wrong
 values: an array's shards, then its ``zarr.json`` (zarr cannot open it before); groups
@@ -35,7 +37,6 @@ reader, as in the source). A source with an unfinished in-place reshard is refus
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -44,7 +45,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import draft_metadata as dm
-from . import migrate2023
+from . import destination, migrate2023
 from .errors import (
     DestinationExistsError,
     DraftMetadataError,
@@ -67,7 +68,6 @@ from .jobs import (
     is_transient,
     jobs_for,
     lost_transformer,
-    prepare_destination,
     run_bounded,
     with_retries,
 )
@@ -75,6 +75,7 @@ from .inspect import check_assumed_layouts
 from .journal import refuse_interrupted_reshards
 from .meta2023 import classify_node
 from .upgrade_journal import refuse_interrupted_upgrade
+from .destination import RECORD_KEY, Removal, describe_removal
 from .migrate_units import (
     DAMAGE_ERRORS,
     MARKER_KEY,
@@ -153,6 +154,8 @@ class MigrationReport:
     verification: Any = None  # a VerifyReport when verified
     #: how objects counted as ``copied`` were copied, in words (:func:`copy_words`)
     copied_by: str = ""
+    #: a dry run with ``overwrite``: what emptying DST would remove
+    removal: Removal | None = None
 
     def skip(self, path: str, kind: str, error: ShardingStoreError) -> None:
         self.skipped_arrays.append({"path": path, "kind": kind, "error": type(error).__name__, "reason": str(error)})
@@ -207,6 +210,7 @@ class MigrationReport:
             "warnings": list(self.warnings),
             "skipped": {"shards": t.skipped, "arrays": list(self.skipped_arrays)},
             "verified": None if self.verification is None else self.verification.to_dict(),
+            **({"would_remove": self.removal.to_dict()} if self.removal is not None else {}),
         }
 
     def summary(self) -> str:
@@ -223,6 +227,8 @@ class MigrationReport:
                 extra = ", recompressed to zstd" if a.recompressed else ""
                 lines.append(f"  {a.path or '/'}: {a.shards} {object_noun(a.chunks_per_shard is not None, a.shards)}, "
                              f"{human_bytes(a.bytes)}, {cps}{extra}")
+            if self.removal is not None:
+                lines += describe_removal(self.removal, human_bytes)
         else:
             t = self.totals
             now = t.written + t.copied
@@ -323,8 +329,8 @@ class _Driver:
 
     def claim(self, marker: bytes, name: str) -> None:
         """Create the marker, exclusively: of two migrations into one destination only one
-        gets past this point. Under ``resume`` an existing marker (same options, checked
-        before) is ours to continue."""
+        gets past this point. Under ``resume`` an existing marker (same source and options,
+        checked before) is ours to continue. Then the record, with the marker's content."""
         try:
             created = with_retries(self.dst.create_exclusive, MARKER_KEY, marker,
                                    attempts=self.attempts, base_delay=self.delay)
@@ -345,6 +351,7 @@ class _Driver:
             self.set(MARKER_KEY, marker)
         else:
             fault_point("meta")
+        self.set(RECORD_KEY, marker)  # outlives the marker: what DST was migrated from, and how
 
     def finish(self, plan: ArrayPlan) -> None:
         if plan.node.path == "":
@@ -398,46 +405,19 @@ class _Driver:
 # --------------------------------------------------------------------------- the API
 
 
-def _check_marker(driver: _Driver, current: Mapping[str, Any]) -> None:
-    raw = driver.retried(driver.dst.get, MARKER_KEY)
-    if raw is None:
-        return
-    try:
-        previous = json.loads(raw)
-    except (ValueError, RecursionError):
-        previous = None
-    if not isinstance(previous, dict):
-        raise UsageError(
-            f"{MARKER_KEY}: not a migration marker this tool wrote (not a JSON object); nothing to resume: "
-            "start again with --overwrite",
-            key=MARKER_KEY,
-        )
-    # in-process objects ("mapping", "zarr") are identified by id(): no identity across runs
-    before, now = previous.get("source"), current["source"]
-    if isinstance(before, list) and before and before[0] not in ("mapping", "zarr") and now[0] not in ("mapping", "zarr") and before != now:
-        raise UsageError(
-            f"{MARKER_KEY}: the interrupted migration read another source ({previous.get('src')!r}, at "
-            f"{':'.join(map(str, previous['source']))}), not {current['src']!r}: resuming would mix two "
-            "sources' shards; resume with that source, or start again with --overwrite",
-            key=MARKER_KEY,
-        )
-    # "src" is the source as spelled; "source" its canonical location (compared above)
-    diff = [k for k in current if k not in ("src", "source") and previous.get(k) != current[k]]
-    if diff:
-        raise UsageError(
-            f"{MARKER_KEY}: the interrupted migration used other options ({', '.join(f'{k}={previous.get(k)!r}' for k in diff)}); "
-            "resume with the same options, or start again with --overwrite",
-            key=MARKER_KEY,
-        )
+def _prepare(dst_ref: StoreRef, dst: Inner, current: Mapping[str, Any], report: MigrationReport, *, overwrite: bool,
+             resume: bool, dry_run: bool, retries: int, delay: float) -> bool:
+    """A destination to write into (:func:`destination.prepare`: empty, emptied by
+    ``overwrite`` when it is recognised, or continued under ``resume`` with the source and
+    options ``current`` records); a dry run deletes nothing and reports what ``overwrite``
+    would remove. Returns whether an earlier migration is being continued."""
 
+    def retried(fn: Any, *args: Any) -> Any:
+        return with_retries(fn, *args, attempts=retries, base_delay=delay)
 
-def _prepare(dst_ref: StoreRef, dst: Inner, *, overwrite: bool, resume: bool, dry_run: bool) -> None:
-    """A destination to write into: empty, emptied (``overwrite``), or resumed as it is. A
-    dry run with ``overwrite`` deletes nothing."""
-    if resume or (dry_run and overwrite):
-        return
-    hint = "use --overwrite, or --resume to finish an interrupted migration"
-    prepare_destination(dst, dst_ref.describe(), overwrite=overwrite, hint=hint)
+    continuing, report.removal = destination.prepare(dst, dst_ref.describe(), current, overwrite=overwrite,
+                                                     resume=resume, dry_run=dry_run, retried=retried)
+    return continuing
 
 
 def _plan_all(
@@ -577,10 +557,12 @@ def migrate(
                                    assume_chunks_per_shard=assume_chunks_per_shard)
         jobs = jobs_for(jobs, src_inner, dst_inner, None)
         report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run, copied_by=copy_words(dst_inner))
-        if not (dry_run and overwrite) and not resume:
-            prepare_destination(dst_inner, dst_ref.describe(), overwrite=overwrite,
-                                hint="use --overwrite, or --resume to finish an interrupted migration")
-        migrate2023.migrate_copy(src_inner, dst_inner, report, dst_name=dst_ref.describe(), index_checksum=index_checksum,
+        current = destination.record("2023", src_ref.describe(), src_inner.location(),
+                                     {"index_checksum": index_checksum, "consolidate": consolidate})
+        _prepare(dst_ref, dst_inner, current, report, overwrite=overwrite, resume=resume, dry_run=dry_run,
+                 retries=retries, delay=retry_delay)
+        migrate2023.migrate_copy(src_inner, dst_inner, report, current, dst_name=dst_ref.describe(),
+                                 index_checksum=index_checksum,
                                  dry_run=dry_run, skip_damaged=skip_damaged, jobs=jobs, retries=retries,
                                  retry_delay=retry_delay, resume=resume and not dry_run, consolidate=consolidate,
                                  progress=progress)
@@ -601,7 +583,10 @@ def migrate(
     _check_named_arrays(h, names)
     groups = [n for n in h.groups()]
     report.groups = len(groups)
-    _prepare(dst_ref, dst_inner, overwrite=overwrite, resume=resume, dry_run=dry_run)
+    current = destination.record("2022", src_ref.describe(), src_inner.location(), {
+        **opts.recorded(), "assume_chunks_per_shard": assume_marker(assume_chunks_per_shard), "consolidate": consolidate})
+    _prepare(dst_ref, dst_inner, current, report, overwrite=overwrite, resume=resume, dry_run=dry_run,
+             retries=retries, delay=retry_delay)
     if dry_run:
         for plan in plans:  # counted as listed, never held
             units, listed = array_units(plan, h, src_inner)
@@ -610,16 +595,12 @@ def migrate(
             report.warnings += listed.warnings(plan.node.path)
         report.seconds = time.perf_counter() - started
         return report
-    source = src_inner.location()
-    marker = {**opts.marker(src_ref.describe()), "assume_chunks_per_shard": assume_marker(assume_chunks_per_shard),
-              "source": [source.kind, source.authority, source.path]}
     driver = _Driver(h, plans, src_inner, dst_inner, report, resume=resume, attempts=retries, delay=retry_delay,
                      progress=progress, skip_damaged=skip_damaged)
     if resume:
-        _check_marker(driver, marker)
         dst_inner.tidy()  # temporary files of writes the interrupted run left unfinished
     fault_point("claim")  # the destination was found empty (or resumable); nothing written yet
-    driver.claim(json_bytes(marker), dst_ref.describe())
+    driver.claim(json_bytes(current), dst_ref.describe())
     if executor is None:
         with cancelling(ThreadPoolExecutor(jobs, thread_name_prefix="migrate")) as pool:
             driver.run(pool, window=2 * jobs)

@@ -17,7 +17,8 @@ the array's ``chunk_key_encoding`` says, shards in the v1.0 binary format. Migra
   ``plain``: the CRC32C of each index is appended to its shard and declared, unless
   ``index_checksum=False`` (then ``[bytes little]`` is declared, shards verbatim). An array
   without any shard declares the checksum (nothing to append);
-* the destination is claimed exclusively (the migration marker, as the 2022 path does); an
+* the destination is claimed exclusively (the migration marker and record of
+  :mod:`.destination`, as the 2022 path does); an
   array's ``zarr.json`` is written after its objects, groups after every array, deepest
   first, the root's document last, then the marker is removed. The source is only read.
 
@@ -59,11 +60,12 @@ from .errors import (
 from .hierarchy import V3Walk, walk_v3_nodes
 from .inspect import _batches, decide_reading
 from .jobs import cancelling, fault_point, with_retries
-from .migrate_units import MARKER_KEY, ArrayReport, UnitResult, json_bytes, node_key
+from .destination import MARKER_KEY, RECORD_KEY, check_resume, extra_node_key, extra_nodes
+from .migrate_units import ArrayReport, UnitResult, json_bytes, node_key
 from .progress import object_noun, progress_bar
 from .shard_index import CHECKSUM_NBYTES, ENTRY_NBYTES, entry_lists, index_nbytes, read_index
 from .stores import Inner
-from .v3_metadata import consolidated_metadata
+from .v3_metadata import consolidated_metadata, document_difference, same_json
 
 SKIP_HINT = "--skip-damaged migrates the other nodes and lists the damaged ones"
 GROUP_DOCUMENT = {"zarr_format": 3, "node_type": "group", "attributes": {}}
@@ -341,17 +343,19 @@ def refuse_damage(plan: Plan2023, skip_damaged: bool, consequence: str) -> None:
 
 
 def migrate_copy(
-    src: Inner, dst: Inner, report: Any, *, dst_name: str, index_checksum: bool = True, dry_run: bool = False,
+    src: Inner, dst: Inner, report: Any, current: dict[str, Any], *, dst_name: str, index_checksum: bool = True, dry_run: bool = False,
     skip_damaged: bool = False, jobs: int = 4, retries: int = 4, retry_delay: float = 0.2,
     walk: V3Walk | None = None, resume: bool = False, consolidate: bool = True, progress: bool | None = None,
 ) -> Plan2023:
     """Copy-migrate the 2023 hierarchy in ``src`` into ``dst`` (found empty or emptied by the
     caller), filling ``report`` (a :class:`~sharding_store.migrate.MigrationReport`).
 
-    ``resume``: continue an interrupted migration into ``dst`` (its marker must say the same
-    source and ``index_checksum``): an object already there with the size it must have is
-    kept (the verification that follows compares every byte), every document is written
-    again. A destination without a marker but not empty is refused (nothing to resume).
+    ``current``: the marker's and the record's content (:func:`destination.record`).
+    ``resume``: continue an interrupted migration into ``dst`` (its marker and record must
+    say the same source and options, :func:`destination.check_resume`): an object already
+    there with the size it must have is kept (the verification that follows compares every
+    byte), every document is written again. A destination with neither but not empty is
+    refused (nothing to resume).
     ``progress``: a bar of the objects (shards, or chunk objects) and bytes written."""
     plan = plan_hierarchy(src, walk)
     refuse_damage(plan, skip_damaged, "nothing was written")
@@ -373,9 +377,6 @@ def migrate_copy(
     def retried(fn: Any, *args: Any) -> Any:
         return with_retries(fn, *args, attempts=retries, base_delay=retry_delay)
 
-    location = src.location()
-    current = {"generation": "2023", "index_checksum": index_checksum, "src": report.src,
-               "source": [location.kind, location.authority, location.path]}
     marker = json_bytes(current)
     existing: dict[str, int | None] | None = None
     if resume:
@@ -385,6 +386,7 @@ def migrate_copy(
         raise DestinationExistsError(
             f"{dst_name}: another migration is writing into this destination (its {MARKER_KEY} appeared "
             "after the destination was found empty); wait for it, or use another destination", key=MARKER_KEY)
+    retried(dst.set, RECORD_KEY, marker)  # outlives the marker: what DST was migrated from, and how
     try:
         _write_all(plan, src, dst, report, index_checksum=index_checksum, jobs=jobs, retried=retried,
                    existing=existing, consolidate=consolidate, progress=progress)
@@ -394,33 +396,11 @@ def migrate_copy(
 
 
 def _resumable(dst: Inner, dst_name: str, current: dict[str, Any], retried: Any) -> dict[str, int | None] | None:
-    """The objects of the interrupted migration into ``dst`` (key -> size) when its marker
-    matches ``current``; None when ``dst`` is empty (a fresh start). :class:`UsageError`
-    otherwise, naming what differs."""
-    raw = retried(dst.get, MARKER_KEY)
-    if raw is None:
-        if next(iter(dst.list_prefix("")), None) is None:
-            return None
-        raise UsageError(f"{dst_name}: nothing to resume (no {MARKER_KEY}: the migration completed, or this "
-                         "destination is not one of ours); start again with --overwrite", key=MARKER_KEY)
-    try:
-        previous = json.loads(raw)
-    except (ValueError, RecursionError):
-        previous = None
-    if not isinstance(previous, dict) or previous.get("generation") != "2023":
-        raise UsageError(f"{MARKER_KEY}: not the marker of a 2023-generation migration; nothing to resume: start "
-                         "again with --overwrite", key=MARKER_KEY)
-    before = previous.get("source", current["source"])
-    in_process = ("mapping", "zarr")  # identified by id(): no identity across runs
-    if before[:1] != [] and before[0] not in in_process and current["source"][0] not in in_process \
-            and before != current["source"]:
-        raise UsageError(f"{MARKER_KEY}: the interrupted migration read another source ({previous.get('src')!r}), "
-                         f"not {current['src']!r}: resume with that source, or start again with --overwrite",
-                         key=MARKER_KEY)
-    if previous.get("index_checksum") != current["index_checksum"]:
-        raise UsageError(f"{MARKER_KEY}: the interrupted migration used index_checksum="
-                         f"{previous.get('index_checksum')!r}; resume with the same options, or start again with "
-                         "--overwrite", key=MARKER_KEY)
+    """The objects of the migration into ``dst`` being continued (key -> size) when its
+    marker and record match ``current`` (:func:`destination.check_resume`, which raises
+    naming what differs); None when ``dst`` is empty (a fresh start)."""
+    if not check_resume(dst, dst_name, current, retried):
+        return None
     return dict(dst.list_sized(""))
 
 
@@ -491,6 +471,13 @@ def _load(dst: Inner, key: str) -> Any:
         return {"<invalid JSON>": True}
 
 
+def _difference(expected: dict[str, Any], actual: Any) -> str:
+    """The first field in which a destination document differs, in words."""
+    if not isinstance(actual, dict):
+        return "not a JSON object"
+    return document_difference(expected, actual) or "documents differ"
+
+
 def live_chunks(doc: dict[str, Any], data: bytes) -> int:
     """The chunks one object of a final array document holds: 1 unsharded, else the live
     entries of its index (0 when the index is not the plain little-endian one)."""
@@ -546,6 +533,9 @@ def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = Fal
     for path, error in plan.damaged.items():
         report.skip(path, known.get(path, str(error)), dst)
     found: dict[str, Any] = {}  # documents found right: what consolidated metadata must list
+    nodes = {p for p, _ in plan.groups} | {a.path for a in plan.arrays} | set(plan.damaged)
+    for key in extra_nodes(dst, (p for p, _ in plan.groups), nodes):
+        check.problem(key, f"{key}: a node the source does not have")
     consolidated: Any = None
     for path, expected in plan.groups:
         report.groups += 1
@@ -554,8 +544,9 @@ def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = Fal
         if path == "" and isinstance(actual, dict) and "consolidated_metadata" in actual:
             actual = dict(actual)
             consolidated = actual.pop("consolidated_metadata")
-        if actual != expected:
-            check.problem(key, f"{key}: missing" if actual is None else f"{key}: not the normalised group document")
+        if actual is None or not same_json(expected, actual):
+            check.problem(key, f"{key}: missing" if actual is None else
+                          f"{key}: not the normalised group document: {_difference(expected, actual)}")
         elif path:
             found[path] = actual
     sharded = all(_sharding(a.normalised.document) is not None for a in plan.arrays)
@@ -574,9 +565,10 @@ def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = Fal
                 check.problem(key, f"{key}: missing (array '{a.path or '/'}' was not migrated)")
                 continue
             candidates = [True, False] if a.reading in ("plain", "none") else [True]
-            match = [c for c in candidates if a.document(c) == actual]
+            match = [c for c in candidates if same_json(a.document(c), actual)]
             if not match:
-                check.problem(key, f"{key}: not the normalised document of the source array")
+                check.problem(key, f"{key}: not the normalised document of the source array: "
+                                   f"{_difference(a.document(candidates[0]), actual)}")
                 continue
             if a.path:
                 found[a.path] = actual
@@ -596,12 +588,14 @@ def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = Fal
             for k, _ in dst.list_sized(prefix):
                 if k not in src_keys and pattern.fullmatch(k[len(prefix):]):
                     check.problem(k, f"{k}: not in the source")
+                elif extra_node_key(k, prefix, nodes):
+                    check.problem(k, f"{k}: a node the source does not have")
     if consolidated is not None:
         bad = {p for p, _ in plan.groups if p and p not in found} | {a.path for a in plan.arrays if a.path not in found}
         listed = consolidated.get("metadata") if isinstance(consolidated, dict) else None
         if isinstance(listed, dict):
             consolidated = {**consolidated, "metadata": {p: d for p, d in listed.items() if p not in bad}}
-        if consolidated != consolidated_metadata(found):
+        if not same_json(consolidated_metadata(found), consolidated):
             key = node_key("")
             check.problem(key, f"{key}: consolidated_metadata is not the destination's documents")
 

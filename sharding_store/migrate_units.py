@@ -35,6 +35,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from crc32c import crc32c
 
+from .destination import MARKER_KEY
 from .draft_metadata import DraftArrayMeta
 from .engine import ArrayLayout, ShardEngine, gather, read_shard_index
 from .errors import (
@@ -52,8 +53,6 @@ from .shard_index import CHECKSUM_NBYTES, IndexLocation, encode_shard, index_nby
 from .stores import Inner
 from .v3_metadata import portability_problems, portable_target, v3_array_document, v3_chunk_key
 
-#: the object that marks a destination as a migration in progress (and records its options)
-MARKER_KEY = ".sharding-store-migration.json"
 #: what damages one array only (reported, or left out with ``skip_damaged``), never the whole run
 DAMAGE_ERRORS = (ShardCorruptError, ChunkDecodeError, ChunkKeyError, DraftMetadataError, LinkOutsideStoreError)
 #: chunk objects per unit when copying an unsharded array chunk by chunk
@@ -98,17 +97,16 @@ class Options:
     #: array path -> names for its dimensions (``--dimension-names``), for arrays without them
     dimension_names: Mapping[str, tuple[str | None, ...]] | None = None
 
-    def marker(self, src: str) -> dict[str, Any]:
+    def recorded(self) -> dict[str, Any]:
+        """These options as the destination's marker and record keep them (:mod:`.destination`)."""
         cps = self.chunks_per_shard
         return {
-            "migration": "sharding-store",
-            "src": src,
             "chunks_per_shard": list(cps) if isinstance(cps, tuple) else cps,
             "index_checksum": self.index_checksum,
             "index_location": self.index_location,
             "portable": self.portable,
-            **({"dimension_names": {p: list(n) for p, n in sorted(self.dimension_names.items())}}
-               if self.dimension_names else {}),
+            "dimension_names": ({p: list(n) for p, n in sorted(self.dimension_names.items())}
+                                if self.dimension_names else None),
         }
 
 

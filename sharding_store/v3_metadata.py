@@ -53,6 +53,8 @@ __all__ = [
     "portability_problems",
     "portable_target",
     "v3_chunk_key",
+    "same_json",
+    "document_difference",
 ]
 
 _KEEP: Any = object()  # sentinel: "use the array's own value"
@@ -668,3 +670,46 @@ def v3_chunk_key(coords: tuple[int, ...], separator: str) -> str:
     if separator not in ("/", "."):
         raise UsageError(f"chunk key separator must be '/' or '.', got {separator!r}")
     return separator.join(["c", *map(str, coords)])
+
+
+# --------------------------------------------------------------------------- comparing documents
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two parsed JSON values are the same document: types and values compared
+    strictly, without recursion (``False`` ≠ ``0`` ≠ ``0.0``, ``-0.0`` ≠ ``0.0``, a float
+    by its bits; a NaN equals a NaN, JSON spells no payload; strings exactly, so every
+    ``"NaN"``/``"0x7fc00000"`` spelling of a fill value is its own). Python's ``==``
+    holds ``False == 0 == 0.0 == -0.0``: a verifier built on it accepts documents a reader
+    then refuses. Lists and tuples are both JSON arrays."""
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        tx, ty = type(x), type(y)
+        if tx is not ty and not (tx in (list, tuple) and ty in (list, tuple)):
+            return False
+        if isinstance(x, dict):
+            if x.keys() != y.keys():
+                return False
+            stack.extend((x[k], y[k]) for k in x)
+        elif isinstance(x, (list, tuple)):
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y))
+        elif isinstance(x, float):
+            if not (math.isnan(x) and math.isnan(y)) and struct.pack("<d", x) != struct.pack("<d", y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def document_difference(expected: Mapping[str, Any], actual: Mapping[str, Any]) -> str | None:
+    """The first field (in name order) in which ``actual`` is not ``expected`` by
+    :func:`same_json`, in words; None when the documents are the same."""
+    for k in sorted(set(expected) | set(actual)):
+        if k not in actual or k not in expected or not same_json(expected[k], actual[k]):
+            got = json.dumps(actual[k])[:120] if k in actual else "absent"
+            want = json.dumps(expected[k])[:120] if k in expected else "absent"
+            return f"field {k!r} is {got}, expected {want}"
+    return None

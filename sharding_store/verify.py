@@ -5,7 +5,11 @@ translation of the source metadata (with the layout options read back from the
 destination document: chunks per shard, index checksum and location, a portable
 recompression); every target shard's index parses and checksums; every inner chunk is
 present with the same bytes (verbatim arrays) or the same decoded values (recompressed
-ones); no target object exists where the source has no chunk. The work units are the
+ones); no target object exists where the source has no chunk, and no node document where
+the source has no node (:func:`destination.extra_nodes`). Documents are compared as JSON
+with their types (:func:`~sharding_store.v3_metadata.same_json`: ``false`` is not ``0``,
+``-0.0`` is not ``0.0``); ``dimension_names`` only as the source has them or as DST's
+record says ``--dimension-names`` gave them. The work units are the
 migration's own (:mod:`.migrate_units`), run the same way (:mod:`.jobs`: threads or an
 executor).
 
@@ -25,7 +29,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field, replace
@@ -79,7 +83,8 @@ from .migrate_units import (
 from .progress import NullBar, object_noun, progress_bar
 from .shard_index import CHECKSUM_NBYTES, encode_shard, index_nbytes, live_entries, read_index
 from .stores import Inner
-from .v3_metadata import consolidated_metadata
+from .v3_metadata import consolidated_metadata, document_difference, same_json
+from .destination import extra_node_key, extra_nodes, read_record, recorded_dimension_names
 
 #: differences kept in full by default (all are counted); ``max_differences`` changes it
 MAX_KEPT = 20
@@ -193,30 +198,28 @@ def _ends_in_zstd(codecs: list[Any]) -> bool:
 
 
 def _first_difference(expected: Mapping[str, Any], actual: Mapping[str, Any]) -> str:
-    for k in sorted(set(expected) | set(actual)):
-        if expected.get(k) != actual.get(k):
-            return f"field {k!r} is {json.dumps(actual.get(k))[:120]}, expected {json.dumps(expected.get(k))[:120]}"
-    return "documents differ"  # pragma: no cover
+    return document_difference(expected, actual) or "documents differ"
 
 
-def _array_plan(h: DraftHierarchy, node: Any, src: StoreRef, dst: StoreRef, doc: dict[str, Any], check: UnitCheck) -> ArrayPlan | None:
-    """The migration plan the destination document implies, or None (a problem is recorded)."""
+def _array_plan(h: DraftHierarchy, node: Any, src: StoreRef, dst: StoreRef, doc: dict[str, Any], check: UnitCheck,
+                names: Mapping[str, tuple[Any, ...]]) -> ArrayPlan | None:
+    """The migration plan the destination document implies, or None (a problem is
+    recorded). ``names``: the dimension names the destination's record says were given."""
     key = node_key(node.path)
     try:
         opts = options_from_doc(doc)
         if node.meta.is_sharded and opts.chunks_per_shard is None:
             raise ValueError("the source is sharded, the destination is not")
+        if node.path in names:  # given to migrate (--dimension-names), as its record says
+            opts = replace(opts, dimension_names={node.path: names[node.path]})
         plan, _ = plan_array(node, src, dst, opts)
-        if "dimension_names" in doc and "dimension_names" not in plan.doc:  # given to migrate
-            opts = replace(opts, dimension_names={node.path: tuple(doc["dimension_names"])})
-            plan, _ = plan_array(node, src, dst, opts)
-        if plan.doc != doc:  # the last codec does not tell whether --portable was given
+        if not same_json(plan.doc, doc):  # the last codec does not tell whether --portable was given
             other, _ = plan_array(node, src, dst, replace(opts, portable=not opts.portable))
-            plan = other if other.doc == doc else plan
+            plan = other if same_json(other.doc, doc) else plan
     except (KeyError, TypeError, AttributeError, ValueError, ZeroDivisionError, ShardingStoreError) as e:
         check.problem(key, f"{key}: cannot be matched to the source metadata ({e})")
         return None
-    if plan.doc != doc:
+    if not same_json(plan.doc, doc):
         check.problem(key, f"{key}: not the translation of the source metadata: {_first_difference(plan.doc, doc)}")
         return None
     return plan
@@ -403,13 +406,16 @@ def _check_with_retries(job: ArrayJob, unit: Unit, attempts: int, delay: float) 
     return with_retries(check_unit, job, unit, attempts=attempts, base_delay=delay)
 
 
-def _extra_object(job: ArrayJob, check: UnitCheck) -> Callable[[str], None]:
+def _extra_object(job: ArrayJob, check: UnitCheck, nodes: Container[str]) -> Callable[[str], None]:
     """What the merge with the destination's listing calls for each listed key no unit
-    accounts for: a chunk/shard key among them is reported (it would read as data)."""
+    accounts for: a chunk/shard key among them is reported (it would read as data), and a
+    node document where the source (``nodes``: its node paths) has none."""
 
     def other(key: str) -> None:
         if is_v3_chunk_key(key[len(job.dst_prefix) :], job.src_layout.separator, job.src_layout.ndim):
             check.problem(key, f"{key}: unexpected object (the source has no chunk there)")
+        elif extra_node_key(key, job.dst_prefix, nodes):
+            check.problem(key, f"{key}: a node the source does not have")
 
     return other
 
@@ -500,7 +506,8 @@ def verify(
     report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=max(1, max_differences)))
     checker = _Checker(h, src_ref, dst_ref, dst_inner, report, dict(skip_arrays or {}), skip_damaged, retries, retry_delay)
     checker.groups()
-    checker.plan_arrays()  # the bar counts shards only when every array checked is sharded
+    checker.plan_arrays()
+    checker.extra_nodes()  # the bar counts shards only when every array checked is sharded
     with progress_bar(0, "verify", object_noun(report.all_shards, 1), progress) as bar:
         checker.bar = bar
         if executor is None:
@@ -531,6 +538,10 @@ class _Checker:
         self.bad: set[str] = set()
         self.bar: NullBar = NullBar()  # counts target objects checked, and their bytes
         self.plans: list[ArrayPlan] = []  # the arrays whose units are checked (:meth:`plan_arrays`)
+        #: the dimension names migrate was given, as DST's record says (none: none were)
+        self.names = recorded_dimension_names(read_record(dst_inner))
+        #: every node path of the source, damaged ones included: any other node in DST is extra
+        self.nodes = set(h.nodes) | set(h.damaged)
         for path, error in h.damaged.items():
             if path not in known and not skip_damaged:
                 raise damage_error(error, path, SKIP_HINT)
@@ -548,11 +559,19 @@ class _Checker:
             if node.path == "" and actual is not None and "consolidated_metadata" in actual:
                 actual = dict(actual)
                 self.consolidated = actual.pop("consolidated_metadata")
-            if actual != expected:
+            if actual is None or not same_json(expected, actual):
                 self.bad.add(node.path)
                 self.check.problem(key, f"{key}: missing" if actual is None else f"{key}: {_first_difference(expected, actual)}")
             elif node.path:
                 self.docs[node.path] = actual
+
+    def extra_nodes(self) -> None:
+        """A node document in DST where the source has no node is a difference (another
+        source's nodes merged in, or a node added): outside the arrays here, below an
+        array by its listing (:func:`_extra_object`)."""
+        groups = (n.path for n in self.h.groups())
+        for key in extra_nodes(self.dst_inner, groups, self.nodes):
+            self.check.problem(key, f"{key}: a node the source does not have")
 
     def consolidation(self) -> None:
         """The root's consolidated metadata is exactly the documents the destination holds
@@ -565,13 +584,13 @@ class _Checker:
         if isinstance(got, dict) and self.bad:  # those documents are reported already
             actual = {**actual, "metadata": {p: d for p, d in got.items() if p not in self.bad}}
             got = actual["metadata"]
-        if actual != expected:
+        if not same_json(expected, actual):
             key = node_key("")
             want = expected["metadata"]
             where = ""
             if isinstance(got, dict):
                 for path in sorted(set(got) | set(want)):
-                    if got.get(path) != want.get(path):
+                    if path not in got or path not in want or not same_json(want[path], got[path]):
                         a, b = got.get(path), want.get(path)
                         what = _first_difference(b, a) if isinstance(a, dict) and isinstance(b, dict) else (
                             "missing" if a is None else "not a node of the destination")
@@ -605,7 +624,7 @@ class _Checker:
             self.check.problem(key, f"{key}: missing (array '{node.path or '/'}' was not migrated)")
             return None
         try:
-            plan = _array_plan(self.h, node, self.src, self.dst, doc, self.check)
+            plan = _array_plan(self.h, node, self.src, self.dst, doc, self.check, self.names)
         except DraftMetadataError as e:  # an array migrate could not translate (skipped there)
             self.check.problem(key, f"{key}: {e}")
             plan = None
@@ -623,7 +642,8 @@ class _Checker:
     def items(self) -> Iterator[tuple[Any, ...]]:
         for plan in self.plans:
             # the destination's listing is merged with the units as both arrive (never held)
-            present = Present(self.dst_inner.list_sized(plan.job.dst_prefix), other=_extra_object(plan.job, self.check),
+            present = Present(self.dst_inner.list_sized(plan.job.dst_prefix),
+                              other=_extra_object(plan.job, self.check, self.nodes),
                               probe=self.dst_inner.size)
             units, _ = array_units(plan, self.h, self.h.inner, present)
             for unit in units:

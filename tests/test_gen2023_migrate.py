@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from sharding_store.cli import main
+from sharding_store.destination import RECORD_KEY
 from sharding_store.errors import DraftMetadataError, ShardCorruptError, StoreNotFoundError, VerificationError
 from sharding_store.meta2023 import NODE_KEY
 from sharding_store.migrate import migrate
@@ -135,7 +136,8 @@ def test_documents_are_final_and_data_objects_verbatim(migrated):
             assert root == {"zarr_format": 3, "node_type": "group", "attributes": {}}
         src_objects = sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file() and p.name != NODE_KEY)
         dst_objects = sorted(p.relative_to(dst).as_posix() for p in dst.rglob("*") if p.is_file() and p.name != NODE_KEY)
-        assert src_objects == dst_objects, store  # keys unchanged
+        assert dst_objects[0] == RECORD_KEY, store  # the migration's record (sharding_store.destination), and
+        assert src_objects == dst_objects[1:], store  # the keys unchanged
         for key in src_objects:  # every shard here has a declared or a hidden checksum: verbatim
             assert (src / key).read_bytes() == (dst / key).read_bytes(), key
 
@@ -268,7 +270,7 @@ def test_verify_finds_a_flipped_byte_and_a_changed_document(tmp_path, capsys):
     dst = tmp_path / "dst"
     migrate(str(src), str(dst))
     verify(str(src), str(dst))
-    victim = next(p for p in sorted(dst.rglob("*")) if p.is_file() and p.name != NODE_KEY)
+    victim = next(p for p in sorted(dst.rglob("*")) if p.is_file() and p.name not in (NODE_KEY, RECORD_KEY))
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x01
     victim.write_bytes(bytes(data))

@@ -56,8 +56,16 @@ def test_a_killed_copy_migration_is_resumed(tmp_path, at):
 def test_nothing_to_resume_and_another_source_are_refused(tmp_path, capsys):
     src, dst = make_store(tmp_path / "src"), tmp_path / "dst"
     assert main(["migrate", str(src), str(dst), "--resume"]) == 0  # an empty destination: a fresh start
-    assert main(["migrate", str(src), str(dst), "--resume"]) == 2
-    assert "nothing to resume" in capsys.readouterr().err
+    capsys.readouterr()
+    # a finished destination, same source and options: nothing left to do, everything verified again
+    assert main(["migrate", str(src), str(dst), "--resume", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["written"] + again["copied"] == 0 and again["skipped"]["shards"] == 92 and again["verified"]["ok"]
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "notes.md").write_text("mine")
+    assert main(["migrate", str(src), str(stranger), "--resume"]) == 2  # not one of ours
+    assert "nothing to resume" in capsys.readouterr().err and (stranger / "notes.md").read_text() == "mine"
     other = make_store(tmp_path / "other")
     _kill_at(["migrate", str(src), str(tmp_path / "dst2"), "--jobs", "1"], "unit:5")
     assert main(["migrate", str(other), str(tmp_path / "dst2"), "--resume"]) == 2

@@ -21,6 +21,7 @@ from tests.draft_factory import (
 from sharding_store import DestinationExistsError, MigrationError, UsageError, open_draft
 from sharding_store.cli import main
 from sharding_store.stores import as_inner
+from sharding_store.destination import RECORD_KEY
 from sharding_store.migrate import MARKER_KEY, migrate
 from sharding_store.shard_index import read_index
 from tests.fixtures import needs_zarr_js
@@ -269,7 +270,8 @@ def test_refuses_a_non_empty_destination_unless_overwrite(hierarchy, tmp_path):
     with pytest.raises(DestinationExistsError, match="not empty"):
         migrate(src, tmp_path / "out")
     assert (tmp_path / "out/old.txt").exists()
-    migrate(src, tmp_path / "out", overwrite=True, progress=False)
+    (tmp_path / "out/zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": {}}')
+    migrate(src, tmp_path / "out", overwrite=True, progress=False)  # a Zarr hierarchy: emptied
     assert not (tmp_path / "out/old.txt").exists()
     assert np.array_equal(read_v3(tmp_path / "out", "imgs/raw"), values["imgs/raw"])
     (tmp_path / "empty").mkdir()
@@ -356,6 +358,8 @@ def test_transient_errors_are_retried_and_exhaustion_is_resumable(hierarchy, tmp
     assert "zarr.json" not in dst2 and "imgs/raw/zarr.json" not in dst2
     report = migrate(data, dst2, resume=True, progress=False)
     assert report.verification.ok and report.totals.written >= 1 and report.totals.skipped >= 1
+    # the record names the source as spelled ("Flaky", then "dict"); everything else is the same
+    assert json.loads(dst2.pop(RECORD_KEY))["src"] == "dict" and json.loads(dst.pop(RECORD_KEY))["src"] == "Flaky"
     assert dst2 == dst
 
 

@@ -57,7 +57,9 @@ def register(subparsers: Any) -> None:
                    help="name the dimensions of the array at PATH (for arrays without _ARRAY_DIMENSIONS; repeatable)")
     p.add_argument("--no-consolidate", action="store_true",
                    help="no consolidated metadata in the root zarr.json (written by default, as zarr-python 3 does)")
-    p.add_argument("--overwrite", action="store_true", help="remove a non-empty DST first")
+    p.add_argument("--overwrite", action="store_true",
+                   help="empty DST first, when it holds a Zarr hierarchy or an earlier migration's record (else "
+                        "exit 8 naming what is there); with --dry-run: list what it would remove")
     p.add_argument("--resume", action="store_true",
                    help="finish an interrupted migration into DST (with --in-place: an interrupted in-place upgrade)")
     p.add_argument("--in-place", action="store_true",

@@ -14,7 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping, Sequence
 
-from .base import BaseInner, ForkSafeLock, Location, RangeRequest, Tail, Version, check_versions, slice_range
+from .base import (
+    BaseInner,
+    ForkSafeLock,
+    Location,
+    RangeRequest,
+    Tail,
+    Version,
+    check_versions,
+    list_dir_from_keys,
+    slice_range,
+)
 
 __all__ = ["MappingInner"]
 
@@ -90,10 +100,17 @@ class MappingInner(BaseInner):
         except KeyError:
             pass
 
-    def list_prefix(self, prefix: str) -> Iterator[str]:
+    def _keys(self, prefix: str) -> Iterator[str]:
         lister = getattr(self.mapping, "list_prefix", None)
-        keys = lister(prefix) if lister is not None else (k for k in list(self.mapping) if k.startswith(prefix))
-        return iter(sorted(keys))
+        return lister(prefix) if lister is not None else (k for k in list(self.mapping) if k.startswith(prefix))
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        return iter(sorted(self._keys(prefix)))
+
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        """The children of ``prefix``, from the keys below it as a stream (never sorted
+        whole): what is held is the children, not every key below them."""
+        return list_dir_from_keys(self._keys(prefix), prefix)
 
     def list_sized(self, prefix: str) -> Iterator[tuple[str, int | None]]:
         """Sorted ``(key, size)``. A mapping with its own ``list_sized`` (sorted pairs, e.g. a
