@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 SAMPLE := samples/zarr-2.18-sharded.zr3
 OUT    := demo-out/sample-v3.zarr
 
-.PHONY: install demo test bench legacy clean
+.PHONY: install demo test lint bench legacy clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml sharding_store/_loops.c
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,11 @@ demo: install
 	@echo "== the sharding-store command is in $(VENV)/bin: 'source $(VENV)/bin/activate' puts it on PATH"
 	@echo "   (or call $(CURDIR)/$(VENV)/bin/sharding-store, or '$(PY) -m sharding_store')"
 
-test: install legacy
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: install legacy lint
 	$(PY) -m pytest -n 2 --dist loadfile -q
 
 bench: install legacy

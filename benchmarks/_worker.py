@@ -248,7 +248,7 @@ def task_chunk_ours(spec: dict) -> dict:
     cold, warm, ok = [], [], True
     for c_cold, c_warm in chunk_targets(spec):
         a = open_draft(inner, "a")  # fresh array: nothing cached
-        for kind, (ci, cj), acc in (("cold", c_cold, cold), ("warm", c_warm, warm)):
+        for _kind, (ci, cj), acc in (("cold", c_cold, cold), ("warm", c_warm, warm)):
             sel = (slice(ci * ch[0], (ci + 1) * ch[0]), slice(cj * ch[1], (cj + 1) * ch[1]))
             inner.reset()
             t0 = time.perf_counter()

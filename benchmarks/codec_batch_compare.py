@@ -136,7 +136,7 @@ def main():
             b = best(zstandard_multi, meta, shards, threads)
             b0 = best(zstandard_multi, meta, shards, threads, copy_out=False)
             c = best(zstandard_multi_per_shard, meta, shards, threads)
-            f = lambda x: f"{x[0] * 1e3:6.1f} ms (cpu {x[1] * 1e3:6.1f})"
+            f = lambda x: f"{x[0] * 1e3:6.1f} ms (cpu {x[1] * 1e3:6.1f})"  # noqa: E731
             print(f"  threads={threads}: ours (span decoder) {f(a)} | zstandard, one call for all {f(b)}, "
                   f"same without copying out {f(b0)} | zstandard, one call per shard {f(c)}")
 

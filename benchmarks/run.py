@@ -28,9 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -330,7 +331,7 @@ def measure(comps: list[Competitor], repeat: int, warmup: bool, log: Callable[[s
             verified_once.add(c.name)
             if r is not None and out[c.name]["error"] is None:
                 keep(c, r)
-    for name, m in out.items():
+    for _name, m in out.items():
         m["median"] = statistics.median(m["runs"]) if m["runs"] and not m["error"] else None
     return out
 
@@ -587,7 +588,8 @@ class Bench:
             ok = (o.get("median") is not None and o["requests"] <= max_req and o["bytes"] <= max_bytes)
             row = make_row("3 one chunk", case, f"open_draft, {kind}", o, "zarr-python 2.18", summ["zarr-python 2.18"],
                            target=f"≤ {max_req} request{'s' * (max_req > 1)}, ≤ {max_bytes:,} B read",
-                           note=f"{kind}: {'fresh array, index not cached' if kind == 'cold' else 'other chunk of the same shard right after'}")
+                           note=f"{kind}: " + ("fresh array, index not cached" if kind == "cold"
+                                                 else "other chunk of the same shard right after"))
             row["met"] = "—" if o.get("median") is None else ("yes" if ok else "no")
             row["min_speedup"] = None
             self.rows.append(row)
@@ -698,7 +700,7 @@ class Bench:
         files = sum(1 for p in (src / "data").rglob("*") if p.is_file())
         limit = WHOLE_COMMAND_TARGETS[case.key]
         target = f"≤ {limit:g}× cp -r"
-        note = (f"whole commands incl. interpreter start-up and imports"
+        note = ("whole commands incl. interpreter start-up and imports"
                 + (f" (~{self.startup * 1e3:.0f} ms here)" if self.startup else "")
                 + f"; source {du_bytes(src) / 2**20:.0f} MiB on disk, {files} shard objects")
         self.rows.append(make_row("4 migrate command", case, "sharding-store migrate (verifies)", m["migrate"],
@@ -957,7 +959,8 @@ def write_markdown(path: Path, bench: Bench, rows: list[dict], chunk_details: li
         "or 256 (16×16).",
         "- Configurations: small size: uint16/blosc-lz4/16, uint16/blosc-lz4/256, float32/zstd/256; "
         "large size: uint16/blosc-lz4/256, float32/zstd/16 (each dtype, codec and cps value at both sizes, "
-        "not the full 2×2×2 cross product); scenario 2 also reads 105 MiB uint16/blosc-lz4/16 (issue 15's case). blosc-lz4 = `Blosc(lz4, clevel 5, shuffle)` (zarr 2's default), "
+        "not the full 2×2×2 cross product); scenario 2 also reads 105 MiB uint16/blosc-lz4/16 (issue 15's case). "
+        "blosc-lz4 = `Blosc(lz4, clevel 5, shuffle)` (zarr 2's default), "
         "zstd = `Zstd(level 1)`; the same codec settings for every library.",
         f"- Repeats: median of up to {runs_meta.get('repeats')} runs per competitor (the n in each cell); a competitor "
         f"stops repeating once its timed runs add up to {BUDGET_S:.0f} s ({INFO_BUDGET_S:.0f} s for competitors no "

@@ -175,7 +175,7 @@ def _is_final(cli: str, store: Path) -> bool:
     return r.returncode == 7 and "already Zarr v3" in r.stderr
 
 
-def run(bench: "Bench", case: "Case", *, first: bool, largest: bool, h: Any) -> None:
+def run(bench: Bench, case: Case, *, first: bool, largest: bool, h: Any) -> None:
     """Rows of scenario 6 for ``case``: (a) for the cases of the largest size in the run,
     (b) once per run (``first``). ``h``: the run.py module (its helpers and state)."""
     Competitor, du_bytes, make_row, measure, run_command = h.Competitor, h.du_bytes, h.make_row, h.measure, h.run_command
@@ -259,7 +259,7 @@ def run(bench: "Bench", case: "Case", *, first: bool, largest: bool, h: Any) -> 
             bench.rows.append(row)
 
 
-def _label_case(case: "Case", label: str) -> Any:
+def _label_case(case: Case, label: str) -> Any:
     """A stand-in Case for rows that are not of the case matrix (size column = the store)."""
     from types import SimpleNamespace
 

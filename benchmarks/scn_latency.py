@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -125,7 +124,7 @@ class LatencyProxy:
             while not self._stop.is_set():
                 try:
                     await asyncio.wait_for(self._stop.wait(), 1.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 now = time.monotonic()
                 idle = self._open == 0 and now - self._last > self.idle_stop_s

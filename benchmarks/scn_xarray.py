@@ -107,8 +107,8 @@ def task(spec: dict) -> dict:
 def make_dataset(input_npy: Path, dst: Path) -> None:
     """The draft dataset (untimed): written by ``create_draft_array`` as xarray 2024 over
     zarr 2.18 would have written it (``_ARRAY_DIMENSIONS``; integer data without a fill)."""
-    import numpy as np
     import numcodecs
+    import numpy as np
 
     from sharding_store import create_draft_array, create_draft_group
 

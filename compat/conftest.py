@@ -8,8 +8,8 @@ legacy virtualenv (by default a failure to build it is an error, not a skip).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 

@@ -22,9 +22,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -210,7 +211,7 @@ class LegacyDump:
     errors: dict[str, str] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
 
-    def assert_ok(self) -> "LegacyDump":
+    def assert_ok(self) -> LegacyDump:
         if self.errors:
             msg = "\n".join(f"{p!r}: {e}" for p, e in self.errors.items())
             raise AssertionError(f"zarr 2.18 failed on {self.store}:\n{msg}")

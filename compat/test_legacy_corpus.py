@@ -166,7 +166,7 @@ def test_dump_chunks_match_store_bytes(legacy_corpus, corpus_dumps):
                 for local, ent in zip(locals_, _index(buf, n)):
                     if ent is None:
                         continue
-                    cc = [s * c + l for s, c, l in zip(scoords, cps, local)]
+                    cc = [s * c + j for s, c, j in zip(scoords, cps, local)]
                     key = prefix + "c" + sep.join(map(str, cc))
                     expect[key] = buf[ent[0]:ent[0] + ent[1]]
             assert sorted(expect) == keys, (name, path)

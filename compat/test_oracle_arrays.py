@@ -153,7 +153,8 @@ def test_2_18_reads_what_we_write(tmp_path):
         a[0:4, 3:6] = a.fill_value  # a fill-only chunk: 2.18 stores it (write_empty_chunks)
         x[0:4, 3:6] = a.fill_value
         expected[path] = x
-    sparse = create_draft_array(str(store), "sparse", shape=(20, 20), chunks=(5, 5), dtype="<f8", chunks_per_shard=(2, 2), fill_value=np.nan)
+    sparse = create_draft_array(str(store), "sparse", shape=(20, 20), chunks=(5, 5), dtype="<f8", chunks_per_shard=(2, 2),
+                                fill_value=np.nan)
     sparse[3, 17] = 1.5  # one chunk of one shard; everything else is missing
     expected["sparse"] = np.full((20, 20), np.nan)
     expected["sparse"][3, 17] = 1.5

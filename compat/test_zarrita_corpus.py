@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -33,16 +33,16 @@ pytestmark = [pytest.mark.legacy, pytest.mark.filterwarnings("ignore::UserWarnin
 GEN_2023 = "draft-era Zarr v3 (2023 intermediate)"
 GEN_FINAL = "Zarr v3"
 
-def _after_sharding(a: "zo.ZarritaArray") -> bool:
+def _after_sharding(a: zo.ZarritaArray) -> bool:
     names = a.entry["codec_names"]
     return any(n.startswith("sharding_indexed") for n in names[:-1])
 
 
-def _nested_sharding(a: "zo.ZarritaArray") -> bool:
+def _nested_sharding(a: zo.ZarritaArray) -> bool:
     return any(n.startswith("sharding_indexed[sharding_indexed") for n in a.entry["codec_names"])
 
 
-def _other_transpose(a: "zo.ZarritaArray") -> bool:
+def _other_transpose(a: zo.ZarritaArray) -> bool:
     """A transpose that is neither the identity nor reversed axes."""
     def plain(order) -> bool:
         return isinstance(order, str) or list(order) in (sorted(order), sorted(order, reverse=True))
@@ -50,7 +50,7 @@ def _other_transpose(a: "zo.ZarritaArray") -> bool:
 
 
 #: reader -> {why it cannot read: which arrays} -- named, expected skips; nothing else is skipped
-READER_GAPS: dict[str, dict[str, Callable[["zo.ZarritaArray"], bool]]] = {
+READER_GAPS: dict[str, dict[str, Callable[[zo.ZarritaArray], bool]]] = {
     "open_draft": {
         "open_draft refuses nested sharding_indexed by design (DraftMetadataError naming open_v3)": _nested_sharding,
         "open_draft reads only C or F transposes by design (DraftMetadataError naming open_v3)": _other_transpose,
@@ -137,7 +137,8 @@ def _same(got: np.ndarray, want: np.ndarray) -> str | None:
     if (got.dtype.kind, got.dtype.itemsize) != (want.dtype.kind, want.dtype.itemsize):
         return f"dtype {got.dtype} != {want.dtype}"
     if not np.array_equal(got, want, equal_nan=want.dtype.kind in "fc"):
-        return f"values differ in {int(np.sum(~((got == want) | (np.isnan(got) & np.isnan(want)) if want.dtype.kind in 'fc' else (got == want))))} elements"
+        same = (got == want) | (np.isnan(got) & np.isnan(want)) if want.dtype.kind in "fc" else (got == want)
+        return f"values differ in {int(np.sum(~same))} elements"
     return None
 
 

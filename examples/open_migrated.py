@@ -26,6 +26,7 @@ for path, arr in arrays:
     print(f"  {path:<22} {str(arr.shape):<16} {str(arr.dtype):<15} {layout:<22} {'equal to source' if same else 'DIFFERS'}")
 path, arr = max(arrays, key=lambda pa: pa[1].nbytes)  # show a slice of the largest array
 corner = (0,) * (arr.ndim - 2) + (slice(0, 3), slice(0, 6))
-print(f"zarr-python {zarr.__version__} reads {len(arrays)} arrays; {path}[{', '.join(map(str, corner[:-2]))}{', ' if arr.ndim > 2 else ''}:3, :6] =")
+lead = ", ".join(map(str, corner[:-2])) + (", " if arr.ndim > 2 else "")
+print(f"zarr-python {zarr.__version__} reads {len(arrays)} arrays; {path}[{lead}:3, :6] =")
 print("  " + str(arr[corner]).replace("\n", "\n  "))
 sys.exit(1 if mismatches else 0)

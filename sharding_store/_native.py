@@ -23,7 +23,8 @@ is missing is decided in one place:
   no Python API: it decodes a whole shard's chunks in one call, calling the libzstd /
   libblosc functions above through pointers, so the GIL is released once per shard instead
   of once per chunk (and, for a draft shard read whole, checks its index and copies each
-  decoded chunk straight to its place in the output array: ``ss_shard_scatter``) (neither c-blosc 1 nor libzstd has a call over many independent
+  decoded chunk straight to its place in the output array: ``ss_shard_scatter``) (neither
+  c-blosc 1 nor libzstd has a call over many independent
   buffers; see benchmarks/profile_notes.md). Optional: without a C compiler at install
   time it is absent and callers take the per-chunk path.
 
@@ -155,7 +156,8 @@ def _bind_blosc() -> Library | None:
         # (src, dest, destsize, numinternalthreads) -> decompressed bytes, <= 0 on error
         "blosc_decompress_ctx": (ctypes.c_int, [vp, vp, size_t, ctypes.c_int]),
         # (clevel, doshuffle, typesize, nbytes, src, dest, destsize, compressor, blocksize, nthreads)
-        "blosc_compress_ctx": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, size_t, size_t, vp, vp, size_t, ctypes.c_char_p, size_t, ctypes.c_int]),
+        "blosc_compress_ctx": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, size_t, size_t, vp, vp, size_t, ctypes.c_char_p, size_t,
+                                              ctypes.c_int]),
     }
     libs = []
     for dll in (ctypes.CDLL, ctypes.PyDLL):

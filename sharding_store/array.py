@@ -3,8 +3,8 @@
 ``open_draft`` gives a :class:`DraftArray` or :class:`DraftGroup` for any store our API
 accepts: the 2022 draft layout (read and write) and the 2023 intermediate generation
 (read; its arrays come as :class:`~sharding_store.v3_layout.V3ArrayMeta`, whose chunk keys
-and shard index layout :class:`~sharding_store.engine.ArrayLayout` carries). An array reads a selection by computing the chunk keys it needs, fetching
-them with **one** batched call per batch (for a sharded array one
+and shard index layout :class:`~sharding_store.engine.ArrayLayout` carries). An array
+reads a selection by computing the chunk keys it needs, fetching them with **one** batched call per batch (for a sharded array one
 ``ShardEngine.read_chunks``: each shard's index once, then coalesced ranges; a shard
 whose every chunk is selected is read whole in one request, its index taken from its
 own tail), and decoding the chunks on a thread pool straight into a preallocated
@@ -41,11 +41,11 @@ from . import _native
 from . import draft_metadata as dm
 from .buffers import io_buffer
 from .chunk_codec import ChunkCodec, decode_chunk_payload, encode_chunk_payload, fill_chunk
+from .engine import ArrayLayout, ChunkRange, ShardEngine, WholeShard
 from .errors import ChunkDecodeError, DestinationExistsError, ReadOnlyError, StoreNotFoundError, UsageError
 from .hierarchy import DraftHierarchy, Hierarchy2023, draft_entry_point, hierarchy_2023, inner_of
 from .keys import Coords, chunk_to_shard
 from .shard_index import MAX_UINT64
-from .engine import ArrayLayout, ChunkRange, ShardEngine, WholeShard
 from .stores import Inner
 
 __all__ = [
@@ -665,7 +665,7 @@ class DraftArray:
         found = self._chunks.getitems(keys)
         if self.ndim == 0 and not found and not self.meta.is_sharded and self.layout.encoding == "draft":
             # the spec draft spells a 0-d chunk key "c"; zarr-python 2.x wrote "c0"
-            found = {keys[0]: v for v in self._chunks.getitems([self._prefix + "c"]).values()}
+            found = {keys[0]: v for v in self._chunks.getitems([self._prefix + "c"]).values()}  # noqa: B035 - one value at most
         return found
 
     def _fetch_sharded(self, pieces: list[_Piece]) -> dict[str, memoryview]:

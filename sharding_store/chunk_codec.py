@@ -903,7 +903,8 @@ def shard_scatterer(meta: DraftArrayMeta) -> ShardScatter | None:
         if tmp is None:
             tmp = tls.tmp = np.empty(nbytes, dtype=np.uint8)
             tls.address = _native.data_address(tmp)
-        return call(codec, fns, dctx(lib) if lib is not None else None, buf, length, geom, len(geom) // 8, fill, tls.address, out, out_nbytes)
+        ctx = dctx(lib) if lib is not None else None
+        return call(codec, fns, ctx, buf, length, geom, len(geom) // 8, fill, tls.address, out, out_nbytes)
 
     return scatter
 

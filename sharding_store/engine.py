@@ -52,8 +52,9 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ContextManager, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -360,7 +361,7 @@ class ShardLocks:
     caller's ``external(shard_key)`` context manager if given (e.g.
     :func:`sharding_store.locks.file_lock` for several processes)."""
 
-    def __init__(self, external: Callable[[str], ContextManager[Any]] | None = None) -> None:
+    def __init__(self, external: Callable[[str], AbstractContextManager[Any]] | None = None) -> None:
         self.external = external
         self._locks = [threading.Lock() for _ in range(N_LOCKS)]
         _FORKABLE.add(self)
@@ -455,7 +456,7 @@ class ShardEngine:
         cache: IndexCache | None = None,
         coalesce_gap: int = 0,
         locks: ShardLocks | None = None,
-        lock: Callable[[str], ContextManager[Any]] | None = None,
+        lock: Callable[[str], AbstractContextManager[Any]] | None = None,
         max_workers: int = 8,
     ) -> None:
         if layout.chunks_per_shard is None:

@@ -14,7 +14,6 @@ enumerated here, so the walk costs one listing of ``meta/`` plus one get per arr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum

@@ -23,7 +23,6 @@ from . import draft_metadata as dm
 from .chunk_codec import decode as decode_payload
 from .errors import DraftMetadataError, LinkOutsideStoreError, ShardCorruptError, ShardingStoreError
 from .hierarchy import DraftHierarchy, Node, open_hierarchy
-from .stores import Inner
 from .keys import Coords, format_chunk_suffix, parse_chunk_suffix
 from .shard_index import (
     CHECKSUM_NBYTES,
@@ -35,6 +34,7 @@ from .shard_index import (
     index_nbytes,
     index_reading,
 )
+from .stores import Inner
 
 __all__ = [
     "ArrayStats",

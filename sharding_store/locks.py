@@ -20,10 +20,10 @@ import fcntl
 import hashlib
 import os
 from collections.abc import Callable, Iterator
-from typing import ContextManager
+from contextlib import AbstractContextManager
 
 
-def file_lock(directory: str | os.PathLike[str]) -> Callable[[str], ContextManager[None]]:
+def file_lock(directory: str | os.PathLike[str]) -> Callable[[str], AbstractContextManager[None]]:
     """A ``lock=`` argument for :class:`~sharding_store.ShardingStore` backed by lock files."""
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)

@@ -396,7 +396,8 @@ class _Normaliser:
             if not isinstance(config, dict):
                 raise _Damage(f"{efld}.configuration", f"expected an object, got {_text(config)}")
             if chain.index and name not in INDEX_CODECS:
-                raise _Damage(efld, f"codec {name!r} in index_codecs: only fixed-size codecs (bytes, transpose, crc32c) can encode a shard index")
+                raise _Damage(efld, f"codec {name!r} in index_codecs: only fixed-size codecs (bytes, transpose, crc32c) "
+                                    "can encode a shard index")
             handler = _CODECS.get(name)
             if handler is None:
                 opaque = opaque or f"{efld} ({name!r})"

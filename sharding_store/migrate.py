@@ -44,8 +44,9 @@ from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import draft_metadata as dm
 from . import destination, migrate2023
+from . import draft_metadata as dm
+from .destination import RECORD_KEY, Removal, describe_removal
 from .errors import (
     DestinationExistsError,
     DraftMetadataError,
@@ -56,10 +57,11 @@ from .errors import (
     UsageError,
 )
 from .hierarchy import DraftHierarchy, is_draft_2023
+from .inspect import check_assumed_layouts
 from .jobs import (
     StoreRef,
-    check_apart,
     cancelling,
+    check_apart,
     check_picklable,
     copy_words,
     damage_error,
@@ -71,11 +73,8 @@ from .jobs import (
     run_bounded,
     with_retries,
 )
-from .inspect import check_assumed_layouts
 from .journal import refuse_interrupted_reshards
 from .meta2023 import classify_node
-from .upgrade_journal import refuse_interrupted_upgrade
-from .destination import RECORD_KEY, Removal, describe_removal
 from .migrate_units import (
     DAMAGE_ERRORS,
     MARKER_KEY,
@@ -97,6 +96,7 @@ from .migrate_units import (
 )
 from .progress import human_bytes, object_noun, progress_bar
 from .stores import Inner
+from .upgrade_journal import refuse_interrupted_upgrade
 from .v3_metadata import consolidated_metadata, v3_group_document
 from .verify import verify as run_verify
 

@@ -46,6 +46,7 @@ import numpy as np
 from crc32c import crc32c
 
 from . import meta2023
+from .destination import MARKER_KEY, RECORD_KEY, check_resume, extra_node_key, extra_nodes
 from .draft_metadata import escape_name
 from .errors import (
     DestinationExistsError,
@@ -60,7 +61,6 @@ from .errors import (
 from .hierarchy import V3Walk, walk_v3_nodes
 from .inspect import _batches, decide_reading
 from .jobs import cancelling, fault_point, with_retries
-from .destination import MARKER_KEY, RECORD_KEY, check_resume, extra_node_key, extra_nodes
 from .migrate_units import ArrayReport, UnitResult, json_bytes, node_key
 from .progress import object_noun, progress_bar
 from .shard_index import CHECKSUM_NBYTES, ENTRY_NBYTES, entry_lists, index_nbytes, read_index
@@ -487,7 +487,8 @@ def live_chunks(doc: dict[str, Any], data: bytes) -> int:
     if not index_readable(doc):
         return 0
     names = [c.get("name") for c in cfg["index_codecs"]]
-    if names not in (["bytes"], ["bytes", "crc32c"]) or (cfg["index_codecs"][0].get("configuration") or {}).get("endian", "little") != "little":
+    endian = (cfg["index_codecs"][0].get("configuration") or {}).get("endian", "little") if names else None
+    if names not in (["bytes"], ["bytes", "crc32c"]) or endian != "little":
         return 0
     n = math.prod(shard_grid(doc))
     nbytes = ENTRY_NBYTES * n + (CHECKSUM_NBYTES if names[-1] == "crc32c" else 0)

@@ -84,7 +84,6 @@ from .engine import ArrayLayout, gather, read_objects
 from .errors import DraftMetadataError, MigrationError, ObjectChangedError, UsageError
 from .hierarchy import DraftHierarchy, inner_of
 from .jobs import (
-    ChunksPerShard,
     Group,
     Source,
     block_shape,

@@ -455,7 +455,11 @@ def encode_shard_and_index(
     sizes = np.fromiter((len(p) for p in parts), dtype=np.uint64, count=len(parts))
     start = index_nbytes(chunks_per_shard, checksum) if index_location == "start" else 0
     offsets = np.cumsum(sizes) - sizes + np.uint64(start)
-    flat = np.ravel_multi_index(tuple(np.array(order, dtype=np.int64).reshape(len(order), -1).T), chunks_per_shard) if chunks_per_shard else np.zeros(1, np.int64)
+    flat: Any
+    if chunks_per_shard:
+        flat = np.ravel_multi_index(tuple(np.array(order, dtype=np.int64).reshape(len(order), -1).T), chunks_per_shard)
+    else:
+        flat = np.zeros(1, np.int64)
     table = index.entries.reshape(-1, 2)
     table[flat, 0] = offsets
     table[flat, 1] = sizes

@@ -31,7 +31,8 @@ from __future__ import annotations
 import builtins
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
-from typing import Any, ContextManager, TypedDict, Unpack
+from contextlib import AbstractContextManager
+from typing import Any, TypedDict, Unpack
 
 from . import draft_metadata as dm
 from .engine import ArrayLayout, ChunkRange, IndexCache, ShardEngine, ShardLocks, WholeShard, coalesced_spans
@@ -110,7 +111,7 @@ class ShardingStore(MutableMapping[str, bytes]):
         storage_options: Mapping[str, Any] | None = None,
         index_cache_size: int = 0,
         coalesce_gap: int = 0,
-        lock: Callable[[str], ContextManager[Any]] | None = None,
+        lock: Callable[[str], AbstractContextManager[Any]] | None = None,
         max_workers: int = 8,
         layout: ArrayLayout | None = None,
         **single_array: Unpack[SingleArrayKeywords],

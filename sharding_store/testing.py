@@ -66,8 +66,7 @@ class CountingInner:
     def writes(self) -> int:
         """Requests that write an object: ``set``, ``create_exclusive``, ``put_if_unchanged``, ``copy_to``,
         ``compose``, ``move``."""
-        return (self.calls["set"] + self.calls["create_exclusive"] + self.calls["put_if_unchanged"] + self.calls["copy_to"] + self.calls["compose"]
-                + self.calls["move"])
+        return sum(self.calls[name] for name in ("set", "create_exclusive", "put_if_unchanged", "copy_to", "compose", "move"))
 
     # ------------------------------------------------------------------ core
     def get(self, key: str) -> bytes | None:

@@ -248,7 +248,7 @@ def _probe(meta: DraftArrayMeta, compressor: Codec | None, *, encoded: bool = Fa
             fld = "compressor"
             stages.append((fld, compressor, out))
             out = compressor.encode(ensure_contiguous_ndarray(out))
-        for fld, codec, given in reversed(stages):
+        for _fld, codec, given in reversed(stages):
             out = codec.decode(out)
             got, want = ensure_contiguous_ndarray(out).nbytes, ensure_contiguous_ndarray(given).nbytes
             if got != want:  # e.g. packbits over packbits: the chunk cannot come back

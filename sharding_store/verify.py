@@ -40,6 +40,7 @@ import numpy as np
 from . import _native
 from . import draft_metadata as dm
 from .buffers import io_buffer
+from .destination import extra_node_key, extra_nodes, read_record, recorded_dimension_names
 from .errors import (
     DraftMetadataError,
     LinkOutsideStoreError,
@@ -50,10 +51,11 @@ from .errors import (
     VerificationError,
 )
 from .hierarchy import DraftHierarchy, Generation, Node, detect_generation, is_draft_2023, require_final_v3
+from .inspect import check_assumed_layouts
 from .jobs import (
     StoreRef,
-    check_apart,
     cancelling,
+    check_apart,
     check_picklable,
     damage_error,
     jobs_for,
@@ -62,7 +64,6 @@ from .jobs import (
     run_bounded,
     with_retries,
 )
-from .inspect import check_assumed_layouts
 from .journal import refuse_interrupted_reshards
 from .migrate2023 import verify_copy
 from .migrate_units import (
@@ -84,7 +85,6 @@ from .progress import NullBar, object_noun, progress_bar
 from .shard_index import CHECKSUM_NBYTES, encode_shard, index_nbytes, live_entries, read_index
 from .stores import Inner
 from .v3_metadata import consolidated_metadata, document_difference, same_json
-from .destination import extra_node_key, extra_nodes, read_record, recorded_dimension_names
 
 #: differences kept in full by default (all are counted); ``max_differences`` changes it
 MAX_KEPT = 20

@@ -122,7 +122,7 @@ class Import:
         return f"{path_of(self.source)}:{self.line} ({self.where})"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def modules() -> dict[str, Path]:
     """Every module of the package by short name: ``array``, ``stores.base``, ``cli``, ``""``."""
     out = {}
@@ -144,7 +144,7 @@ def is_package(module: str) -> bool:
     return modules()[module].name == "__init__.py"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def parse(module: str) -> ast.Module:
     f = modules()[module]
     return ast.parse(f.read_text(), filename=str(f))
@@ -213,7 +213,7 @@ def _known(target: str, mods: dict[str, Path]) -> str | None:
         parts.pop()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def imports_of(module: str) -> list[Import]:
     mods = modules()
     out: list[Import] = []
@@ -415,7 +415,8 @@ def test_the_graph_builder_sees_function_level_relative_and_lazy_imports():
     fake = {"a": [Import("a", "b", 1, "module level", False)],
             "b": [Import("b", "a", 9, "in function f", False)], "c": []}
     ((comp, cycle),) = _cycles(fake)
-    assert comp == {"a", "b"} and [(i.source, i.target, i.where) for i in cycle] == [("a", "b", "module level"), ("b", "a", "in function f")]
+    assert comp == {"a", "b"}
+    assert [(i.source, i.target, i.where) for i in cycle] == [("a", "b", "module level"), ("b", "a", "in function f")]
 
 
 # --------------------------------------------------------------------------- 2. store internals
@@ -545,7 +546,7 @@ def test_no_environment_variable_hook_in_the_package():
 
 def test_no_test_hook_name_in_the_package():
     bad = []
-    for m, f in modules().items():
+    for m, _f in modules().items():
         for node in ast.walk(parse(m)):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) \
                     and re.search(r"SHARDING_STORE_TEST_", node.value):

@@ -26,8 +26,8 @@ from sharding_store import (
 )
 from sharding_store import draft_metadata as dm
 from sharding_store.array import DEFAULT_COMPRESSOR, SelectionError, dim_pieces, normalize_selection
-from sharding_store.testing import CountingInner
 from sharding_store.shard_index import read_index
+from sharding_store.testing import CountingInner
 from tests.fixtures import ZARR_JS, require, stores
 
 FIXTURES = ZARR_JS
@@ -108,7 +108,8 @@ def arrays_and_ops(draw):
     chunks = tuple(draw(st.integers(1, max(1, n)) | st.just(n + 2)) for n in shape)
     cps = draw(st.none() | st.lists(st.integers(1, 3), min_size=ndim, max_size=ndim).map(tuple))
     dtype = np.dtype(draw(st.sampled_from(DTYPES)))
-    compressor = draw(st.sampled_from([None, numcodecs.Zlib(level=1), numcodecs.Zstd(level=1), numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1)]))
+    compressor = draw(st.sampled_from([None, numcodecs.Zlib(level=1), numcodecs.Zstd(level=1),
+                                       numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1)]))
     params = dict(
         shape=shape,
         chunks=chunks,

@@ -91,7 +91,7 @@ def test_unreachable_endpoints_are_io_errors():
 
 def test_missing_backend_names_the_extra_to_install(draft, tmp_path):
     """``s3://`` without s3fs installed (simulated in a child process: the import fails)."""
-    code = textwrap.dedent(f"""
+    code = textwrap.dedent("""
         import sys
         sys.modules["s3fs"] = None  # as if s3fs were not installed
         from sharding_store.cli import main

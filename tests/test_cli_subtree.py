@@ -8,7 +8,6 @@ import contextlib
 import io
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

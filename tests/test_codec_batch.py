@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from sharding_store import ChunkDecodeError
-from sharding_store import _native
+from sharding_store import ChunkDecodeError, _native
 from sharding_store.chunk_codec import ChunkCodec, chunk_nbytes, span_decoder, using_native
 
 from .test_codec_properties import DTYPES, chunk_data, make_meta, memory_bytes, reference_bytes, reference_payload

@@ -21,8 +21,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from sharding_store import ChunkDecodeError
-from sharding_store import _native
+from sharding_store import ChunkDecodeError, _native
 from sharding_store import draft_metadata as dm
 from sharding_store.chunk_codec import (
     ChunkCodec,
@@ -346,7 +345,8 @@ def test_a_damaged_payload_gives_numcodecs_result_or_a_chunk_decode_error(native
         reference = None
         # numcodecs' blosc trusts the header's compressed size (it would read past the end):
         # only payloads whose header matches their length are handed to it as a reference
-        blosc_ok = not isinstance(comp, numcodecs.Blosc) or (len(payload) >= 16 and int.from_bytes(payload[12:16], "little") <= len(payload))
+        blosc_ok = not isinstance(comp, numcodecs.Blosc) or (
+            len(payload) >= 16 and int.from_bytes(payload[12:16], "little") <= len(payload))
         if blosc_ok:
             try:
                 got = reference_bytes(comp, payload)

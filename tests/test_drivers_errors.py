@@ -181,7 +181,7 @@ def test_migrate_and_verify_refuse_a_source_with_an_interrupted_reshard(tmp_path
 
 def test_the_old_test_environment_variables_do_nothing(src, tmp_path):
     env = dict(os.environ, SHARDING_STORE_TEST_KILL_AT="1", SHARDING_STORE_TEST_PAUSE_AFTER="1")
-    for i, args in enumerate((["migrate", str(src), str(tmp_path / "out"), "--jobs", "1"],
+    for _i, args in enumerate((["migrate", str(src), str(tmp_path / "out"), "--jobs", "1"],
                               ["reshard", str(src), str(tmp_path / "re"), "--unshard", "--no-progress"])):
         try:
             done = subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=120)

@@ -22,10 +22,9 @@ import threading
 import numpy as np
 import pytest
 
-from tests.draft_factory import PartialMapping
-
 from sharding_store import ShardingStore, errors
 from sharding_store.array import DraftArray, create_draft_array, open_draft
+from tests.draft_factory import PartialMapping
 
 #: the error a read may raise when the shard changed twice while it was read
 CHANGED = getattr(errors, "ObjectChangedError", ())

@@ -24,15 +24,13 @@ import numcodecs
 import numpy as np
 import pytest
 
-from tests.draft_factory import PartialMapping
-
-
 from sharding_store import ShardingStore
 from sharding_store import draft_metadata as dm
 from sharding_store.array import create_draft_array, open_draft
 from sharding_store.errors import ChunkDecodeError, DraftMetadataError, ShardCorruptError
 from sharding_store.v3view import DraftV3Store, open_v3
 from tests import hostile
+from tests.draft_factory import PartialMapping
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -23,7 +23,7 @@ import numcodecs
 import numpy as np
 import pytest
 
-from sharding_store import create_draft_array, migrate, open_draft
+from sharding_store import create_draft_array, open_draft
 from sharding_store import draft_metadata as dm
 from sharding_store.cli import main
 from sharding_store.errors import DraftMetadataError, ShardCorruptError

@@ -110,7 +110,7 @@ def test_tensorstore_reads_the_upgraded_array(upgraded, collection, store, path)
 
 
 def test_only_documents_changed_and_they_are_the_copy_migrations(upgraded):
-    for (collection, store), (src, before, copied_docs, originals) in upgraded.items():
+    for (_collection, store), (src, before, copied_docs, originals) in upgraded.items():
         assert data_hash(src) == before, store  # no data object written, added or removed
         docs = documents(src)
         assert docs.keys() == copied_docs.keys(), store

@@ -128,7 +128,7 @@ def test_documents_are_final_and_data_objects_verbatim(migrated):
     from sharding_store.hierarchy import Generation, detect_generation
     from sharding_store.stores import as_inner
 
-    for (collection, store), (src, dst, report) in migrated.items():
+    for (_collection, store), (src, dst, _report) in migrated.items():
         assert detect_generation(as_inner(str(dst)))[0] is Generation.FINAL_V3, store
         root = json.loads((dst / NODE_KEY).read_bytes())
         if not (src / NODE_KEY).exists():  # an implicit root group becomes explicit

@@ -26,9 +26,8 @@ from sharding_store import open_draft
 from sharding_store.array import DraftArray, DraftGroup
 from sharding_store.errors import ChunkDecodeError, DraftMetadataError, ShardCorruptError, StoreNotFoundError, UsageError
 from sharding_store.stores import as_inner
-from sharding_store.v3_layout import layout_from_v3
-
 from sharding_store.testing import CountingInner
+from sharding_store.v3_layout import layout_from_v3
 
 from . import fixtures
 from .draft_factory import PartialMapping
@@ -198,7 +197,7 @@ def test_bool_complex_big_endian_f_order_fill_and_chunks_larger_than_the_array(t
     write_group(tmp_path, "", {"title": "t"})
     g = open_draft(str(tmp_path))
     assert dict(g.attrs) == {"title": "t"} and sorted(g) == sorted(cases)
-    for name, (data, kw) in cases.items():
+    for name, (data, _kw) in cases.items():
         a = g[name]
         _same(a[...], data)
         if data.ndim > 1:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import math
 import pickle
-import shutil
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -406,7 +404,7 @@ def test_documents_are_read_once_and_listing_reads_no_data(tmp_path: Path) -> No
     members = dict(group.members())  # every document served; all declare their index
     assert len(members) == len(on_disk) - 1
     assert counting.reads == 0
-    for name, a in members.items():
+    for _name, a in members.items():
         a[...]
     assert _doc_gets(counting) == {}
     group2 = ss.open_v3(store)  # the same view again: from its cache

@@ -13,9 +13,9 @@ import pytest
 
 from sharding_store import create_draft_array, create_draft_group
 from sharding_store.cli import main
-from sharding_store.testing import CountingInner
 from sharding_store.inspect import array_stats, codec_chain_text, covered_bytes, hierarchy_stats
 from sharding_store.shard_index import ShardIndex, index_nbytes
+from sharding_store.testing import CountingInner
 from tests.fixtures import ZARR_JS, require
 
 FIXTURES = ZARR_JS
@@ -97,7 +97,8 @@ def test_covered_bytes_counts_shared_bytes_once():
 
 
 def test_codec_chain_text():
-    a = create_draft_array({}, "a", shape=(4,), chunks=(2,), dtype="<i4", filters=[numcodecs.Delta(dtype="<i4")], compressor=numcodecs.Zlib(level=3))
+    a = create_draft_array({}, "a", shape=(4,), chunks=(2,), dtype="<i4", filters=[numcodecs.Delta(dtype="<i4")],
+                           compressor=numcodecs.Zlib(level=3))
     assert codec_chain_text(a.meta) == "delta(dtype='<i4', astype='<i4') -> zlib(level=3)"
     b = create_draft_array({}, "b", shape=(4,), chunks=(2,), dtype="<i4", compressor=None)
     assert codec_chain_text(b.meta) == "none"

@@ -22,8 +22,8 @@ import pytest
 
 from sharding_store import create_draft_array, migrate, verify
 from sharding_store.errors import MigrationError
-from sharding_store.stores import as_inner
 from sharding_store.migrate import MARKER_KEY
+from sharding_store.stores import as_inner
 from tests.draft_factory import make_big_array, make_hierarchy, tree_hash
 from tests.test_migrate_kill import readable_arrays_are_right
 from tests.test_reshard import assert_same_values, chunk_view, layouts, values

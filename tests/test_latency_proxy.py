@@ -63,7 +63,7 @@ def test_connections_are_bounded_and_the_proxy_stops_by_itself(s3) -> None:  # n
     fs = _fs(port)
     s3.start_counting()
     with ThreadPoolExecutor(8) as pool:
-        values = list(pool.map(lambda i: fs.cat_file(f"bkt/k{i}"), range(12)))
+        values = list(pool.map(lambda i: fs.cat_file(f"bkt/k{i}"), range(12)))  # noqa: F821 - ``del fs`` below
     assert values == [bytes([i]) * 1000 for i in range(12)]
     recorded = [r for r in s3.requests() if "/moto-api" not in r["url"]]
     assert proxy.stats()["peak_open"] <= 2, proxy.stats()

@@ -21,8 +21,8 @@ from sharding_store import create_draft_array, migrate, reshard, verify
 from sharding_store import draft_metadata as dm
 from sharding_store.errors import DraftMetadataError, ShardCorruptError, UsageError
 from sharding_store.hierarchy import open_hierarchy
-from sharding_store.stores import as_inner
 from sharding_store.inspect import detect_lost_transformer, hierarchy_stats
+from sharding_store.stores import as_inner
 from tests import hostile
 from tests.draft_factory import read_v3, tree_hash
 

@@ -33,12 +33,12 @@ from sharding_store import create_draft_array, open_draft
 from sharding_store.cli import main
 from sharding_store.draft_metadata import (
     ENTRY_POINT_KEY,
+    DraftArraySpec,
     array_meta_key,
     data_prefix,
-    encode_entry_point,
-    DraftArraySpec,
     draft_array_document,
     encode_array_metadata,
+    encode_entry_point,
     parse_array_metadata,
 )
 from sharding_store.errors import DraftMetadataError

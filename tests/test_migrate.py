@@ -8,6 +8,13 @@ import os
 import numpy as np
 import pytest
 import zarr
+
+from sharding_store import DestinationExistsError, MigrationError, UsageError, open_draft
+from sharding_store.cli import main
+from sharding_store.destination import RECORD_KEY
+from sharding_store.migrate import MARKER_KEY, migrate
+from sharding_store.shard_index import read_index
+from sharding_store.stores import as_inner
 from tests.draft_factory import (
     FIXTURES,
     add_dead_bytes,
@@ -17,13 +24,6 @@ from tests.draft_factory import (
     tree_bytes,
     tree_hash,
 )
-
-from sharding_store import DestinationExistsError, MigrationError, UsageError, open_draft
-from sharding_store.cli import main
-from sharding_store.stores import as_inner
-from sharding_store.destination import RECORD_KEY
-from sharding_store.migrate import MARKER_KEY, migrate
-from sharding_store.shard_index import read_index
 from tests.fixtures import needs_zarr_js
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

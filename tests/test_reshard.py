@@ -33,9 +33,9 @@ from sharding_store import (
 from sharding_store import draft_metadata as dm
 from sharding_store.array import create_draft_array, open_draft
 from sharding_store.cli import main
-from sharding_store.testing import CountingInner, fault_hook
 from sharding_store.hierarchy import inner_of, open_hierarchy
 from sharding_store.store import ArrayLayout
+from sharding_store.testing import CountingInner, fault_hook
 from tests.fixtures import ZARR_JS, require, stores
 
 # the package exports the function ``reshard``, which shadows the submodule's attribute

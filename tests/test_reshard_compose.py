@@ -31,7 +31,7 @@ from sharding_store.stores import FsspecInner, LocalInner, MappingInner
 from sharding_store.stores import local as local_mod
 from sharding_store.testing import CountingInner
 from tests.fixtures import ZARR_JS, require, stores
-from tests.test_reshard import chunk_view, layouts, make_store, rs, values, assert_same_values
+from tests.test_reshard import assert_same_values, chunk_view, layouts, make_store, rs, values
 
 SHARDED = stores(ZARR_JS, "*.sharded.*.zarr", names=True)
 _N = itertools.count()

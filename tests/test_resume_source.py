@@ -8,7 +8,6 @@ the same source resumes.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np

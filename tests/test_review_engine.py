@@ -27,8 +27,8 @@ def test_read_shard_with_a_listed_size_never_parses_a_prefix_of_a_grown_object()
     not take the first ``size`` bytes of an object that grew since it was listed: the tail
     of that prefix is payload, not an index (here zeros: four empty chunks, "valid")."""
     from sharding_store.engine import ArrayLayout, ShardEngine
-    from sharding_store.hierarchy import inner_of
     from sharding_store.errors import ObjectChangedError
+    from sharding_store.hierarchy import inner_of
 
     base: dict = {}
     writer = ShardingStore(base, chunks_per_shard=(4,), array_path="a")

@@ -6,14 +6,14 @@ from __future__ import annotations
 import itertools
 import struct
 
-import hypothesis.strategies as st
 import crc32c
+import hypothesis.strategies as st
 from hypothesis import given, settings
 
+from sharding_store.engine import ArrayLayout
 from sharding_store.errors import ShardCorruptError
 from sharding_store.jobs import StoreRef, interleave
 from sharding_store.migrate_units import ArrayJob
-from sharding_store.engine import ArrayLayout
 from sharding_store.shard_index import (
     CHECKSUM_NBYTES,
     ENTRY_NBYTES,

@@ -49,11 +49,13 @@ def test_metadata_index_and_codec_modules_import_numcodecs_only_when_a_codec_is_
         "shape": [4], "data_type": "<u2", "chunk_grid": {"type": "regular", "chunk_shape": [2], "separator": "/"},
         "chunk_memory_layout": "C", "fill_value": 0, "extensions": [], "attributes": {}, "compressor": None,
     }
-    parse = f"from sharding_store.draft_metadata import parse_array_metadata\nparse_array_metadata({json.dumps(doc)!r}.encode(), 'meta/root/a.array.json')"
+    parse = ("from sharding_store.draft_metadata import parse_array_metadata\n"
+             f"parse_array_metadata({json.dumps(doc)!r}.encode(), 'meta/root/a.array.json')")
     assert _loaded_after(imports + "\n" + parse)["numcodecs"] is False
     # the control: a compressor is a numcodecs object, built on first use
     doc["compressor"] = {"codec": "https://purl.org/zarr/spec/codec/zstd/1.0", "configuration": {"level": 1}}
-    parse = f"from sharding_store.draft_metadata import parse_array_metadata\nm = parse_array_metadata({json.dumps(doc)!r}.encode(), 'meta/root/a.array.json')"
+    parse = ("from sharding_store.draft_metadata import parse_array_metadata\n"
+             f"m = parse_array_metadata({json.dumps(doc)!r}.encode(), 'meta/root/a.array.json')")
     seen = _loaded_after(imports + "\n" + parse + "\nassert type(m.compressor).__name__ == 'Zstd'")
     assert seen["numcodecs"] is True and seen["numcodecs.zstd"] is True
 

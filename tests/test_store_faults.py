@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sharding_store import ShardingStore
-from sharding_store.stores import as_inner
 from sharding_store.keys import chunk_to_shard
 from sharding_store.locks import file_lock
+from sharding_store.stores import as_inner
 
 CPS = (2, 3)
 GRID = [(i, j) for i in range(4) for j in range(6)]  # 2 x 2 shards

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from sharding_store import ShardCorruptError, ShardingStore
-from sharding_store.testing import CountingInner
 from sharding_store.shard_index import MAX_UINT64, encode_shard, index_nbytes, read_index
+from sharding_store.testing import CountingInner
 
 P = "data/root/a/"
 
@@ -178,7 +178,7 @@ def test_spec_example_key_rewriting():
     inner = {}
     store = ShardingStore(inner, chunks_per_shard=(32, 2), array_path="foo/baz")
     for c in [(96, 18), (96, 19), (127, 19)]:
-        store["data/root/foo/baz/c%d/%d" % c] = b"x"
+        store["data/root/foo/baz/c{}/{}".format(*c)] = b"x"
     assert list(inner) == ["data/root/foo/baz/c3/9"]
 
 

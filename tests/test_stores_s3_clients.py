@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from sharding_store.array import open_draft
 from sharding_store.migrate import migrate
-from sharding_store.stores import FsspecInner, ObstoreInner, as_inner, relation
-from sharding_store.stores import _obstore
+from sharding_store.stores import FsspecInner, ObstoreInner, _obstore, as_inner, relation
 from sharding_store.stores._obstore import obstore_options
 from tests.draft_factory import make_hierarchy
 from tests.s3server import s3, s3_server  # noqa: F401 - fixtures

@@ -26,8 +26,8 @@ from crc32c import crc32c
 from sharding_store.draft_metadata import (
     CONSOLIDATED_KEY,
     DraftArrayMeta,
-    data_prefix,
     DraftArraySpec,
+    data_prefix,
     draft_array_document,
     encode_array_metadata,
     parse_array_metadata,
@@ -35,7 +35,6 @@ from sharding_store.draft_metadata import (
     path_from_meta_key,
 )
 from sharding_store.errors import DraftMetadataError, UsageError
-from tests.fixtures import ZARR_JS, needs_zarr_js, stores
 from sharding_store.v3_metadata import (
     inner_codecs,
     is_portable,
@@ -44,6 +43,7 @@ from sharding_store.v3_metadata import (
     v3_chunk_key,
     v3_group_document,
 )
+from tests.fixtures import ZARR_JS, needs_zarr_js, stores
 
 FIXTURES = ZARR_JS
 FIXTURE_STORES = stores(FIXTURES)  # one skipped parameter where ../shared is absent
@@ -95,7 +95,7 @@ def reference_read(store: Path, meta: DraftArrayMeta) -> np.ndarray:
             for local in np.ndindex(*cps):
                 off, nb = (int(x) for x in index[local])
                 if (off, nb) != (2**64 - 1, 2**64 - 1):
-                    chunks[tuple(c * k + l for c, k, l in zip(coords, cps, local))] = blob[off : off + nb]
+                    chunks[tuple(c * k + j for c, k, j in zip(coords, cps, local))] = blob[off : off + nb]
         else:
             chunks = {coords: blob}
         for ccoords, payload in chunks.items():

@@ -29,15 +29,15 @@ from zarr.storage._utils import _normalize_byte_range_index
 from zarr.testing.store import StoreTests
 
 import sharding_store
+from sharding_store import ShardingStore
 from sharding_store import draft_metadata as dm
-from sharding_store.testing import CountingInner
+from sharding_store.engine import ArrayLayout
 from sharding_store.errors import ChunkDecodeError, DraftMetadataError, ReadOnlyError, ShardCorruptError, StoreNotFoundError
 from sharding_store.hierarchy import open_hierarchy
-from sharding_store.stores import as_inner
 from sharding_store.keys import format_chunk_suffix
 from sharding_store.shard_index import read_index
-from sharding_store import ShardingStore
-from sharding_store.engine import ArrayLayout
+from sharding_store.stores import as_inner
+from sharding_store.testing import CountingInner
 from sharding_store.v3view import DraftV3Store, open_v3
 from tests.fixtures import ZARR_JS, needs_zarr_js, require, stores
 

@@ -11,10 +11,10 @@ from sharding_store import ShardCorruptError, ShardingStore
 from sharding_store import draft_metadata as dm
 from sharding_store.array import create_draft_array, open_draft
 from sharding_store.chunk_codec import _runs, encode_chunk_payload, span_decoder
-from sharding_store.testing import CountingInner
 from sharding_store.errors import ChunkDecodeError
-from tests.s3server import s3, s3_server  # noqa: F401 - fixtures
 from sharding_store.shard_index import MAX_UINT64
+from sharding_store.testing import CountingInner
+from tests.s3server import s3, s3_server  # noqa: F401 - fixtures
 
 COMPRESSORS = {
     "blosc": numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1),

@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 import zarr  # noqa: E402
-from numcodecs import GZip, LZ4, LZMA, BZ2, Blosc, Zlib, Zstd  # noqa: E402
+from numcodecs import BZ2, LZ4, LZMA, Blosc, GZip, Zlib, Zstd  # noqa: E402
 from zarr._storage.v3 import DirectoryStoreV3  # noqa: E402
 from zarr._storage.v3_storage_transformers import ShardingStorageTransformer  # noqa: E402
 
@@ -118,7 +118,7 @@ class Case:
 
     # -- finalisation ---------------------------------------------------------
     def finish(self) -> dict:
-        for i, (z, exp, entry) in enumerate(self._pending):
+        for i, (_z, exp, entry) in enumerate(self._pending):
             meta = read_array_meta(self.dir, entry["path"])
             st = meta.get("storage_transformers") or []
             cps = st[0]["configuration"]["chunks_per_shard"] if st else None
@@ -222,7 +222,7 @@ def rng_for(name: str) -> np.random.Generator:
 
 def rand_values(rng, shape, dtype):
     dtype = np.dtype(dtype)
-    if dtype == bool:
+    if dtype == bool:  # noqa: E721 - a numpy dtype equals its Python type
         return rng.random(shape) < 0.5
     if dtype.kind in "iu":
         info = np.iinfo(dtype)

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import sys
 import warnings
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numcodecs
 import numpy as np

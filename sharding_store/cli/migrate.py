@@ -20,7 +20,8 @@ def _store_options(p: argparse.ArgumentParser, dst_optional: bool = False) -> No
     p.add_argument("--storage-options", metavar="JSON", help="fsspec options for SRC and DST")
     p.add_argument("--src-storage-options", metavar="JSON", help="fsspec options for SRC (overrides --storage-options)")
     p.add_argument("--dst-storage-options", metavar="JSON", help="fsspec options for DST (overrides --storage-options)")
-    p.add_argument("--jobs", type=int, metavar="N", help="parallel work units (default: one per CPU between local paths, else 2 per CPU; at most 8)")
+    p.add_argument("--jobs", type=int, metavar="N",
+                   help="parallel work units (default: one per CPU between local paths, else 2 per CPU; at most 8)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="run the work units on this dask scheduler")
     p.add_argument("--json", action="store_true", help="print a machine-readable JSON report")
     p.add_argument("--skip-damaged", "--skip-untranslatable", dest="skip_damaged", action="store_true",

@@ -16,6 +16,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from ..errors import LinkOutsideStoreError, ObjectChangedError, StoreIOError, UsageError
+from ._obstore import ObstoreInner, obstore_options
 from .base import (
     BaseInner,
     CompletedInner,
@@ -30,7 +31,6 @@ from .base import (
     list_dir_from_keys,
     slice_range,
 )
-from ._obstore import ObstoreInner, obstore_options
 from .fsspec import FsspecInner
 from .local import FILE_MODE, TEMP_MARKER, LocalInner, atomic_local_file, is_temp, write_all, write_local_atomic
 from .location import relation
@@ -134,7 +134,7 @@ def as_inner(store: Any, *, storage_options: Mapping[str, Any] | None = None) ->
     if isinstance(store, MutableMapping) and type(store).__module__.startswith("fsspec"):
         fs = getattr(store, "fs", None)
         if fs is not None:  # an fsspec FSMap
-            return FsspecInner(fs, getattr(store, "root"))
+            return FsspecInner(fs, store.root)  # type: ignore[attr-defined]  # an FSMap's
     try:
         from zarr.abc.store import Store as ZarrStore
     except ImportError:  # pragma: no cover - zarr is a dependency

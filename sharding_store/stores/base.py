@@ -28,7 +28,7 @@ import os
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol, Union, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ..errors import LinkOutsideStoreError, ObjectChangedError, StoreIOError
 
@@ -55,7 +55,7 @@ Version = Hashable
 Relation = Literal["same", "inside", "contains", None]
 #: one piece of an object built by :meth:`Inner.compose`: bytes ``[start, end)`` of an object
 #: of the source store, or literal bytes
-Part = Union[tuple[str, int, int], bytes]
+Part = tuple[str, int, int] | bytes
 #: ranges of one object closer than this are read as one range by the generic :meth:`BaseInner.compose`
 COMPOSE_GAP = 1 << 16
 

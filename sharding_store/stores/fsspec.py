@@ -174,7 +174,7 @@ class FsspecInner(BaseInner):
         except FileNotFoundError:
             return None
         except Exception:
-            raise error
+            raise error from None
         lo = max(0, size + start) if start < 0 else min(start, size)
         hi = size if end is None else min(end, size)
         if lo >= hi:
