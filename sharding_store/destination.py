@@ -94,8 +94,11 @@ def _differences(previous: Mapping[str, Any], current: Mapping[str, Any]) -> lis
     """In words: the source and the options in which ``previous`` differs from ``current``."""
     out = []
     before, now = previous.get("source"), current["source"]
-    if (isinstance(before, list) and before and before[0] not in IN_PROCESS and now[0] not in IN_PROCESS
-            and before != now):
+    if before is None:
+        pass  # a marker of a version before issue 12: it did not record the source's location
+    elif not (isinstance(before, list) and len(before) == 3):
+        out.append(f"source that cannot be told ({before!r}), not {current['src']!r}")
+    elif before[0] not in IN_PROCESS and now[0] not in IN_PROCESS and before != now:
         out.append(f"read another source ({previous.get('src')!r}, at {':'.join(map(str, before))}), not "
                    f"{current['src']!r}")
     other = []

@@ -382,7 +382,8 @@ def migrate_copy(
     if resume:
         existing = _resumable(dst, dst_name, current, retried)
         dst.tidy()  # temporary files of writes the interrupted run left unfinished
-    if existing is None and not retried(dst.create_exclusive, MARKER_KEY, marker):
+    # created again under resume when the finished run removed it: DST is claimed while written
+    if not retried(dst.create_exclusive, MARKER_KEY, marker) and existing is None:
         raise DestinationExistsError(
             f"{dst_name}: another migration is writing into this destination (its {MARKER_KEY} appeared "
             "after the destination was found empty); wait for it, or use another destination", key=MARKER_KEY)

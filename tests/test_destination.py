@@ -313,3 +313,39 @@ def test_every_v3_reader_opens_a_destination_with_its_record(consolidate, tmp_pa
     with zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}):
         np.testing.assert_array_equal(zarr.open_array(str(dst / "imgs/raw"), mode="r")[...], U2)
     assert zarrs is not None
+
+
+def test_resuming_a_finished_2023_destination_claims_it_again(tmp_path):
+    """The finished run removed its marker; a resumed run that has work to do creates it
+    again, so DST stays claimed while it is written (and a kill leaves it resumable)."""
+    from sharding_store.testing import fault_hook
+
+    a = make_2023(tmp_path / "a", "A", {"x": U2, "y": U2 + 2})
+    dst = tmp_path / "dst"
+    migrate(str(a), str(dst), progress=False)
+    for shard in (dst / "x/c").rglob("*"):
+        if shard.is_file():
+            shard.unlink()  # work for the resumed run
+
+    def stop(phase: str) -> None:
+        if phase == "unit":
+            raise KeyboardInterrupt
+
+    with fault_hook(stop), pytest.raises(KeyboardInterrupt):
+        migrate(str(a), str(dst), resume=True, progress=False, jobs=1)
+    assert (dst / MARKER_KEY).exists() and (dst / RECORD_KEY).exists()
+    assert migrate(str(a), str(dst), resume=True, progress=False).verification.ok
+    assert not (dst / MARKER_KEY).exists()
+
+
+def test_a_record_whose_source_cannot_be_told_is_refused(tmp_path):
+    a = make_2022(tmp_path / "a", "A", {"x": U2})
+    dst = tmp_path / "dst"
+    migrate(str(a), str(dst), progress=False)
+    record = json.loads((dst / RECORD_KEY).read_text())
+    (dst / RECORD_KEY).write_text(json.dumps({**record, "source": "somewhere"}))
+    with pytest.raises(UsageError, match="cannot be told"):
+        migrate(str(a), str(dst), resume=True, progress=False)
+    (dst / RECORD_KEY).write_text("[1, 2]")
+    with pytest.raises(UsageError, match="not a record this tool wrote"):
+        migrate(str(a), str(dst), resume=True, progress=False)
