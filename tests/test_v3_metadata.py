@@ -638,3 +638,24 @@ def test_legacy_reads_int_chunks_per_shard_as_padded(legacy_stores: Path, tmp_pa
     assert out.returncode == 0, out.stderr
     ours = parse_array_metadata(meta_file.read_bytes(), "meta/root/a/b.array.json").chunks_per_shard
     assert json.loads(out.stdout.strip().splitlines()[-1]) == list(ours) == [2, 1]
+
+
+def test_same_json_compares_types_and_values_strictly():
+    """One comparison for every document check (issue 25 item 10): JSON types count, a float
+    by its bits, strings exactly; Python's ``==`` would take every pair below as equal."""
+    from sharding_store.v3_metadata import document_difference, same_json
+
+    for a, b in [(False, 0), (0, 0.0), (False, 0.0), (-0.0, 0.0), (1, True), ("NaN", "nan"),
+                 ("NaN", "0x7fc00000"), ({"a": [0]}, {"a": [0.0]}), ({"a": 1}, {"a": 1, "b": None})]:
+        assert not same_json(a, b) and not same_json(b, a), (a, b)
+    nested = {"fill_value": "NaN", "shape": [3, 4], "codecs": [{"name": "zstd", "configuration": {"level": 0}}]}
+    assert same_json(nested, json.loads(json.dumps(nested)))
+    assert same_json([1, 2], (1, 2)) and same_json(float("nan"), float("nan"))
+    deep, other = [], []  # type: ignore[var-annotated]
+    for _ in range(5000):  # no recursion: two distinct documents deeper than the interpreter's stack
+        deep, other = [deep], [other]
+    assert same_json(deep, other) and not same_json(deep, [other])
+    assert document_difference({"fill_value": 0}, {"fill_value": False}) == "field 'fill_value' is false, expected 0"
+    assert document_difference({"a": 1}, {"a": 1, "dimension_names": ["x"]}) == \
+        "field 'dimension_names' is [\"x\"], expected absent"
+    assert document_difference(nested, dict(nested)) is None
