@@ -53,7 +53,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +72,7 @@ from .errors import (
 from .hierarchy import Generation, detect_generation, walk_v3_nodes
 from .jobs import StoreRef, cancelling, fault_point, with_retries
 from .migrate_units import json_bytes, node_key
+from .options import RunOptions, StoreOptions, UpgradeOptions, legacy_options
 from .stores import Inner
 from .upgrade_journal import (
     UPGRADE_JOURNAL_KEY,
@@ -422,22 +423,18 @@ class _Runner:
 
 
 def upgrade_in_place(
-    path: Any,
+    location: Any,
+    options: UpgradeOptions | None = None,
     *,
-    storage_options: Mapping[str, Any] | None = None,
-    index_checksum: bool = True,
-    resume: bool = False,
-    undo: bool = False,
-    skip_damaged: bool = False,
-    dry_run: bool = False,
-    verify: bool = True,
-    jobs: int = JOBS,
-    retries: int = RETRY_ATTEMPTS,
-    retry_delay: float = RETRY_DELAY,
-    take_over: bool = False,
+    run: RunOptions | None = None,
+    stores: StoreOptions | None = None,
+    **legacy: Any,
 ) -> InPlaceReport:
-    """Upgrade the 2023-generation store at ``path`` (a path, fsspec URL or store object) to
-    final Zarr v3 in place, rewriting only its ``zarr.json`` documents (module docstring).
+    """Upgrade the 2023-generation store at ``location`` (a path, fsspec URL or store object)
+    to final Zarr v3 in place, rewriting only its ``zarr.json`` documents (module docstring).
+    ``options``: :class:`~sharding_store.options.UpgradeOptions`; ``run``: jobs (default
+    8), retries, retry delay (no executor); ``stores.src``: the store's options. The
+    keywords of 0.1.0 (``resume=True, jobs=4, storage_options={...}``) still work.
 
     ``resume`` finishes an interrupted run, ``undo`` rolls it back (the journal decides what
     they write; ``index_checksum`` and ``skip_damaged`` then do not apply); each first
@@ -450,32 +447,33 @@ def upgrade_in_place(
     an upgrade is already in progress or interrupted; a document changed by another
     writer) and :class:`VerificationError` (exit 9; the journal is kept, ``undo`` restores).
     """
+    options, run, stores = legacy_options("upgrade_in_place", options or UpgradeOptions(), legacy, run, stores)
+    run.refuse_executor("in-place upgrade")
     started = time.perf_counter()
-    if resume and undo:
-        raise UsageError("--resume and --undo contradict each other: finish the upgrade or roll it back")
-    ref = StoreRef.of(path, storage_options)
+    ref = StoreRef.of(location, run.one_store("in-place upgrade", stores))
     inner = ref.open()
-    location = ref.describe()
-    if resume or undo:
-        report = InPlaceReport(location, "resume" if resume else "undo")
-        runner = _Runner(inner, location, report, retries, retry_delay, jobs)
-        _recover(runner, undo=undo, verify=verify, dry_run=dry_run, take_over=take_over)
+    described = ref.describe()
+    jobs = run.jobs_or(JOBS)
+    if options.resume or options.undo:
+        report = InPlaceReport(described, "resume" if options.resume else "undo")
+        runner = _Runner(inner, described, report, run.retries, run.retry_delay, jobs)
+        _recover(runner, undo=options.undo, verify=options.verify, dry_run=options.dry_run, take_over=options.take_over)
         report.seconds = time.perf_counter() - started
         return report
     journal = interrupted_upgrade(inner)
     if journal is not None:
-        raise interrupted_upgrade_error(journal, location, "nothing was changed by this run")
-    journal, report = _plan(inner, location, index_checksum=index_checksum, skip_damaged=skip_damaged)
-    if dry_run:
+        raise interrupted_upgrade_error(journal, described, "nothing was changed by this run")
+    journal, report = _plan(inner, described, index_checksum=options.index_checksum, skip_damaged=options.skip_damaged)
+    if options.dry_run:
         report.action = "dry-run"
         report.seconds = time.perf_counter() - started
         return report
-    runner = _Runner(inner, location, report, retries, retry_delay, jobs)
+    runner = _Runner(inner, described, report, run.retries, run.retry_delay, jobs)
     if not journal.steps:
         report.verified = None
         report.seconds = time.perf_counter() - started
         return report
-    _upgrade(runner, journal.owned_by(Claim.mine("upgrade")), verify=verify)
+    _upgrade(runner, journal.owned_by(Claim.mine("upgrade")), verify=options.verify)
     report.seconds = time.perf_counter() - started
     return report
 

@@ -141,6 +141,13 @@ class RunOptions:
     def jobs_or(self, default: int) -> int:
         return default if self.jobs is None else self.jobs
 
+    def one_store(self, operation: str, stores: StoreOptions) -> Mapping[str, Any] | None:
+        """The options of the one store an in-place operation works on: ``stores.src``
+        (``stores.dst`` only as the same options, as ``storage_options=`` gives both)."""
+        if stores.dst is not None and stores.dst != stores.src:
+            raise UsageError(f"{operation}: StoreOptions.dst does not apply (one store, changed where it is)")
+        return stores.src
+
     def refuse_executor(self, operation: str) -> None:
         """Operations that run on this machine only (they hold locks or journals here)."""
         if self.executor is not None:
@@ -198,6 +205,7 @@ class UpgradeOptions:
     (:func:`sharding_store.inplace.upgrade_in_place`): ``resume`` finishes an interrupted
     one, ``undo`` rolls it back (the two contradict each other; the journal then decides
     what is written, so ``index_checksum`` and ``skip_damaged`` do not apply);
+    ``take_over``: a recovery may take over the journal of a run on another host;
     ``dry_run`` writes nothing; ``verify`` reads the upgraded store back."""
 
     index_checksum: bool = True
@@ -206,9 +214,10 @@ class UpgradeOptions:
     dry_run: bool = False
     verify: bool = True
     skip_damaged: bool = False
+    take_over: bool = False
 
     def __post_init__(self) -> None:
-        _check_bools(self, "index_checksum", "resume", "undo", "dry_run", "verify", "skip_damaged")
+        _check_bools(self, "index_checksum", "resume", "undo", "dry_run", "verify", "skip_damaged", "take_over")
         if self.resume and self.undo:
             raise UsageError("--resume and --undo contradict each other: finish the upgrade or roll it back")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from sharding_store.hierarchy import Generation, detect_generation
 from sharding_store.inplace import upgrade_in_place
 from sharding_store.meta2023 import NODE_KEY
 from sharding_store.migrate import migrate
+from sharding_store.options import RunOptions, StoreOptions, UpgradeOptions
 from sharding_store.stores import as_inner
 from sharding_store.testing import fault_hook
 from sharding_store.upgrade_journal import UPGRADE_JOURNAL_KEY
@@ -158,6 +160,27 @@ def test_the_api_and_a_dry_run(tmp_path):
     assert cfg["index_codecs"][-1] == {"name": "crc32c"}  # the hidden checksum, declared
     assert json.loads((src / NODE_KEY).read_bytes()) == {"zarr_format": 3, "node_type": "group", "attributes": {}}
     _same(_read_zarr(src, "a"), _expected(fixtures.ZARRJS_ZARRITA_2023.name, SHARDED, "a"))
+
+
+def test_upgrade_in_place_runs_on_the_typed_options(tmp_path, capsys):
+    """``upgrade_in_place(location, UpgradeOptions(...), run=RunOptions(...))`` (issue 23):
+    the same upgrade as the keywords of 0.1.0; what does not apply to one store changed
+    where it is (an executor, another store's options, ``--dimension-names``, which the
+    command used to ignore) is refused by name before anything is read or written."""
+    src = _zarrjs(tmp_path)
+    before = tree_hash(src)
+    report = upgrade_in_place(str(src), UpgradeOptions(dry_run=True), run=RunOptions(jobs=1))
+    assert report.action == "dry-run" and report.arrays == 1 and tree_hash(src) == before
+    with ThreadPoolExecutor(1) as pool, pytest.raises(UsageError, match="executor does not apply"):
+        upgrade_in_place(str(src), run=RunOptions(executor=pool))
+    with pytest.raises(UsageError, match="StoreOptions.dst does not apply"):
+        upgrade_in_place(str(src), stores=StoreOptions(dst={"anon": True}))
+    _refused(["migrate", str(src), "--in-place", "--dimension-names", "a=y,x"], src, UsageError.exit_code, capsys,
+             "--dimension-names")
+    report = upgrade_in_place(str(src), UpgradeOptions(), run=RunOptions(jobs=2, retries=1),
+                              stores=StoreOptions.both(None))
+    assert report.written == 2 and report.verified and report.shards_checked == 1
+    assert detect_generation(as_inner(str(src)))[0] is Generation.FINAL_V3
 
 
 def test_the_cli_json_report(tmp_path, capsys):

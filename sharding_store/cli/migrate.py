@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import UsageError
+from ..options import RunOptions, StoreOptions, UpgradeOptions
 from .options import add_assume_option, add_progress_option, assumed, command_again, int_tuple, storage_options
 
 
@@ -126,9 +127,21 @@ def verify_command(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
-def _common(args: argparse.Namespace) -> dict[str, Any]:
+def _check_jobs(args: argparse.Namespace) -> None:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: must be >= 1")
+
+
+def _stores(args: argparse.Namespace) -> StoreOptions:
+    """``--storage-options`` for both sides, ``--src-/--dst-storage-options`` for one."""
+    shared = storage_options(args.storage_options)
+    src = storage_options(args.src_storage_options, "--src-storage-options") if args.src_storage_options else shared
+    dst = storage_options(args.dst_storage_options, "--dst-storage-options") if args.dst_storage_options else shared
+    return StoreOptions(src, dst)
+
+
+def _common(args: argparse.Namespace) -> dict[str, Any]:
+    _check_jobs(args)
     shared = storage_options(args.storage_options)
     src = storage_options(args.src_storage_options, "--src-storage-options") if args.src_storage_options else shared
     dst = storage_options(args.dst_storage_options, "--dst-storage-options") if args.dst_storage_options else shared
@@ -150,28 +163,33 @@ def _executor(address: str | None) -> Iterator[Any]:
         yield client.get_executor()
 
 
-def run_in_place(args: argparse.Namespace) -> int:
-    """``migrate PATH --in-place [--resume|--undo]``: options that do not apply are refused by name."""
-    from ..inplace import upgrade_in_place
-
+def upgrade_options(args: argparse.Namespace) -> tuple[UpgradeOptions, RunOptions, StoreOptions]:
+    """The one mapping of ``migrate PATH --in-place [--resume|--undo]``'s arguments onto
+    :func:`~sharding_store.inplace.upgrade_in_place`'s options; those that do not apply
+    are refused by name."""
     if not args.in_place:
         raise UsageError("--undo applies to an in-place upgrade: give --in-place")
     given = [opt for opt, value in (
         ("DST", args.dst), ("--chunks-per-shard", args.chunks_per_shard), ("--index-location start",
         args.index_location != "end"), ("--portable", args.portable), ("--overwrite", args.overwrite),
         ("--scheduler", args.scheduler), ("--assume-chunks-per-shard", args.assume_chunks_per_shard),
-        ("--dst-storage-options", args.dst_storage_options)) if value]
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError(f"--jobs {args.jobs}: must be >= 1")
+        ("--dst-storage-options", args.dst_storage_options), ("--dimension-names", args.dimension_names)) if value]
+    _check_jobs(args)
     if given:
         raise UsageError(f"--in-place: not with {', '.join(given)} (the upgrade rewrites the zarr.json documents "
                          "of SRC and nothing else)")
-    options = (storage_options(args.src_storage_options, "--src-storage-options") if args.src_storage_options
-               else storage_options(args.storage_options))
-    report = upgrade_in_place(args.src, storage_options=options, index_checksum=not args.no_index_checksum,
-                              resume=args.resume, undo=args.undo, skip_damaged=args.skip_damaged,
-                              dry_run=args.dry_run, verify=not args.no_verify, take_over=args.take_over,
-                              **({"jobs": args.jobs} if args.jobs is not None else {}))
+    options = UpgradeOptions(index_checksum=not args.no_index_checksum, resume=args.resume, undo=args.undo,
+                             skip_damaged=args.skip_damaged, dry_run=args.dry_run, verify=not args.no_verify,
+                             take_over=args.take_over)
+    return options, RunOptions(jobs=args.jobs, progress=args.progress), StoreOptions(src=_stores(args).src)
+
+
+def run_in_place(args: argparse.Namespace) -> int:
+    """``migrate PATH --in-place [--resume|--undo]``."""
+    from ..inplace import upgrade_in_place
+
+    options, run, stores = upgrade_options(args)
+    report = upgrade_in_place(args.src, options, run=run, stores=stores)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
     return 0
 
