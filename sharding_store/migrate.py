@@ -451,14 +451,28 @@ def _plan_all(
 
 
 def _dimension_names_option(given: Mapping[str, Sequence[str | None]] | None) -> dict[str, tuple[str | None, ...]] | None:
-    """``dimension_names`` with normalised paths ("/a/b/" -> "a/b")."""
+    """``dimension_names`` with normalised paths ("/a/b/" -> "a/b"). A path that is no node
+    path, a name given twice for one array, or two spellings of one path with different names
+    are refused (:class:`UsageError`, exit 2, naming them): never silently one of them."""
     if not given:
         return None
     out: dict[str, tuple[str | None, ...]] = {}
     for path, names in given.items():
+        shown = dm.escape_name(str(path))
         if isinstance(names, str) or not isinstance(names, Sequence):
-            raise UsageError(f"dimension names for '{path}': a list of names, got {names!r}")
-        out[dm.normalize_path(path)] = tuple(names)
+            raise UsageError(f"dimension names for '{shown}': a list of names, got {names!r}")
+        try:
+            norm = dm.normalize_path(path)
+        except DraftMetadataError as e:
+            raise UsageError(f"--dimension-names {shown}: {e}", key=str(path)) from None
+        twice = sorted({n for n in names if n is not None and list(names).count(n) > 1}, key=str)
+        if twice:
+            raise UsageError(f"--dimension-names {shown}: {', '.join(map(repr, twice))} given twice "
+                             f"({','.join(map(str, names))}): each dimension needs its own name", key=norm)
+        if norm in out and out[norm] != tuple(names):
+            raise UsageError(f"--dimension-names: '/{norm}' given twice with different names "
+                             f"({list(out[norm])} and {list(names)})", key=norm)
+        out[norm] = tuple(names)
     return out
 
 

@@ -77,6 +77,40 @@ def test_cli_dimension_names_syntax_error_exits_2(tmp_path, capsys):
     assert "PATH=NAME" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["images/raw=t,x,x"], ["'x' given twice", "images/raw"]),  # one array, one name twice
+    (["images/raw=t,y,x", "images/raw=a,b,c"], ["given twice with different names", "t,y,x", "a,b,c"]),
+    (["images/raw=t,y,x", "/images/raw/=a,b,c"], ["given twice with different names", "/images/raw"]),
+    (["images//raw=t,y,x"], ["images//raw", "empty path segment"]),  # not a node path: usage, not damage
+    (["images/../raw=t,y,x"], ["images/../raw", "'..'"]),
+])
+def test_cli_dimension_names_refuses_duplicates_and_conflicts(tmp_path, capsys, argv, named):
+    """Exit 2 with one line naming what is wrong (it was: t,x,x accepted, the last repeat winning,
+    exit 3 for a path with an empty segment); nothing written."""
+    dst = tmp_path / "o"
+    words = [w for a in argv for w in ("--dimension-names", a)]
+    assert main(["migrate", str(SAMPLE), str(dst), *words]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and all(n in err for n in named), err
+    assert not dst.exists() or not any(dst.iterdir())
+
+
+def test_api_dimension_names_refuses_duplicates_and_conflicts(tmp_path):
+    dst = tmp_path / "o"
+    with pytest.raises(UsageError, match="'y' given twice"):
+        migrate(SAMPLE, dst, dimension_names={"images/raw": ["y", "y", "x"]}, progress=False)
+    with pytest.raises(UsageError, match="given twice with different names"):
+        migrate(SAMPLE, dst, dimension_names={"images/raw": ["t", "y", "x"], "/images/raw": ["a", "b", "c"]},
+                progress=False)
+    with pytest.raises(UsageError, match="empty path segment"):
+        migrate(SAMPLE, dst, dimension_names={"images//raw": ["t", "y", "x"]}, progress=False)
+    assert not dst.exists() or not any(dst.iterdir())
+    # the same names twice, and unnamed dimensions beside names, are fine
+    migrate(SAMPLE, dst, dimension_names={"images/raw": ["t", None, None], "/images/raw/": ["t", None, None]},
+            progress=False)
+    assert _doc(dst, "images/raw")["dimension_names"] == ["t", None, None]
+
+
 def test_verify_catches_changed_dimension_names(tmp_path):
     dst = tmp_path / "out.zarr"
     migrate(SAMPLE, dst, dimension_names={"images/raw": ["t", "y", "x"]}, progress=False, consolidate=False)

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..options import RunOptions, StoreOptions, UpgradeOptions
-from .options import add_assume_option, add_progress_option, assumed, command_again, int_tuple, storage_options
+from .options import add_assume_option, add_progress_option, assumed, command_again, int_tuple, named_dimensions, storage_options
 
 
 def _store_options(p: argparse.ArgumentParser, dst_optional: bool = False) -> None:
@@ -210,7 +210,7 @@ def run_migrate(args: argparse.Namespace) -> int:
             index_checksum=not args.no_index_checksum,
             index_location=args.index_location,
             portable=args.portable,
-            dimension_names=dict(args.dimension_names) if args.dimension_names else None,
+            dimension_names=named_dimensions(args.dimension_names),
             consolidate=not args.no_consolidate,
             overwrite=args.overwrite,
             resume=args.resume,

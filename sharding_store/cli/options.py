@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import UsageError
 
 __all__ = ["add_assume_option", "add_progress_option", "assume_item", "assumed", "command_again", "int_tuple",
-           "storage_options"]
+           "named_dimensions", "storage_options"]
 
 
 def storage_options(text: str | None, option: str = "--storage-options") -> dict[str, Any]:
@@ -62,6 +62,22 @@ def assumed(args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
         if out.get(path, cps) != cps:
             raise UsageError(f"--assume-chunks-per-shard: '{path or '/'}' given twice with different values", key=path)
         out[path] = cps
+    return out
+
+
+def named_dimensions(items: list[tuple[str, list[str]]] | None) -> dict[str, list[str]] | None:
+    """The repeatable ``--dimension-names PATH=NAME,...`` as the API's ``dimension_names``: a
+    path given twice must name the same dimensions (else :class:`UsageError`, exit 2, naming
+    both), never the last one silently; ``migrate`` checks the paths and the names."""
+    if not items:
+        return None
+    out: dict[str, list[str]] = {}
+    for path, names in items:
+        key = path.strip("/")
+        if out.get(key, names) != names:
+            raise UsageError(f"--dimension-names: '/{key}' given twice with different names ({','.join(out[key])} "
+                             f"and {','.join(names)})", key=key)
+        out[key] = names
     return out
 
 
