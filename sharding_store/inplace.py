@@ -85,7 +85,7 @@ from .upgrade_journal import (
     undo_upgrade_command,
 )
 
-__all__ = ["FINAL_KEY_ENCODINGS", "InPlaceReport", "upgrade_in_place", "upgrade_status"]
+__all__ = ["FINAL_KEY_ENCODINGS", "InPlaceReport", "upgrade_in_place", "upgrade_leftovers", "upgrade_status"]
 
 #: chunk key encodings whose keys the in-place upgrade takes as final: (name, separator)
 FINAL_KEY_ENCODINGS = frozenset({("default", "/"), ("default", "."), ("v2", "."), ("v2", "/")})
@@ -552,6 +552,14 @@ def _count(report: InPlaceReport, journal: UpgradeJournal) -> None:
         else:
             report.groups += 1
             report.created += s.original is None
+
+
+def upgrade_leftovers(inner: Inner, paths: Sequence[str]) -> list[str]:
+    """Temporary files an interrupted write left next to the documents of the nodes at
+    ``paths`` or next to the journal (one directory listing per node on local stores; none
+    elsewhere): what ``info`` reports and the next run (or ``--resume``/``--undo``) removes."""
+    keys = [UPGRADE_JOURNAL_KEY, *sorted({node_key(p) for p in paths})]
+    return [leftover for key in keys for leftover in inner.temp_leftovers(key)]
 
 
 def upgrade_status(inner: Inner, location: str) -> dict[str, Any] | None:

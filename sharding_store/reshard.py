@@ -61,6 +61,10 @@ Resuming (automatic on the next in-place run, or ``complete_interrupted``) rolls
 whose old metadata no longer matches the store (someone changed the array since) is
 rolled back instead: its staged objects are deleted. Staged objects that already
 exist are kept (each was written whole), so an interrupted staging is not redone.
+Temporary files of staging writes a kill cut short are removed before the journal is
+deleted (a later kill cannot strand them); what no journal accounts for under
+``__reshard__/`` (:func:`staging_leftovers`) is reported by ``info`` and removed by a
+resume.
 Not supported: other writers during a reshard, and readers that opened the array
 before the switch and keep reading after it (they hold the old metadata).
 """
@@ -111,7 +115,7 @@ STAGING = STAGING_PREFIX
 MAX_BLOCK_FACTOR = 8
 DEFAULT_JOBS = 8
 
-__all__ = ["JOURNAL_PREFIX", "STAGING", "ReshardReport", "complete_interrupted", "reshard", "resolve_chunks_per_shard",
+__all__ = ["JOURNAL_PREFIX", "STAGING", "ReshardReport", "complete_interrupted", "reshard", "staging_leftovers", "resolve_chunks_per_shard",
            "shard", "unshard"]
 
 
@@ -441,8 +445,9 @@ def _rollback(inner: Inner, journal: Journal) -> None:
     _, new = _layouts(journal)
     for key in list_objects(inner, new, STAGING).values():
         inner.delete(STAGING + key)
+    inner.tidy(STAGING + new.prefix, keep_top=False)  # writes a killed run left unfinished: before the journal goes
     inner.delete(journal.key)
-    inner.tidy(STAGING, keep_top=False)  # writes a killed run left unfinished, emptied directories
+    inner.tidy(STAGING, keep_top=False)  # emptied directories
 
 
 def _swap(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> None:
@@ -478,9 +483,10 @@ def _move(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options)
     if journal.consolidated:
         _update_consolidated(inner, journal.meta_key, journal.new.encode(), add=True)
         fault_point("commit")
+    inner.tidy(STAGING + new.prefix, keep_top=False)  # writes a killed run left unfinished: before the journal goes
     inner.delete(journal.key)
     inner.tidy(new.prefix)  # directories the moves and deletes emptied
-    inner.tidy(STAGING, keep_top=False)  # writes a killed run left unfinished
+    inner.tidy(STAGING, keep_top=False)
 
 
 def _complete(inner: Inner, journal: Journal, report: ReshardReport, opts: _Options) -> bool:
@@ -545,6 +551,19 @@ def _resume_all(inner: Inner, report: ReshardReport, opts: _Options) -> None:
     for journal in interrupted_reshards(inner):
         if _complete(inner, journal, report, opts):
             report.arrays_resumed.append(journal.path)
+    if staging_leftovers(inner):  # a run killed after its journal went (older versions) left these
+        inner.delete_prefix(STAGING)
+        inner.tidy(STAGING, keep_top=False)
+
+
+def staging_leftovers(inner: Inner) -> list[str]:
+    """Keys below ``__reshard__/`` that no journal accounts for: staged objects and
+    temporary files an interrupted in-place reshard left (one listing, plus a walk of the
+    staging directory on local stores). Empty while any journal exists (they are its
+    staging then) and in a store no reshard ever ran in."""
+    if interrupted_reshards(inner):
+        return []
+    return sorted({*inner.list_prefix(STAGING), *inner.temp_leftovers(STAGING)})
 
 
 # --------------------------------------------------------------------------- copying

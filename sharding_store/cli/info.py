@@ -14,7 +14,10 @@ not decoded, so an undecodable payload is not a problem ``info`` sees.
 
 An in-place ``reshard`` that was interrupted hides its array until ``reshard --resume``
 completes it: ``info`` lists every such array (text and ``--json``, from the reshard
-journal, one listing) and ``info --strict`` exits 10 naming them. A wrong
+journal, one listing) and ``info --strict`` exits 10 naming them. What an interrupted
+run left with no journal accounting for it (temporary files next to node documents or
+under ``__reshard__/``, staged objects) is listed as ``leftover:`` (``--json``:
+``leftovers``) and ``info --strict`` exits 10 naming the first. A wrong
 ``--assume-chunks-per-shard`` guess is refused (exit 3) with the evidence against it.
 """
 
@@ -209,6 +212,17 @@ def info_document(
 # --------------------------------------------------------------------------- commands
 
 
+LEFTOVER_TEXT = "left by an interrupted run (a temporary file or a staged object no journal accounts for)"
+
+
+def leftover_error(keys: list[str], location: str, remedy: str = "") -> ShardingStoreError:
+    """``info --strict``: leftovers of an interrupted run are exit 10, the first one named."""
+    from ..errors import MigrationError
+
+    how = remedy or "no journal needs them: delete them"
+    return MigrationError(f"{keys[0]}: {LEFTOVER_TEXT} ({len(keys)} such keys in {location}); {how}", key=keys[0])
+
+
 def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: Any) -> bool:
     """``info`` of a store of the 2023 intermediate generation: the generation, every node and
     what ``migrate`` changes in it (the shard index decided from the shards' tails), damaged
@@ -216,6 +230,7 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
     from ..draft_metadata import normalize_path
     from ..errors import StoreNotFoundError, UsageError
     from ..hierarchy import Generation, inner_of, is_draft_2023
+    from ..inplace import upgrade_leftovers
     from ..migrate2023 import plan_hierarchy
 
     inner = inner_of(args.store, opts)
@@ -230,10 +245,12 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
     if not kinds and not damaged:
         raise StoreNotFoundError(f"{args.store}: no node at '{root}'", key=root)
     arrays = {a.path: a for a in plan.arrays}
+    leftovers = upgrade_leftovers(inner, [*plan.kinds, *plan.damaged])
     if args.json:
         doc = {
             "store": args.store,
             "generation": Generation.DRAFT_2023.value,
+            "leftovers": leftovers,
             "nodes": [
                 {"path": p, "kind": k, "changes": plan.changes.get(p, []),
                  **({"shape": arrays[p].normalised.document["shape"], "data_type": arrays[p].normalised.document["data_type"],
@@ -263,8 +280,12 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
             print(f"{display_path(p)}\n  damaged ({type(e).__name__}): {e}")
         for w in plan.warnings:
             print(f"warning: {w}")
+        for key in leftovers:
+            print(f"leftover: {key}: {LEFTOVER_TEXT}")
     if args.strict and damaged:
         raise next(iter(damaged.values()))
+    if args.strict and leftovers:
+        raise leftover_error(leftovers, args.store)
     return True
 
 
@@ -297,7 +318,8 @@ def run_info(args: argparse.Namespace) -> int:
     from ..draft_metadata import normalize_path
     from ..hierarchy import Generation, open_hierarchy
     from ..inspect import hierarchy_stats, stats_nodes
-    from ..journal import interrupted_error
+    from ..journal import interrupted_error, resume_command
+    from ..reshard import staging_leftovers
 
     opts = storage_options(args.storage_options)
     assume = assumed(args)
@@ -309,6 +331,7 @@ def run_info(args: argparse.Namespace) -> int:
     root = normalize_path(args.path)
     unreadable: list[ShardingStoreError] = []
     reshards = _interrupted(h, root, unreadable)
+    leftovers = [] if reshards or unreadable else staging_leftovers(h.inner)
     nodes: list[Node] = []
     stats: list[ArrayStats] = []
     if root not in h.damaged and not (root not in h.nodes and reshards):
@@ -321,6 +344,7 @@ def run_info(args: argparse.Namespace) -> int:
     damaged = _damaged(h, root)
     if args.json:
         doc = info_document(args.store, h, nodes, stats, root, reshards, unreadable)
+        doc["leftovers"] = leftovers
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
@@ -340,9 +364,13 @@ def run_info(args: argparse.Namespace) -> int:
         for e in unreadable:
             print()
             print(f"{e.key}\n  damaged reshard journal ({type(e).__name__}): {e}")
+        for key in leftovers:
+            print(f"leftover: {key}: {LEFTOVER_TEXT}")
     problems = [*unreadable, *damaged.values(), *(s.damage for s in stats if s.damage is not None)]
     if reshards:  # a hidden array outweighs any other problem
         problems.insert(0, interrupted_error(reshards, args.store))
+    elif leftovers:
+        problems.append(leftover_error(leftovers, args.store, f"`{resume_command(args.store)}` removes them"))
     if args.strict and problems:
         raise problems[0]
     return 0

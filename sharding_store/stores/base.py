@@ -387,8 +387,9 @@ class BaseInner:
         return True
 
     def temp_leftovers(self, key: str) -> list[str]:
-        """Names (keys) of temporary files a killed write of ``key`` left next to it.
-        Only stores whose writes leave such files (local directories) have any."""
+        """Names (keys) of temporary files a killed write of ``key`` left next to it (a
+        ``key`` ending in ``/``: below that prefix). Only stores whose writes leave such
+        files (local directories) have any."""
         return []
 
     def remove_temp_leftovers(self, key: str) -> int:

@@ -471,7 +471,11 @@ class LocalInner(BaseInner):
                                   f"version is at the key, the other kept as {kept}", key=key)
 
     def temp_leftovers(self, key: str) -> list[str]:
-        """Keys of temporary files next to ``key`` (one listing of its directory)."""
+        """Keys of temporary files next to ``key`` (one listing of its directory); for a
+        ``key`` ending in ``/``, of every temporary file below that prefix (a walk that
+        never follows a link)."""
+        if key.endswith("/"):
+            return self._temps_below(key)
         path = self._checked_path(key)
         directory, _, name = path.rpartition("/")
         lead = key.rpartition("/")[0]
@@ -481,6 +485,17 @@ class LocalInner(BaseInner):
         except (FileNotFoundError, NotADirectoryError):
             return []
         return [f"{lead}/{n}" if lead else n for n in names]
+
+    def _temps_below(self, prefix: str) -> list[str]:
+        top = self._path(prefix.rstrip("/"))
+        if os.path.islink(top) or not self._inside(os.path.realpath(top)):
+            return []
+        found = []
+        for dirpath, _, files in os.walk(top):
+            lead = prefix + os.path.relpath(dirpath, top).replace(os.sep, "/") + "/"
+            lead = prefix if lead == prefix + "./" else lead
+            found += [lead + name for name in files if TEMP_MARKER in name]
+        return sorted(found)
 
     def remove_temp_leftovers(self, key: str) -> int:
         found = self.temp_leftovers(key)
