@@ -1,7 +1,8 @@
 """The in-place upgrade never overwrites a concurrent writer's change (issue 25 item 2).
 
-A real writer process waits for the upgrade's journal, then appends a shard to one array
-(a new shard object and its ``zarr.json`` with a larger shape, still 2023-spelled) and
+A real writer process waits until the upgrade has written its first document, then
+appends a shard to one array (a new shard object and its ``zarr.json`` with a larger
+shape, still 2023-spelled) and
 edits the root's attributes, while ``migrate --in-place`` (a CLI subprocess) rewrites 300
 documents. Whatever the interleaving, at the end both documents hold the writer's bytes
 (nothing it wrote is lost), and a run that met the change exits 10 naming it, with its
@@ -58,7 +59,8 @@ def make_store(root: Path, n: int) -> Path:
     return root
 
 
-#: the writer: waits for the journal, then writes a new shard, the grown document and the root's
+#: the writer: waits until the upgrade wrote its first document, then writes a new shard, the
+#: grown document and the root's
 WRITER = textwrap.dedent("""
     import os, sys, time
     kind, where, target, grown, root_doc, shard, delay = sys.argv[1:8]
@@ -66,10 +68,14 @@ WRITER = textwrap.dedent("""
         import json, s3fs
         fs = s3fs.S3FileSystem(**json.loads(sys.argv[8]))
         exists = lambda k: fs.exists(f"{where}/{k}")
+        read = lambda k: fs.cat_file(f"{where}/{k}")
         def put(k, v):
             fs.pipe_file(f"{where}/{k}", v)
     else:
         exists = lambda k: os.path.exists(os.path.join(where, k))
+        def read(k):
+            with open(os.path.join(where, k), "rb") as f:
+                return f.read()
         def put(k, v):  # an atomic writer: a temporary file renamed over the key
             tmp = os.path.join(where, k + ".writer-tmp")
             with open(tmp, "wb") as f:
@@ -77,11 +83,12 @@ WRITER = textwrap.dedent("""
             os.replace(tmp, os.path.join(where, k))
     print("ready", flush=True)
     deadline = time.monotonic() + 120
-    while not exists(".sharding-store-upgrade.json"):
+    # mid-way: once the upgrade has written its first document (the first array's)
+    while not (exists(".sharding-store-upgrade.json") and b'"bytes"' in read("a000/zarr.json")):
         if kind == "s3":
             fs.invalidate_cache()
         if time.monotonic() > deadline:
-            sys.exit("no journal appeared")
+            sys.exit("the upgrade wrote no document")
         time.sleep(0.0005)
     time.sleep(float(delay))
     put(target + "/c/1", bytes.fromhex(shard))
@@ -101,7 +108,7 @@ def _shard(values: np.ndarray) -> bytes:
 def _race(kind: str, where: str, name: str, upgrade: list[str], delay: float,
           opts: str = "") -> subprocess.CompletedProcess:
     """One trial: the writer started (and ready) first, then the upgrade; both awaited.
-    The writer writes ``delay`` seconds after the journal appears."""
+    The writer writes ``delay`` seconds after the upgrade wrote its first document."""
     shard = _shard(np.array([7, 8, 9, 10], dtype="u2"))
     writer = subprocess.Popen([sys.executable, "-c", WRITER, kind, where, name, GROWN.hex(), ROOT_EDIT.hex(),
                                shard.hex(), str(delay), opts], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -140,7 +147,7 @@ def test_a_concurrent_writer_is_never_overwritten_locally(tmp_path):
         src = tmp_path / f"store{attempt}"
         shutil.copytree(template, src)
         name = target(N_ARRAYS)
-        done = _race("file", str(src), name, [*CLI, "migrate", str(src), "--in-place"], 0.02 * attempt)
+        done = _race("file", str(src), name, [*CLI, "migrate", str(src), "--in-place"], 0.005 * attempt)
         docs = {k: (src / k).read_bytes() for k in (f"{name}/zarr.json", "zarr.json")}
         untouched = all((src / p.relative_to(template)).read_bytes() == p.read_bytes()
                         for p in template.glob("a*/zarr.json") if p.parent.name != name)
@@ -161,7 +168,7 @@ def test_a_concurrent_writer_is_never_overwritten_on_s3(s3, tmp_path):
         s3.fs.put(str(template) + "/", where, recursive=True)
         name = target(60)
         done = _race("s3", where, name, [*CLI, "migrate", f"s3://{where}", "--in-place", "--storage-options", opts],
-                     0.05 * attempt, opts)
+                     0.01 * attempt, opts)
         s3.fs.invalidate_cache()
         docs = {k: s3.fs.cat_file(f"{where}/{k}") for k in (f"{name}/zarr.json", "zarr.json")}
         untouched = all(s3.fs.cat_file(f"{where}/{p.parent.name}/zarr.json") == p.read_bytes()
