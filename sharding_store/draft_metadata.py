@@ -9,8 +9,6 @@ rewrite is indistinguishable from one the legacy library wrote.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 import re
@@ -21,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast
 import numpy as np
 
 from .errors import DraftMetadataError
+from .fill_value import decode_fill_value, encode_fill_value
 
 if TYPE_CHECKING:
     from numcodecs.abc import Codec
@@ -433,122 +432,10 @@ def _encode_dtype(dtype: np.dtype) -> Any:
 
 # --------------------------------------------------------------------------- fill values
 
-_FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def _decode_float(v: Any, dtype: np.dtype) -> Any:
-    if isinstance(v, str) and v in _FLOAT_WORDS:
-        return dtype.type(_FLOAT_WORDS[v])
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise ValueError(f"expected a number or 'NaN'/'Infinity'/'-Infinity', got {v!r}")
-    try:  # an int beyond float64 (10**400) raises OverflowError in float() and numpy alike
-        finite = math.isfinite(float(v))
-        with np.errstate(over="ignore"):
-            out = dtype.type(v)
-    except OverflowError:
-        finite, out = True, dtype.type(math.inf)
-    if finite and not np.isfinite(out):
-        raise ValueError(f"{_short(v)} overflows {dtype.str}")
-    return out
-
-
 def _short(v: Any) -> str:
     """A number for a message: at most 40 characters (10**400 has 401 digits)."""
     text = repr(v) if not _is_int(v) or v.bit_length() < 4000 else f"an integer of {v.bit_length()} bits"
     return text if len(text) <= 40 else f"{text[:12]}...({len(text)} digits)"
-
-
-def _decode_fill_value(v: Any, dtype: np.dtype) -> Any:
-    """Draft JSON fill value -> numpy scalar of ``dtype`` (zarr 2.18 semantics, stricter)."""
-    if v is None:
-        return None
-    kind = dtype.kind
-    if kind == "f":
-        return _decode_float(v, dtype)
-    if kind == "c":
-        if not isinstance(v, list) or len(v) != 2:
-            raise ValueError(f"expected [real, imag], got {v!r}")
-        part = np.dtype(f"f{dtype.itemsize // 2}")
-        re_, im = (_decode_float(x, part) for x in v)
-        return dtype.type(complex(float(re_), float(im)))
-    if kind == "b":
-        if isinstance(v, bool) or (_is_int(v) and v in (0, 1)):
-            return np.bool_(v)
-        raise ValueError(f"expected true/false, got {v!r}")
-    if kind in "iu":
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
-        if not _is_int(v):
-            raise ValueError(f"expected an integer, got {v!r}")
-        info = np.iinfo(dtype)
-        if not info.min <= v <= info.max:
-            raise ValueError(f"{_short(v)} out of range for {dtype.str} [{info.min}, {info.max}]")
-        return dtype.type(v)
-    if kind in "mM":
-        if _is_int(v):
-            if not -(2**63) <= v < 2**63:
-                raise ValueError(f"{_short(v)} out of int64 range")
-            return np.array(v, dtype=np.int64).astype(dtype)[()]
-        if isinstance(v, str):
-            return np.array(v, dtype=dtype)[()]
-        raise ValueError(f"expected an integer, got {v!r}")
-    if kind == "U":
-        if not isinstance(v, str):
-            raise ValueError(f"expected a string, got {v!r}")
-        if len(v) > dtype.itemsize // 4:
-            raise ValueError(f"string of {len(v)} characters does not fit {dtype.str}")
-        return np.array(v, dtype=dtype)[()]
-    if kind == "S":
-        if _is_int(v) and v == 0:  # zarr 2 leniency for pre-base64 files
-            return dtype.type(b"")
-        if not isinstance(v, str):
-            raise ValueError(f"expected a base64 string, got {v!r}")
-        try:
-            b = base64.standard_b64decode(v)
-        except (binascii.Error, ValueError):
-            b = v.encode("ascii", errors="strict")  # zarr 2: plain strings predate base64
-        if len(b) > dtype.itemsize:
-            raise ValueError(f"{len(b)} bytes do not fit {dtype.str}")
-        return np.array(b, dtype=dtype)[()]
-    if kind == "V":
-        if not isinstance(v, str):
-            raise ValueError(f"expected a base64 string, got {v!r}")
-        try:
-            b = base64.b64decode(v, validate=True)
-        except (binascii.Error, ValueError) as e:
-            raise ValueError(f"invalid base64: {e}") from None
-        if len(b) != dtype.itemsize:
-            raise ValueError(f"{len(b)} bytes, but {dtype} has {dtype.itemsize}")
-        return np.frombuffer(b, dtype=dtype)[0]
-    raise ValueError(f"unsupported data type {dtype}")  # pragma: no cover (checked earlier)
-
-
-def _encode_fill_value(v: Any, dtype: np.dtype) -> Any:
-    """zarr 2.18 ``Metadata2.encode_fill_value`` (used for v3 too)."""
-    if v is None:
-        return None
-    kind = dtype.kind
-    if kind == "f":
-        if np.isnan(v):
-            return "NaN"
-        if np.isposinf(v):
-            return "Infinity"
-        if np.isneginf(v):
-            return "-Infinity"
-        return float(v)
-    if kind in "ui":
-        return int(v)
-    if kind == "b":
-        return bool(v)
-    if kind == "c":
-        return [_encode_fill_value(np.float64(x), np.dtype("f8")) for x in (v.real, v.imag)]
-    if kind in "SV":
-        return base64.standard_b64encode(bytes(v) if kind == "S" else v.tobytes()).decode("ascii")
-    if kind == "U":
-        return str(v)
-    if kind in "mM":
-        return int(np.asarray(v).astype(np.int64))
-    return v  # pragma: no cover
 
 
 # --------------------------------------------------------------------------- codecs
@@ -856,7 +743,7 @@ def parse_array_metadata(raw: bytes | str | dict[str, Any], key: str, path: str 
     if "fill_value" not in doc:
         raise _error(key, "fill_value", "missing")
     try:
-        fill_value = _decode_fill_value(doc["fill_value"], dtype)
+        fill_value = decode_fill_value(doc["fill_value"], dtype)
     except ValueError as e:
         raise _error(key, "fill_value", f"{_text(doc['fill_value'])} does not fit {dtype}: {e}") from None
 
@@ -899,7 +786,7 @@ def _document(meta: DraftArrayMeta) -> dict[str, Any]:
         "shape": list(meta.shape),
         "chunk_grid": {"type": "regular", "chunk_shape": list(meta.chunks), "separator": meta.separator},
         "data_type": _encode_dtype(meta.dtype),
-        "fill_value": _encode_fill_value(meta.fill_value, meta.dtype),
+        "fill_value": encode_fill_value(meta.fill_value, meta.dtype),
         "chunk_memory_layout": meta.order,
         "attributes": attributes,
         "extensions": meta.raw.get("extensions", []),
@@ -992,7 +879,7 @@ def draft_array_document(spec: DraftArraySpec) -> DraftArrayMeta:
         "shape": list(shape_t),
         "chunk_grid": {"type": "regular", "chunk_shape": list(chunks_t), "separator": separator},
         "data_type": _encode_dtype(dtype),
-        "fill_value": _encode_fill_value(fill, dtype),
+        "fill_value": encode_fill_value(fill, dtype),
         "chunk_memory_layout": spec.order,
         "attributes": attributes,
         "extensions": [],

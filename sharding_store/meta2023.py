@@ -63,8 +63,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
+import numpy as np
+
 from .draft_metadata import DRAFT_PROTOCOL, MAX_SHARD_INDEX_BYTES, _load_document, _text
 from .errors import DraftMetadataError
+from .fill_value import V3_CORE_DTYPES, decode_fill_value
 from .shard_index import ENTRY_NBYTES
 
 __all__ = [
@@ -321,34 +324,33 @@ class _Normaliser:
             raise _Damage(fld, "null: v3 requires a fill value, and this document does not say which")
         if not isinstance(data_type, str) or _item_size(data_type) is None:
             return value  # a type this module does not know: zarr decides
-        if data_type == "bool":
-            if isinstance(value, bool):
-                return value
-            if _is_int(value) and value in (0, 1):
-                self.change(f"fill_value {value} -> {'true' if value else 'false'} (bool)")
-                return bool(value)
-            raise _Damage(fld, f"expected true or false for bool, got {_text(value)}")
-        if data_type.startswith(("int", "uint")):
-            bits = 8 * DATA_TYPE_SIZES[data_type]
-            lo, hi = (0, 2**bits - 1) if data_type.startswith("u") else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-            if _is_int(value) and lo <= value <= hi:
-                return value
-            raise _Damage(fld, f"expected an integer in [{lo}, {hi}] for {data_type}, got {_text(value)}")
-        if data_type.startswith("float"):
-            if isinstance(value, float) and not math.isfinite(value):
-                return self._finite_spelling(value)
-            if _float_ok(value):
-                return value
-            raise _Damage(fld, f"expected a number, \"NaN\", \"Infinity\", \"-Infinity\" or \"0x...\" for {data_type}, got {_text(value)}")
-        if data_type.startswith("complex"):
-            if isinstance(value, list) and len(value) == 2 and all(_float_ok(v) for v in value):
-                return [self._finite_spelling(v) if isinstance(v, float) and not math.isfinite(v) else v for v in value]
-            raise _Damage(fld, f"expected [real, imaginary] for {data_type}, got {_text(value)}")
+        if data_type in V3_CORE_DTYPES:
+            value = self._respelled(value, data_type)
+            try:  # the one decoder says whether the value fits (range, overflow, bit pattern width)
+                decode_fill_value(value, np.dtype(V3_CORE_DTYPES[data_type]))
+            except (ValueError, OverflowError) as e:
+                raise _Damage(fld, f"{_text(value)} does not fit {data_type}: {e}") from None
+            return value
         # r<bits>: a list of bytes
         n = _item_size(data_type)
         if isinstance(value, list) and len(value) == n and all(_is_int(v) and 0 <= v < 256 for v in value):
             return value
         raise _Damage(fld, f"expected a list of {n} bytes for {data_type}, got {_text(value)}")
+
+    def _respelled(self, value: Any, data_type: str) -> Any:
+        """The final spelling of a 2023 fill value of a core type: ``0``/``1`` for ``bool``,
+        bare JSON ``NaN``/``Infinity`` for floats (also as complex parts). Integers must be
+        JSON integers (an integral float is not respelled: v1.0 has none)."""
+        if data_type == "bool" and _is_int(value) and value in (0, 1):
+            self.change(f"fill_value {value} -> {'true' if value else 'false'} (bool)")
+            return bool(value)
+        if data_type.startswith(("int", "uint")) and not _is_int(value):
+            raise _Damage("fill_value", f"expected an integer for {data_type}, got {_text(value)}")
+        if data_type.startswith("float") and isinstance(value, float) and not math.isfinite(value):
+            return self._finite_spelling(value)
+        if data_type.startswith("complex") and isinstance(value, list):
+            return [self._finite_spelling(v) if isinstance(v, float) and not math.isfinite(v) else v for v in value]
+        return value
 
     def _finite_spelling(self, value: float) -> str:
         """Bare JSON ``NaN``/``Infinity`` (Python's json.dumps, e.g. zarrita 0.2.x) -> the spec's strings."""
@@ -574,14 +576,6 @@ _MISSING: Any = object()
 
 def _name(codec: Any) -> str:
     return codec if isinstance(codec, str) else codec["name"]
-
-
-def _float_ok(v: Any) -> bool:
-    if isinstance(v, bool):
-        return False
-    if isinstance(v, (int, float)):
-        return True
-    return isinstance(v, str) and (v in ("NaN", "Infinity", "-Infinity") or re.fullmatch(r"0x[0-9a-fA-F]+", v) is not None)
 
 
 _CODECS = {

@@ -19,7 +19,8 @@ What it maps (and nothing else; the rest is refused, never approximated):
   see :func:`~sharding_store.shard_index.index_reading`);
 * chunk keys ``default`` (``c/0/0``, ``c.0.0``, 0-d ``c``) and ``v2`` (``0.0``, 0-d ``0``);
 * the v1.0 core data types; fill values as numbers, ``"NaN"``/``"Infinity"``/
-  ``"-Infinity"``, ``"0x..."`` bit patterns, ``[re, im]``, booleans.
+  ``"-Infinity"``, ``"0x..."`` bit patterns, ``[real, imaginary]``, booleans (decoded by
+  :func:`sharding_store.fill_value.decode_fill_value`, the one decoder of every generation).
 
 A document outside this (nested sharding, a codec after ``sharding_indexed``, other index
 codecs, other transposes, unknown codecs or data types) raises
@@ -39,20 +40,12 @@ from numcodecs.abc import Codec
 
 from .draft_metadata import MAX_CHUNK_ELEMENTS, DraftArrayMeta
 from .errors import DraftMetadataError
+from .fill_value import V3_CORE_DTYPES, decode_fill_value
 
 __all__ = ["V3ArrayMeta", "layout_from_v3", "data_prefix_v3", "KeyEncoding"]
 
 KeyEncoding = Literal["draft", "default", "v2"]
 
-#: v1.0 core data type -> numpy type (byte order from the ``bytes`` codec)
-_DTYPES = {
-    "bool": "?", "int8": "i1", "uint8": "u1",
-    "int16": "i2", "uint16": "u2", "float16": "f2",
-    "int32": "i4", "uint32": "u4", "float32": "f4",
-    "int64": "i8", "uint64": "u8", "float64": "f8",
-    "complex64": "c8", "complex128": "c16",
-}
-_FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 
@@ -195,42 +188,6 @@ def _index(config: dict[str, Any], fld: str) -> tuple[Literal["start", "end"], b
     return location, names == ["bytes", "crc32c"]
 
 
-def _float(v: Any, dtype: np.dtype) -> Any:
-    if isinstance(v, str) and v in _FLOAT_WORDS:
-        return dtype.type(_FLOAT_WORDS[v])
-    if isinstance(v, str) and v.startswith("0x"):
-        bits = int(v, 16)
-        raw = np.array(bits, dtype=f"<u{dtype.itemsize}")
-        return raw.view(dtype.newbyteorder("<"))[()].astype(dtype)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"expected a number, 'NaN', 'Infinity', '-Infinity' or '0x...', got {v!r}")
-    return dtype.type(v)
-
-
-def _fill_value(v: Any, dtype: np.dtype) -> Any:
-    kind = dtype.kind
-    if kind == "b":
-        if not isinstance(v, bool):
-            raise ValueError(f"expected true or false, got {v!r}")
-        return np.bool_(v)
-    if kind in "iu":
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"expected an integer, got {v!r}")
-        info = np.iinfo(dtype)
-        if not info.min <= v <= info.max:
-            raise ValueError(f"{v} is out of range for {dtype}")
-        return dtype.type(v)
-    if kind == "f":
-        return _float(v, dtype)
-    if kind == "c":
-        if not isinstance(v, list) or len(v) != 2:
-            raise ValueError(f"expected [real, imaginary], got {v!r}")
-        part = np.dtype(f"{dtype.byteorder if dtype.byteorder in '<>' else '='}f{dtype.itemsize // 2}")
-        re_, im = (_float(x, part) for x in v)
-        return dtype.type(complex(float(re_), float(im)))
-    raise ValueError(f"unsupported data type {dtype}")  # pragma: no cover (checked before)
-
-
 def _regular_shape(value: Any, fld: str, ndim: int) -> tuple[int, ...]:
     if not isinstance(value, list) or len(value) != ndim or not all(
         isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
@@ -267,8 +224,8 @@ def _layout(doc: dict[str, Any], path: str, key: str, hidden_checksum: bool | No
     if separator not in ("/", "."):
         raise _Unmappable("chunk_key_encoding.configuration.separator", f"expected '/' or '.', got {separator!r}")
     data_type = doc.get("data_type")
-    if data_type not in _DTYPES:
-        raise _Unmappable("data_type", f"{data_type!r} is not a data type open_draft reads ({', '.join(_DTYPES)})")
+    if data_type not in V3_CORE_DTYPES:
+        raise _Unmappable("data_type", f"{data_type!r} is not a data type open_draft reads ({', '.join(V3_CORE_DTYPES)})")
 
     outer = _chain(doc.get("codecs"), "codecs", ndim, nested=False)
     chain, chunks, cps = outer, grid_shape, None
@@ -293,13 +250,15 @@ def _layout(doc: dict[str, Any], path: str, key: str, hidden_checksum: bool | No
     if n > MAX_CHUNK_ELEMENTS:
         raise _Unmappable("chunk_shape", f"{list(chunks)} has {n} elements per chunk (limit 2**32)")
 
-    base = np.dtype(_DTYPES[data_type])
+    base = np.dtype(V3_CORE_DTYPES[data_type])
     if base.itemsize > 1:
         base = base.newbyteorder(">" if chain.endian == "big" else "<")
     if "fill_value" not in doc:
         raise _Unmappable("fill_value", "missing")
     try:
-        fill = _fill_value(doc["fill_value"], base)
+        if doc["fill_value"] is None:
+            raise ValueError("v3 requires a fill value")
+        fill = decode_fill_value(doc["fill_value"], base)
     except (ValueError, OverflowError) as e:
         raise _Unmappable("fill_value", f"{doc['fill_value']!r} does not fit {data_type}: {e}") from None
     attributes = doc.get("attributes") or {}

@@ -32,6 +32,7 @@ import numpy as np
 
 from .draft_metadata import DraftArrayMeta, array_meta_key
 from .errors import DraftMetadataError, UsageError
+from .fill_value import encode_fill_value
 
 if TYPE_CHECKING:
     from numcodecs.abc import Codec
@@ -88,16 +89,6 @@ _NUMERIC_NAMES = {
 }
 
 
-def _float_json(x: Any) -> float | str:
-    """A float fill value in v3 JSON (what zarr 3 writes: NaN and infinities as strings)."""
-    x = float(x)
-    if x != x:
-        return "NaN"
-    if x in (float("inf"), float("-inf")):
-        return "Infinity" if x > 0 else "-Infinity"
-    return float(x)
-
-
 class _NumericType:
     """A numeric data type as zarr-python 3's dtype objects present it (the part we use)."""
 
@@ -110,16 +101,8 @@ class _NumericType:
         return self.name
 
     def fill_json(self, fill: Any) -> Any:
-        kind = self.dtype.kind
-        if fill is None:
-            fill = self.dtype.type(0)
-        if kind == "b":
-            return bool(fill)
-        if kind in "iu":
-            return int(fill)
-        if kind == "f":
-            return _float_json(fill)
-        return [_float_json(fill.real), _float_json(fill.imag)]
+        """A draft ``null`` becomes the type's zero (v3 requires a fill value)."""
+        return encode_fill_value(self.dtype.type(0) if fill is None else fill, self.dtype)
 
 
 class _ZarrType:

@@ -48,7 +48,7 @@ ROOT = Path(importlib.util.find_spec(PACKAGE).origin).parent  # the package unde
 LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     0: ("native bindings (ctypes: no package import)", ("_native",)),
     1: ("format (pure, no I/O)",
-        ("errors", "keys", "shard_index", "draft_metadata", "v3_metadata", "meta2023", "v3_layout", "journal",
+        ("errors", "keys", "shard_index", "fill_value", "draft_metadata", "v3_metadata", "meta2023", "v3_layout", "journal",
          "upgrade_journal")),
     2: ("stores", ("stores", "stores.*", "locks")),
     3: ("codecs", ("chunk_codec", "buffers")),
