@@ -621,6 +621,12 @@ class DraftArrayMeta:
         return len(self.shape)
 
     @property
+    def declares_codecs(self) -> bool:
+        """Whether the document declares the whole codec chain (a v3 node document does;
+        a draft one may have lost its sharding transformer to zarr-python 2.x)."""
+        return False
+
+    @property
     def is_sharded(self) -> bool:
         return self.chunks_per_shard is not None
 

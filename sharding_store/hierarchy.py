@@ -23,7 +23,7 @@ from . import draft_metadata as dm
 from . import meta2023
 from .errors import DraftMetadataError, ShardingStoreError, StoreNotFoundError, UsageError
 from .stores import Inner, as_inner
-from .v3_layout import layout_from_v3
+from .v3_layout import V3ArrayMeta, geometry_from_v3, layout_from_v3
 
 CONSOLIDATED_PATH = "consolidated"
 #: Root documents of a Zarr v2 store, in the order they are looked for.
@@ -476,6 +476,13 @@ class DraftHierarchy:
         except KeyError:
             raise StoreNotFoundError(f"no array or group at '{path or '/'}'", key=path) from None
 
+    def copy_meta(self, node: Node) -> dm.DraftArrayMeta:
+        """What copying the array ``node`` needs of it: its meta (an array our reader cannot
+        decode: its geometry, copied as it is, see :func:`~sharding_store.v3_layout.geometry_from_v3`).
+        Raises the array's damage when even that cannot be had."""
+        assert node.meta is not None
+        return node.meta
+
     def arrays(self) -> Iterator[Node]:
         return (n for n in self.nodes.values() if n.kind == "array")
 
@@ -530,6 +537,8 @@ class Hierarchy2023(DraftHierarchy):
         self.strict = False
         self.damaged = dict(walk.damaged)  # nodes with illegal names
         self.unreadable: dict[str, ShardingStoreError] = {}
+        self.opaque: dict[str, V3ArrayMeta] = {}  # unreadable arrays as a copy sees them
+        self.uncopyable: dict[str, ShardingStoreError] = {}  # unreadable arrays a copy cannot take either
         self.walk = walk
         self.entry_point = None  # type: ignore[assignment]
         self.suffix = meta2023.NODE_KEY
@@ -549,16 +558,47 @@ class Hierarchy2023(DraftHierarchy):
             except ShardingStoreError as e:
                 self.unreadable[n.path] = e
                 meta = None
+                try:  # copied as it is: the geometry is enough
+                    self.opaque[n.path] = geometry_from_v3(norm.document, n.path, key=n.key, reason=str(e),
+                                                           hidden_checksum=norm.hidden_checksum)
+                except ShardingStoreError as damage:
+                    self.uncopyable[n.path] = damage
             nodes[n.path] = Node(n.path, "array", True, attributes, meta, spelled=norm)
         for path in walk.implicit:
             nodes.setdefault(path, Node(path, "group", explicit=False))
+        self._below_damage(nodes)
         self.nodes = dict(sorted(nodes.items(), key=lambda kv: (kv[0].count("/") if kv[0] else -1, kv[0])))
+
+    def _below_damage(self, nodes: dict[str, Node]) -> None:
+        """A node below a damaged node (a group whose document is damaged) is damaged too,
+        naming that node: final v3 has no node below a group without a document."""
+        roots = sorted(self.damaged, key=lambda p: (p.count("/"), p))
+        for path in [p for p in nodes if p]:
+            top = next((r for r in roots if r != path and (r == "" or path.startswith(r + "/"))), None)
+            if top is not None:
+                key = f"{path}/{meta2023.NODE_KEY}"
+                self.damaged[path] = DraftMetadataError(
+                    f"{key}: below the damaged node '{top or '/'}' ({self.damaged[top].key})", key=key)
+                del nodes[path]
+
+    def assume_sharded(self, assume: Mapping[str, int | Sequence[int]] | None) -> None:
+        """Nothing to assume: every document of this generation declares its codecs."""
+        if assume:
+            raise UsageError("--assume-chunks-per-shard does not apply to a 2023-generation store (its documents "
+                             "declare their codecs)")
 
     def node(self, path: str) -> Node:
         path = path.strip("/")
         if path in self.damaged:
             raise self.damaged[path]
         return super().node(path)
+
+    def copy_meta(self, node: Node) -> dm.DraftArrayMeta:
+        if node.meta is not None:
+            return node.meta
+        if node.path in self.uncopyable:
+            raise self.uncopyable[node.path]
+        return self.opaque[node.path]
 
 
 def hierarchy_2023(inner: Inner, raw: bytes | None = _UNREAD) -> Hierarchy2023 | None:

@@ -770,12 +770,14 @@ def stats_nodes(h: DraftHierarchy, path: str = "") -> list[Node]:
 # --------------------------------------------------------------------------- undeclared shard indices
 
 
-def _tails(src: Inner, keys: Sequence[tuple[str, int | None]], n: int, skip_absent: bool = False,
+def _tails(src: Inner, keys: Iterable[tuple[str, int | None]], n: int, skip_absent: bool = False,
            ) -> Iterator[tuple[str, bytes, int]]:
     """The tail of each shard, read in batches of bounded bytes (a caller that stops at the
     first bad one never reads the rest)."""
     want = ENTRY_NBYTES * n + CHECKSUM_NBYTES
-    for batch in _batches(keys, nbytes=want):
+    per_batch = max(1, min(BATCH, TAIL_BUDGET // want))
+    it = iter(keys)
+    while batch := list(itertools.islice(it, per_batch)):
         for (key, size), tail in zip(batch, src.get_tails([(k, want) for k, _ in batch])):
             if tail is None:
                 if skip_absent:
@@ -784,7 +786,7 @@ def _tails(src: Inner, keys: Sequence[tuple[str, int | None]], n: int, skip_abse
             yield key, tail.data, tail.size if tail.size is not None else (size if size is not None else len(tail.data))
 
 
-def decide_reading(src: Inner, path: str, objects: Sequence[tuple[str, int | None]], n: int, *,
+def decide_reading(src: Inner, path: str, objects: Iterable[tuple[str, int | None]], n: int, *,
                    skip_absent: bool = False) -> IndexReading | str:
     """The one reading (:func:`~sharding_store.shard_index.index_reading`) of the undeclared
     index of every shard ``(key, size or None)`` in ``objects`` (``n`` chunks each), read with

@@ -197,8 +197,8 @@ def other_prefixes(h: DraftHierarchy, path: str) -> tuple[str, ...]:
 def lost_transformer(h: DraftHierarchy, node: Node) -> ShardingStoreError | None:
     """The error for an unsharded array whose objects are shards (one listing, one or two
     reads), or None: such an array must never be copied or repacked as unsharded."""
-    if node.meta is None or node.meta.is_sharded:
-        return None
+    if node.meta is None or node.meta.is_sharded or node.meta.declares_codecs:
+        return None  # a document that declares its codecs in full has lost nothing
     from .inspect import detect_lost_transformer  # only unsharded arrays need the inspector
 
     others = other_prefixes(h, node.path)

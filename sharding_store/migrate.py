@@ -41,10 +41,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import closing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from . import destination, migrate2023
+from . import destination
 from . import draft_metadata as dm
 from .destination import RECORD_KEY, Removal, describe_removal
 from .errors import (
@@ -56,7 +56,7 @@ from .errors import (
     StoreIOError,
     UsageError,
 )
-from .hierarchy import DraftHierarchy, is_draft_2023
+from .hierarchy import DraftHierarchy, node_model
 from .inspect import check_assumed_layouts
 from .jobs import (
     StoreRef,
@@ -70,6 +70,7 @@ from .jobs import (
     is_transient,
     jobs_for,
     lost_transformer,
+    other_prefixes,
     run_bounded,
     with_retries,
 )
@@ -88,7 +89,7 @@ from .migrate_units import (
     Unit,
     UnitResult,
     array_units,
-    is_v3_chunk_key,
+    decide_index,
     json_bytes,
     node_key,
     plan_array,
@@ -375,7 +376,7 @@ class _Driver:
         for path in self.damaged:
             job = self.by_path[path].job
             for key, _ in self.dst.list_sized(job.dst_prefix):  # deletes keys listed already: safe
-                if is_v3_chunk_key(key[len(job.dst_prefix) :], job.src_layout.separator, job.src_layout.ndim):
+                if job.is_dst_key(key[len(job.dst_prefix) :]):
                     self.retried(self.dst.delete, key)
 
     def run(self, executor: Executor, window: int) -> None:
@@ -432,6 +433,11 @@ def _plan_all(
     plans = []
     for node in h.arrays():
         lost = lost_transformer(h, node)
+        if lost is None:
+            try:  # an array copied as it is (a codec chain we cannot decode), an undeclared index decided
+                node = replace(node, meta=decide_index(h.inner, h.copy_meta(node), other_prefixes(h, node.path)))
+            except DAMAGE_ERRORS as e:
+                lost = e
         if lost is not None:
             if not skip_damaged:
                 raise damage_error(lost, node.path, f"nothing was written; {SKIP_HINT}")
@@ -495,7 +501,7 @@ def migrate(
     dst_storage_options: Mapping[str, Any] | None = None,
     chunks_per_shard: int | Sequence[int] | None = None,
     index_checksum: bool = True,
-    index_location: IndexLocation = "end",
+    index_location: IndexLocation | None = None,
     portable: bool = False,
     overwrite: bool = False,
     resume: bool = False,
@@ -541,7 +547,7 @@ def migrate(
                          dry_run=dry_run, verify=verify, skip_damaged=skip_damaged or skip_untranslatable,
                          retries=retries, retry_delay=retry_delay, **({"jobs": jobs} if jobs is not None else {}),
                          refused={"dst": dst is not None, "chunks_per_shard": chunks_per_shard is not None,
-                                  "index_location": index_location != "end", "portable": portable,
+                                  "index_location": index_location not in (None, "end"), "portable": portable,
                                   "overwrite": overwrite, "assume_chunks_per_shard": bool(assume_chunks_per_shard),
                                   "executor": executor is not None, "dst_storage_options": dst_storage_options is not None})
     if dst is None:
@@ -550,7 +556,7 @@ def migrate(
     skip_damaged = skip_damaged or skip_untranslatable
     if overwrite and resume:
         raise UsageError("overwrite and resume contradict each other: resume keeps what the destination holds")
-    if index_location not in ("start", "end"):
+    if index_location not in (None, "start", "end"):
         raise UsageError(f"index_location must be 'start' or 'end', got {index_location!r}")
     cps = tuple(chunks_per_shard) if isinstance(chunks_per_shard, Sequence) else chunks_per_shard
     names = _dimension_names_option(dimension_names)
@@ -565,31 +571,9 @@ def migrate(
     if root_raw is None or classify_node(root_raw, dm.ENTRY_POINT_KEY) != "draft-2022":
         # an in-place upgrade (of a per-node store only) left half done: one get
         refuse_interrupted_upgrade(src_inner, src_ref.describe())
-    if is_draft_2023(src_inner, root_raw):  # the 2023 intermediate generation: its own driver
-        migrate2023.refuse_options(src_ref.describe(), chunks_per_shard=cps, index_location=index_location == "start",
-                                   portable=portable, executor=executor, dimension_names=names,
-                                   assume_chunks_per_shard=assume_chunks_per_shard)
-        jobs = jobs_for(jobs, src_inner, dst_inner, None)
-        report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run, copied_by=copy_words(dst_inner))
-        current = destination.record("2023", src_ref.describe(), src_inner.location(),
-                                     {"index_checksum": index_checksum, "consolidate": consolidate})
-        _prepare(dst_ref, dst_inner, current, report, overwrite=overwrite, resume=resume, dry_run=dry_run,
-                 retries=retries, delay=retry_delay)
-        migrate2023.migrate_copy(src_inner, dst_inner, report, current, dst_name=dst_ref.describe(),
-                                 index_checksum=index_checksum,
-                                 dry_run=dry_run, skip_damaged=skip_damaged, jobs=jobs, retries=retries,
-                                 retry_delay=retry_delay, resume=resume and not dry_run, consolidate=consolidate,
-                                 progress=progress)
-        report.seconds = time.perf_counter() - started
-        if verify and not dry_run:
-            with _verifying():
-                report.verification = run_verify(src_ref, dst_ref, jobs=jobs, progress=progress, retries=retries,
-                                                 retry_delay=retry_delay, skip_arrays=report.skipped_paths)
-            report.seconds = time.perf_counter() - started
-        return report
     refuse_interrupted_reshards(src_inner, src_ref.describe())
     jobs = jobs_for(jobs, src_inner, dst_inner, executor)
-    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False, entry_point=root_raw)
+    h = node_model(src_inner, root_raw, location=src_ref.describe())
     h.assume_sharded(assume_chunks_per_shard)
     check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
     report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run, copied_by=copy_words(dst_inner))

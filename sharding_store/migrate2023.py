@@ -1,71 +1,36 @@
-"""``migrate`` and ``verify`` for a store of the 2023 intermediate generation (copy mode).
+"""The plan of a 2023-generation store as ``info`` reports it and the in-place upgrade
+rewrites it: every node's document in the final spelling (:func:`meta2023.normalise_node`),
+each array's chunk objects, its undeclared shard index decided from every shard's tail
+(all must agree, else the array is damaged, naming two shards), its declared one checked,
+what changes per node; damage recorded per node, never raised.
 
-A 2023 store already has the final layout: per-node ``zarr.json`` documents, chunk keys as
-the array's ``chunk_key_encoding`` says, shards in the v1.0 binary format. Migrating it:
-
-* every node's document is rewritten in the final spelling (:func:`meta2023.normalise_node`);
-  an implicit group (no document, nodes below it; the root included) gets an explicit group
-  document with no attributes;
-* chunk and shard objects are copied verbatim under the same keys, by the stores when they
-  can (:meth:`Inner.copy_to`: a kernel copy locally, a server-side copy on S3), else read
-  and written. Only objects whose key is a chunk key of the array are copied; anything else
-  in an array's directory is left out with a warning;
-* a ``sharding_indexed`` without ``index_codecs``: every shard's tail is read and
-  :func:`shard_index.index_reading` decides (all shards of an array must agree, else the
-  array is refused naming two shards, :class:`ShardCorruptError`). ``crc32c-hidden``:
-  ``index_codecs = [bytes little, crc32c]`` is declared and the shards are copied verbatim;
-  ``plain``: the CRC32C of each index is appended to its shard and declared, unless
-  ``index_checksum=False`` (then ``[bytes little]`` is declared, shards verbatim). An array
-  without any shard declares the checksum (nothing to append);
-* the destination is claimed exclusively (the migration marker and record of
-  :mod:`.destination`, as the 2022 path does); an
-  array's ``zarr.json`` is written after its objects, groups after every array, deepest
-  first, the root's document last, then the marker is removed. The source is only read.
-
-Verification compares the destination with the source object by object: each document
-equal to the normalised one (with the reading the shards decide), each chunk object equal
-byte for byte to the source's (plus the CRC32C of its index where one was appended), no
-chunk object missing or extra.
-
-``resume``: see :func:`migrate_copy`. Not yet for this generation: ``chunks_per_shard``, ``index_location="start"``,
-``portable``, ``assume_chunks_per_shard``, an executor (the drivers refuse them with a
-:class:`UsageError`).
+The copy migration and its verification do not use this module: they read a 2023 store
+through the node model (:class:`~sharding_store.hierarchy.Hierarchy2023`, each array's
+:class:`~sharding_store.v3_layout.V3ArrayMeta`) with the one driver of every generation
+(:mod:`.migrate`, :mod:`.migrate_units`, :mod:`.verify`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-from crc32c import crc32c
-
 from . import meta2023
-from .destination import MARKER_KEY, RECORD_KEY, check_resume, extra_node_key, extra_nodes
 from .draft_metadata import escape_name
 from .errors import (
-    DestinationExistsError,
     DraftMetadataError,
     LinkOutsideStoreError,
-    MigrationError,
     ShardCorruptError,
     ShardingStoreError,
-    StoreIOError,
-    UsageError,
 )
 from .hierarchy import V3Walk, walk_v3_nodes
 from .inspect import _batches, decide_reading
-from .jobs import cancelling, fault_point, with_retries
-from .migrate_units import ArrayReport, UnitResult, json_bytes, node_key
-from .progress import object_noun, progress_bar
-from .shard_index import CHECKSUM_NBYTES, ENTRY_NBYTES, entry_lists, index_nbytes, read_index
+from .migrate_units import node_key
+from .shard_index import entry_lists, index_nbytes, read_index
 from .stores import Inner
-from .v3_metadata import consolidated_metadata, document_difference, same_json
 
 SKIP_HINT = "--skip-damaged migrates the other nodes and lists the damaged ones"
 GROUP_DOCUMENT = {"zarr_format": 3, "node_type": "group", "attributes": {}}
@@ -297,44 +262,6 @@ def _leave_out_below_damage(plan: Plan2023) -> None:
             del plan.kinds[path]
 
 
-# --------------------------------------------------------------------------- migrate
-
-
-def _copy_object(src: Inner, dst: Inner, key: str, size: int | None, n_entries: int, append_crc: bool) -> UnitResult:
-    if append_crc:
-        tail = src.get_tails([(key, ENTRY_NBYTES * n_entries)])[0]
-        if tail is None:
-            raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
-        if len(tail.data) < ENTRY_NBYTES * n_entries:
-            raise ShardCorruptError(f"{key}: shorter than its index", key=key)
-        suffix = crc32c(tail.data).to_bytes(CHECKSUM_NBYTES, "little")
-        if src.can_copy_to(dst, append=True) and src.copy_to(key, dst, key, size=tail.size, append=suffix,
-                                                               version=tail.version):
-            return UnitResult(copied=1, bytes_copied=tail.size or 0, bytes_written=CHECKSUM_NBYTES)
-        data = src.get(key)
-        if data is None:
-            raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
-        if crc32c(data[len(data) - ENTRY_NBYTES * n_entries:]).to_bytes(CHECKSUM_NBYTES, "little") != suffix:
-            raise ShardCorruptError(f"{key}: changed while the migration read it", key=key)
-        dst.set(key, bytes(data) + suffix)
-        return UnitResult(written=1, bytes_read=len(data), bytes_written=len(data) + CHECKSUM_NBYTES)
-    if src.can_copy_to(dst) and src.copy_to(key, dst, key, size=size):
-        return UnitResult(copied=1, bytes_copied=size or 0)
-    data = src.get(key)
-    if data is None:
-        raise ShardCorruptError(f"{key}: vanished while the migration read it", key=key)
-    dst.set(key, bytes(data))
-    return UnitResult(written=1, bytes_read=len(data), bytes_written=len(data))
-
-
-def refuse_options(location: str, **given: Any) -> None:
-    """:class:`UsageError` naming the options given (true) that a 2023 copy migration does not take yet."""
-    refused = [name for name, value in given.items() if value]
-    if refused:
-        raise UsageError(f"{location}: a 2023-generation store is migrated by copy only; "
-                         f"not supported for it yet: {', '.join(refused)}")
-
-
 def refuse_damage(plan: Plan2023, skip_damaged: bool, consequence: str) -> None:
     """Raise the first damage (its own class, naming its key) unless ``skip_damaged``."""
     if plan.damaged and not skip_damaged:
@@ -342,264 +269,4 @@ def refuse_damage(plan: Plan2023, skip_damaged: bool, consequence: str) -> None:
         raise type(error)(f"{error} (node '{escape_name(path) or '/'}'; {consequence}; {SKIP_HINT})", key=error.key)
 
 
-def migrate_copy(
-    src: Inner, dst: Inner, report: Any, current: dict[str, Any], *, dst_name: str, index_checksum: bool = True, dry_run: bool = False,
-    skip_damaged: bool = False, jobs: int = 4, retries: int = 4, retry_delay: float = 0.2,
-    walk: V3Walk | None = None, resume: bool = False, consolidate: bool = True, progress: bool | None = None,
-) -> Plan2023:
-    """Copy-migrate the 2023 hierarchy in ``src`` into ``dst`` (found empty or emptied by the
-    caller), filling ``report`` (a :class:`~sharding_store.migrate.MigrationReport`).
-
-    ``current``: the marker's and the record's content (:func:`destination.record`).
-    ``resume``: continue an interrupted migration into ``dst`` (its marker and record must
-    say the same source and options, :func:`destination.check_resume`): an object already
-    there with the size it must have is kept (the verification that follows compares every
-    byte), every document is written again. A destination with neither but not empty is
-    refused (nothing to resume).
-    ``progress``: a bar of the objects (shards, or chunk objects) and bytes written."""
-    plan = plan_hierarchy(src, walk)
-    refuse_damage(plan, skip_damaged, "nothing was written")
-    for path, error in plan.damaged.items():
-        report.skipped_arrays.append({"path": path, "kind": "damaged", "error": type(error).__name__, "reason": str(error)})
-    report.warnings += plan.warnings
-    report.groups = len(plan.groups)
-    for a in plan.arrays:
-        cfg = _sharding(a.document(index_checksum))
-        cps = None
-        if cfg is not None:
-            grid = a.normalised.document["chunk_grid"]["configuration"]["chunk_shape"]
-            cps = [g // c for g, c in zip(grid, cfg["chunk_shape"])]
-        report.arrays.append(ArrayReport(a.path, shards=len(a.objects), bytes=sum(s or 0 for _, s in a.objects),
-                                         chunks_per_shard=cps))
-    if dry_run:
-        return plan
-
-    def retried(fn: Any, *args: Any) -> Any:
-        return with_retries(fn, *args, attempts=retries, base_delay=retry_delay)
-
-    marker = json_bytes(current)
-    existing: dict[str, int | None] | None = None
-    if resume:
-        existing = _resumable(dst, dst_name, current, retried)
-        dst.tidy()  # temporary files of writes the interrupted run left unfinished
-    # created again under resume when the finished run removed it: DST is claimed while written
-    if not retried(dst.create_exclusive, MARKER_KEY, marker) and existing is None:
-        raise DestinationExistsError(
-            f"{dst_name}: another migration is writing into this destination (its {MARKER_KEY} appeared "
-            "after the destination was found empty); wait for it, or use another destination", key=MARKER_KEY)
-    retried(dst.set, RECORD_KEY, marker)  # outlives the marker: what DST was migrated from, and how
-    try:
-        _write_all(plan, src, dst, report, index_checksum=index_checksum, jobs=jobs, retried=retried,
-                   existing=existing, consolidate=consolidate, progress=progress)
-    except Exception as e:
-        raise incomplete(e) from e
-    return plan
-
-
-def _resumable(dst: Inner, dst_name: str, current: dict[str, Any], retried: Any) -> dict[str, int | None] | None:
-    """The objects of the migration into ``dst`` being continued (key -> size) when its
-    marker and record match ``current`` (:func:`destination.check_resume`, which raises
-    naming what differs); None when ``dst`` is empty (a fresh start)."""
-    if not check_resume(dst, dst_name, current, retried):
-        return None
-    return dict(dst.list_sized(""))
-
-
-def incomplete(error: BaseException) -> ShardingStoreError:
-    """The error a copy migration stops with once it has written: the destination is
-    incomplete; ``--resume`` finishes it."""
-    again = "the destination is incomplete: run again with --resume"
-    if isinstance(error, ShardingStoreError):
-        return type(error)(f"{error}; {again}", key=error.key)
-    if isinstance(error, OSError):
-        cause = error.strerror or str(error) or type(error).__name__
-        name = error.filename or "a write"
-        return StoreIOError(f"{name}: {type(error).__name__}: {cause}; {again}", key=str(name))
-    return MigrationError(f"{type(error).__name__}: {error}; {again}")
-
-
-def _write_all(plan: Plan2023, src: Inner, dst: Inner, report: Any, *, index_checksum: bool, jobs: int,
-               retried: Any, existing: dict[str, int | None] | None = None, consolidate: bool = True,
-               progress: bool | None = None) -> None:
-    root_doc: dict[str, Any] | None = None
-    docs: dict[str, dict[str, Any]] = {}  # what the root group's consolidated metadata lists
-    total = sum(len(a.objects) for a in plan.arrays)
-    with progress_bar(total, "migrate", object_noun(report.all_shards, 1), progress) as bar, \
-            cancelling(ThreadPoolExecutor(max(1, jobs), thread_name_prefix="migrate2023")) as pool:
-        for a in plan.arrays:
-            append = a.appends(index_checksum)
-            todo = []
-            for key, size in a.objects:
-                have = None if existing is None else existing.get(key)
-                if have is not None and size is not None and have == size + (CHECKSUM_NBYTES if append else 0):
-                    report.totals.add(UnitResult(skipped=1))  # resume: copied by the interrupted run
-                    bar.advance(1)
-                else:
-                    todo.append((key, size))
-            futures = [pool.submit(retried, _copy_object, src, dst, key, size, a.n_entries, append)
-                       for key, size in todo]
-            for f in futures:
-                result = f.result()
-                report.totals.add(result)
-                bar.advance(1, result.bytes_now)
-                fault_point("unit")
-            doc = a.document(index_checksum)
-            if a.path == "":
-                root_doc = doc
-            else:
-                docs[a.path] = doc
-                retried(dst.set, node_key(a.path), json_bytes(doc))
-    for path, doc in plan.groups:  # deepest first, the root last
-        if path == "" and consolidate:
-            doc = {**doc, "consolidated_metadata": consolidated_metadata(docs)}
-        docs[path] = doc
-        retried(dst.set, node_key(path), json_bytes(doc))
-    if root_doc is not None:
-        retried(dst.set, node_key(""), json_bytes(root_doc))
-    retried(dst.delete, MARKER_KEY)
-
-
-# --------------------------------------------------------------------------- verify
-
-
-def _load(dst: Inner, key: str) -> Any:
-    raw = dst.get(key)
-    if raw is None:
-        return None
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
-        return {"<invalid JSON>": True}
-
-
-def _difference(expected: dict[str, Any], actual: Any) -> str:
-    """The first field in which a destination document differs, in words."""
-    if not isinstance(actual, dict):
-        return "not a JSON object"
-    return document_difference(expected, actual) or "documents differ"
-
-
-def live_chunks(doc: dict[str, Any], data: bytes) -> int:
-    """The chunks one object of a final array document holds: 1 unsharded, else the live
-    entries of its index (0 when the index is not the plain little-endian one)."""
-    cfg = _sharding(doc)
-    if cfg is None:
-        return 1
-    if not index_readable(doc):
-        return 0
-    names = [c.get("name") for c in cfg["index_codecs"]]
-    endian = (cfg["index_codecs"][0].get("configuration") or {}).get("endian", "little") if names else None
-    if names not in (["bytes"], ["bytes", "crc32c"]) or endian != "little":
-        return 0
-    n = math.prod(shard_grid(doc))
-    nbytes = ENTRY_NBYTES * n + (CHECKSUM_NBYTES if names[-1] == "crc32c" else 0)
-    if len(data) < nbytes:
-        return 0
-    raw = data[:nbytes] if cfg["index_location"] == "start" else data[len(data) - nbytes:]
-    table = np.frombuffer(raw[: ENTRY_NBYTES * n], dtype="<u8").reshape(-1, 2)
-    return int(np.count_nonzero(~((table[:, 0] == EMPTY) & (table[:, 1] == EMPTY))))
-
-
-EMPTY = 2**64 - 1
-
-
-def _check_object(src: Inner, dst: Inner, key: str, n_entries: int, appended: bool,
-                  doc: dict[str, Any]) -> tuple[int, int, list[tuple[str, str]]]:
-    """(bytes, chunks, problems) of one destination object against its source."""
-    a = src.get(key)
-    b = dst.get(key)
-    if a is None:
-        return 0, 0, [(key, f"{key}: vanished from the source while it was verified")]
-    if b is None:
-        return 0, 0, [(key, f"{key}: missing")]
-    expected = bytes(a)
-    if appended:
-        expected += crc32c(expected[len(expected) - ENTRY_NBYTES * n_entries:]).to_bytes(CHECKSUM_NBYTES, "little")
-    if bytes(b) != expected:
-        if len(b) != len(expected):
-            return len(b), 0, [(key, f"{key}: {len(b)} bytes, expected {len(expected)}")]
-        at = next(i for i, (x, y) in enumerate(zip(bytes(b), expected)) if x != y)
-        return len(b), 0, [(key, f"{key}: differs from the source at byte {at}")]
-    return len(b), live_chunks(doc, expected), []
-
-
-def verify_copy(src: Inner, dst: Inner, report: Any, *, skip_damaged: bool = False,
-                skip_arrays: dict[str, str] | None = None, jobs: int = 4, walk: V3Walk | None = None,
-                progress: bool | None = None) -> None:
-    """Compare the migrated ``dst`` with the 2023 hierarchy in ``src``, filling ``report`` (a
-    :class:`~sharding_store.verify.VerifyReport`); ``progress``: a bar of the objects checked."""
-    plan = plan_hierarchy(src, walk)
-    known = dict(skip_arrays or {})
-    refuse_damage(plan, skip_damaged or set(plan.damaged) <= set(known), "it was not migrated")
-    check = report.check
-    for path, error in plan.damaged.items():
-        report.skip(path, known.get(path, str(error)), dst)
-    found: dict[str, Any] = {}  # documents found right: what consolidated metadata must list
-    nodes = {p for p, _ in plan.groups} | {a.path for a in plan.arrays} | set(plan.damaged)
-    for key in extra_nodes(dst, (p for p, _ in plan.groups), nodes):
-        check.problem(key, f"{key}: a node the source does not have")
-    consolidated: Any = None
-    for path, expected in plan.groups:
-        report.groups += 1
-        key = node_key(path)
-        actual = _load(dst, key)
-        if path == "" and isinstance(actual, dict) and "consolidated_metadata" in actual:
-            actual = dict(actual)
-            consolidated = actual.pop("consolidated_metadata")
-        if actual is None or not same_json(expected, actual):
-            check.problem(key, f"{key}: missing" if actual is None else
-                          f"{key}: not the normalised group document: {_difference(expected, actual)}")
-        elif path:
-            found[path] = actual
-    sharded = all(_sharding(a.normalised.document) is not None for a in plan.arrays)
-    total = sum(len(a.objects) for a in plan.arrays if a.path not in known)
-    report.all_shards = sharded
-    with progress_bar(total, "verify", object_noun(sharded, 1), progress) as bar, \
-            cancelling(ThreadPoolExecutor(max(1, jobs), thread_name_prefix="verify2023")) as pool:
-        for a in plan.arrays:
-            report.arrays += 1
-            key = node_key(a.path)
-            if a.path in known:
-                report.skip(a.path, known[a.path], dst)
-                continue
-            actual = _load(dst, key)
-            if actual is None:
-                check.problem(key, f"{key}: missing (array '{a.path or '/'}' was not migrated)")
-                continue
-            candidates = [True, False] if a.reading in ("plain", "none") else [True]
-            match = [c for c in candidates if same_json(a.document(c), actual)]
-            if not match:
-                check.problem(key, f"{key}: not the normalised document of the source array: "
-                                   f"{_difference(a.document(candidates[0]), actual)}")
-                continue
-            if a.path:
-                found[a.path] = actual
-            appended = a.appends(match[0])
-            results = [pool.submit(_check_object, src, dst, k, a.n_entries, appended, actual) for k, _ in a.objects]
-            for f in results:
-                nbytes, chunks, problems = f.result()
-                check.objects += 1
-                check.bytes += nbytes
-                check.chunks += chunks
-                bar.advance(1, nbytes)
-                for k, m in problems:
-                    check.problem(k, m)
-            pattern = chunk_key_pattern(actual)
-            prefix = _prefix(a.path)
-            src_keys = {k for k, _ in a.objects}
-            for k, _ in dst.list_sized(prefix):
-                if k not in src_keys and pattern.fullmatch(k[len(prefix):]):
-                    check.problem(k, f"{k}: not in the source")
-                elif extra_node_key(k, prefix, nodes):
-                    check.problem(k, f"{k}: a node the source does not have")
-    if consolidated is not None:
-        bad = {p for p, _ in plan.groups if p and p not in found} | {a.path for a in plan.arrays if a.path not in found}
-        listed = consolidated.get("metadata") if isinstance(consolidated, dict) else None
-        if isinstance(listed, dict):
-            consolidated = {**consolidated, "metadata": {p: d for p, d in listed.items() if p not in bad}}
-        if not same_json(consolidated_metadata(found), consolidated):
-            key = node_key("")
-            check.problem(key, f"{key}: consolidated_metadata is not the destination's documents")
-
-
-__all__: Sequence[str] = ["migrate_copy", "verify_copy", "plan_hierarchy", "decide_reading", "chunk_key_pattern", "live_chunks"]
+__all__: Sequence[str] = ["plan_hierarchy", "refuse_damage", "decide_reading", "chunk_key_pattern", "sharding_of", "check_declared_indices"]

@@ -48,10 +48,18 @@ from .errors import (
 )
 from .hierarchy import DraftHierarchy, Node
 from .jobs import Source, StoreRef, interleave, other_prefixes, plan_units, resolve_chunks_per_shard
-from .keys import Coords
+from .keys import Coords, format_key_suffix, parse_key_suffix
 from .shard_index import CHECKSUM_NBYTES, IndexLocation, encode_shard, index_nbytes, live_entries, tiles
 from .stores import Inner
-from .v3_metadata import portability_problems, portable_target, v3_array_document, v3_chunk_key
+from .v3_layout import KeyEncoding, V3ArrayMeta, decided, final_document
+from .v3_metadata import (
+    _given_dimension_names,
+    inner_codecs,
+    portability_problems,
+    portable_target,
+    v3_array_document,
+    v3_chunk_key,
+)
 
 #: what damages one array only (reported, or left out with ``skip_damaged``), never the whole run
 DAMAGE_ERRORS = (ShardCorruptError, ChunkDecodeError, ChunkKeyError, DraftMetadataError, LinkOutsideStoreError)
@@ -92,7 +100,8 @@ def is_v3_chunk_key(rest: str, separator: str, ndim: int) -> bool:
 class Options:
     chunks_per_shard: int | tuple[int, ...] | None = None
     index_checksum: bool = True
-    index_location: IndexLocation = "end"
+    #: None: where the source has it (the end, for a 2022 draft shard)
+    index_location: IndexLocation | None = None
     portable: bool = False
     #: array path -> names for its dimensions (``--dimension-names``), for arrays without them
     dimension_names: Mapping[str, tuple[str | None, ...]] | None = None
@@ -135,6 +144,21 @@ class ArrayJob:
     meta: DraftArrayMeta | None = None  # only needed to decode/re-encode chunks
     #: re-encode payloads as this array (``--portable``: filters applied, zstd); None: verbatim
     target: DraftArrayMeta | None = None
+    #: how the destination spells chunk keys (the source's separator): ``default`` for a
+    #: draft (2022) source, else the source's own encoding, kept
+    dst_encoding: KeyEncoding = "default"
+
+    @property
+    def keeps_keys(self) -> bool:
+        """Each target object keeps its source key (a v3 source): a shard whose layout does
+        not change is then copied as it is, byte for byte, dead bytes and all; a draft
+        shard is respelled under a new key and compacted."""
+        return self.dst_encoding == self.src_layout.encoding
+
+    @property
+    def appends(self) -> bool:
+        """A copied shard gets the CRC32C of its index appended (the source index has none)."""
+        return self.checksum and not self.src_layout.index_checksum
 
     @property
     def same_grid(self) -> bool:
@@ -149,10 +173,17 @@ class ArrayJob:
         """A compact source shard (chunks in any order) is a valid target shard byte for byte,
         followed by the CRC32C of its index when the target index has one (computed once:
         the job's fields never change)."""
-        return self.same_grid and self.index_location == "end" and not self.recompress
+        return (self.same_grid and self.index_location == "end" and self.src_layout.index_location == "end"
+                and not self.recompress and (self.checksum or not self.src_layout.index_checksum))
 
     def dst_key(self, coords: Coords) -> str:
-        return self.dst_prefix + v3_chunk_key(coords, self.src_layout.separator)
+        if self.dst_encoding == "default":
+            return self.dst_prefix + v3_chunk_key(coords, self.src_layout.separator)
+        return self.dst_prefix + format_key_suffix(coords, self.dst_encoding, self.src_layout.separator)
+
+    def is_dst_key(self, rest: str) -> bool:
+        """Whether ``rest`` (a key relative to :attr:`dst_prefix`) spells a target chunk or shard."""
+        return parse_key_suffix(rest, self.dst_encoding, self.src_layout.separator, self.src_layout.ndim) is not None
 
     def dst_dir(self, coords: Coords) -> Hashable:
         """What tells the targets' directories apart, for :func:`~sharding_store.jobs.interleave`:
@@ -173,9 +204,10 @@ class ArrayJob:
 
     @cached_property
     def src_index_nbytes(self) -> int:
-        """Bytes of a (draft, checksum-less) index of a target-shaped shard, computed once."""
+        """Bytes of a source index (with its CRC32C where it has one) of a target-shaped
+        shard, computed once."""
         assert self.dst_cps is not None
-        return index_nbytes(self.dst_cps)
+        return index_nbytes(self.dst_cps, bool(self.src_layout.index_checksum))
 
 
 @dataclass
@@ -187,24 +219,32 @@ class ArrayPlan:
 
 
 def plan_array(node: Node, src: StoreRef, dst: StoreRef, opts: Options) -> tuple[ArrayPlan, list[str]]:
-    """Translate one array's metadata and describe its job; returns warnings too."""
+    """Translate one array's metadata and describe its job; returns warnings too.
+
+    Driven by the array's meta alone: its geometry, codecs, key encoding and shard index
+    layout (a decided one: see :func:`decide_index`). The target keeps a checksum the
+    source index has (``index_checksum=False`` drops none) and the source's index location
+    unless ``opts`` gives one; a v3 source keeps its key encoding and its document's
+    spelling (:func:`~sharding_store.v3_layout.final_document`), a draft one gets the
+    shared translation (:func:`~sharding_store.v3_metadata.v3_array_document`)."""
     meta = node.meta
     assert meta is not None
-    target = meta.chunks_per_shard
-    if opts.chunks_per_shard is not None and meta.ndim == 0:
-        target = ()  # a 0-d array's one chunk, whatever was asked for the others
-    elif opts.chunks_per_shard is not None:
-        target = resolve_chunks_per_shard(meta, opts.chunks_per_shard)
+    layout = ArrayLayout.from_meta(meta)
+    target = _target_chunks_per_shard(meta, opts)
+    checksum = opts.index_checksum or layout.index_checksum is True
+    location = opts.index_location or layout.index_location
     portable = portable_target(meta)
     target_meta = portable if opts.portable else None
-    doc = v3_array_document(
-        target_meta or meta,
-        chunks_per_shard=target,
-        index_codecs_checksum=opts.index_checksum,
-        index_location=opts.index_location,
-        dimension_names=None if not opts.dimension_names or node.path not in opts.dimension_names
-        else list(opts.dimension_names[node.path]),
-    )
+    names = None if not opts.dimension_names or node.path not in opts.dimension_names \
+        else list(opts.dimension_names[node.path])
+    if isinstance(meta, V3ArrayMeta):
+        if names is not None:
+            names = _given_dimension_names(meta, names, meta.raw.get("dimension_names"))
+        doc = final_document(meta, chunks_per_shard=target, checksum=checksum, location=location,
+                             inner=None if target_meta is None else inner_codecs(target_meta), dimension_names=names)
+    else:
+        doc = v3_array_document(target_meta or meta, chunks_per_shard=target, index_codecs_checksum=checksum,
+                                index_location=location, dimension_names=names)
     problems = portability_problems(target_meta or meta)
     warnings = []
     if problems:
@@ -214,17 +254,51 @@ def plan_array(node: Node, src: StoreRef, dst: StoreRef, opts: Options) -> tuple
         path=node.path,
         src=src,
         dst=dst,
-        src_layout=ArrayLayout.from_meta(meta),
+        src_layout=layout,
         dst_prefix=node_prefix(node.path),
         dst_cps=target,
-        checksum=opts.index_checksum,
-        index_location=opts.index_location,
+        checksum=checksum,
+        index_location=location,
         meta=meta if target_meta is not None else None,
         target=target_meta,
+        dst_encoding="default" if layout.encoding == "draft" else layout.encoding,
     )
     report = ArrayReport(node.path, chunks_per_shard=None if target is None else list(target),
                          recompressed=target_meta is not None, portable=not problems)
     return ArrayPlan(node, doc, job, report), warnings
+
+
+def _target_chunks_per_shard(meta: DraftArrayMeta, opts: Options) -> Coords | None:
+    """The chunks per shard of the target: the source's, or what ``opts`` asks. An array
+    whose objects are opaque shards (their index inside an encoded object) cannot be
+    regrouped: :class:`DraftMetadataError` naming its document."""
+    target = meta.chunks_per_shard
+    if opts.chunks_per_shard is None:
+        return target
+    if isinstance(meta, V3ArrayMeta) and meta.opaque and target is None and any(
+            isinstance(c, dict) and c.get("name") == "sharding_indexed" for c in meta.raw.get("codecs") or []):
+        raise DraftMetadataError(f"{meta.node_key}: its shard index is inside an encoded object ({meta.opaque}); "
+                                 "--chunks-per-shard cannot regroup its chunks", key=meta.node_key)
+    if meta.ndim == 0:
+        return ()  # a 0-d array's one chunk, whatever was asked for the others
+    return resolve_chunks_per_shard(meta, opts.chunks_per_shard)
+
+
+def decide_index(src: Inner, meta: DraftArrayMeta, ignore: tuple[str, ...] = ()) -> DraftArrayMeta:
+    """``meta`` with an undeclared shard index (a v3 document without ``index_codecs``)
+    decided from the tail of every shard (read in byte-bounded batches), which must all
+    agree: :class:`ShardCorruptError` naming two that disagree, or the first that fits
+    neither reading. Any other meta is returned as it is."""
+    if not isinstance(meta, V3ArrayMeta) or meta.index_checksum is not None:
+        return meta
+    from .inspect import decide_reading
+
+    layout = ArrayLayout.from_meta(meta)
+    assert layout.chunks_per_shard is not None
+    shards = ((k, size) for k, size in src.list_sized(layout.prefix)
+              if layout.parse(k) is not None and not (ignore and k.startswith(ignore)))
+    reading = decide_reading(src, meta.path, shards, meta.n_chunks_per_shard)
+    return decided(meta, reading == "crc32c-hidden")
 
 
 # --------------------------------------------------------------------------- units
@@ -449,8 +523,9 @@ def array_units(
     """The units of one array, lazily, and their counters; when the units are exhausted
     the counters are complete and the array's report has its shards and bytes."""
     listed = Listed()
-    units = job_units(plan.job, src.list_sized(plan.job.src_layout.prefix), listed, present=present,
-                      ignore=other_prefixes(h, plan.node.path))
+    # the node's own document lies under a v3 array's prefix (never under a draft one's)
+    ignore = (*other_prefixes(h, plan.node.path), node_key(plan.node.path))
+    units = job_units(plan.job, src.list_sized(plan.job.src_layout.prefix), listed, present=present, ignore=ignore)
 
     def run() -> Iterator[Unit]:
         yield from units
@@ -519,7 +594,7 @@ def run_unit(job: ArrayJob, unit: Unit) -> UnitResult:
     if unit.dst_size is not None and _is_complete(dst, key, unit.dst_size, job):
         return UnitResult(skipped=1)
     if job.can_copy_shards:  # the stores copy it, or it passes through here: one check decides which
-        if src.can_copy_to(dst, append=job.checksum):
+        if src.can_copy_to(dst, append=job.appends):
             copied = _try_copy_shard(job, unit, src, dst, key)
         else:
             copied = _try_pass_shard(job, unit, src, dst, key)
@@ -550,18 +625,21 @@ def _shard_copy_plan(job: ArrayJob, raw: bytes, size: int, src_key: str) -> tupl
     """Whether a source shard of ``size`` bytes whose index is ``raw`` can be copied as it
     is: ``(live chunks, bytes to append)``; ``UnitResult(empty=1)`` when it has no live
     chunk (nothing to write); None when it has dead bytes or a bad index (the general path
-    rebuilds it, or reports the damage with the whole object in hand)."""
+    rebuilds it, or reports the damage with the whole object in hand). A job that keeps
+    its keys (:attr:`ArrayJob.keeps_keys`) copies every shard whose index is sound as it is."""
     assert job.dst_cps is not None
     limit = size - job.src_index_nbytes
     try:
-        live = live_entries(raw, job.dst_cps, key=src_key, payload_limit=max(0, limit))
+        live = live_entries(raw, job.dst_cps, checksum=bool(job.src_layout.index_checksum), key=src_key,
+                            payload_limit=max(0, limit))
     except ShardCorruptError:
         return None
-    if not live:
+    if not live and not job.keeps_keys:
         return UnitResult(empty=1)
-    if not tiles(live, 0, limit):
+    if not job.keeps_keys and not tiles(live, 0, limit):
         return None
-    return len(live), (crc32c(raw).to_bytes(CHECKSUM_NBYTES, "little") if job.checksum else b"")
+    body = raw[: len(raw) - CHECKSUM_NBYTES] if job.src_layout.index_checksum else raw
+    return len(live), (crc32c(body).to_bytes(CHECKSUM_NBYTES, "little") if job.appends else b"")
 
 
 def _try_copy_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str) -> UnitResult | None:

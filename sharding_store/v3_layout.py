@@ -30,8 +30,9 @@ pointing to ``open_v3`` (whose final-v3 view zarr-python 3 reads).
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numcodecs
@@ -42,7 +43,7 @@ from .draft_metadata import MAX_CHUNK_ELEMENTS, DraftArrayMeta
 from .errors import DraftMetadataError
 from .fill_value import V3_CORE_DTYPES, decode_fill_value
 
-__all__ = ["V3ArrayMeta", "layout_from_v3", "data_prefix_v3", "KeyEncoding"]
+__all__ = ["V3ArrayMeta", "layout_from_v3", "geometry_from_v3", "decided", "final_document", "data_prefix_v3", "KeyEncoding"]
 
 KeyEncoding = Literal["draft", "default", "v2"]
 
@@ -59,10 +60,17 @@ class V3ArrayMeta(DraftArrayMeta):
     index_location: Literal["start", "end"] = "end"
     index_checksum: bool | None = False
     node_key: str = "zarr.json"
+    #: why our reader cannot decode its payloads (None: it can); such an array is copied as
+    #: it is, never decoded (:func:`geometry_from_v3`)
+    opaque: str | None = None
 
     @property
     def data_prefix(self) -> str:
         return data_prefix_v3(self.path)
+
+    @property
+    def declares_codecs(self) -> bool:
+        return True
 
 
 def data_prefix_v3(path: str) -> str:
@@ -280,3 +288,88 @@ def _layout(doc: dict[str, Any], path: str, key: str, hidden_checksum: bool | No
         index_checksum=checksum,
         node_key=key,
     )
+
+
+# --------------------------------------------------------------------------- the copy driver's view
+
+
+def geometry_from_v3(document: dict[str, Any], path: str, *, key: str, reason: str,
+                     hidden_checksum: bool | None = False) -> V3ArrayMeta:
+    """A valid final-v3 array whose codec chain our reader cannot decode (``reason``: why,
+    e.g. nested sharding, a transpose of other axes, a codec after ``sharding_indexed``) as
+    what a copy needs: its shape, grid, key encoding and, where the shard index is readable
+    (``sharding_indexed`` is the one codec), chunks per shard and index layout. ``opaque``
+    holds ``reason``: payloads are never decoded, objects are copied as they are. A shard
+    whose index is inside an encoded object is one opaque object (``chunks_per_shard`` None)."""
+    shape = [int(s) for s in document["shape"]]
+    grid = tuple(int(g) for g in _config(document["chunk_grid"])["chunk_shape"])
+    cke = document["chunk_key_encoding"]
+    encoding = _name(cke)
+    codecs = document.get("codecs") or []
+    chunks, cps = grid, None
+    location: Literal["start", "end"] = "end"
+    checksum: bool | None = False
+    if len(codecs) == 1 and _name(codecs[0]) == "sharding_indexed":
+        cfg = _config(codecs[0])
+        chunks = tuple(int(c) for c in cfg["chunk_shape"])
+        cps = tuple(g // c for g, c in zip(grid, chunks))
+        try:
+            location, checksum = _index(cfg, "codecs[0].configuration")
+        except _Unmappable:
+            if hidden_checksum is not None:  # an index we cannot read: the objects stay opaque
+                chunks, cps = grid, None
+        if hidden_checksum is None and cps is not None:
+            location, checksum = "end", None
+    if hidden_checksum is None and (cps is None or location != "end" or
+                                    _config(codecs[0]).get("index_location", "end") != "end"):
+        raise DraftMetadataError(f"{key}: an undeclared shard index must be at the end of the shard, with "
+                                 "sharding_indexed the one codec, to be decided from the bytes", key=key)
+    return V3ArrayMeta(
+        path=path, shape=tuple(shape), chunks=chunks, dtype=np.dtype("u1"), fill_value=None, order="C",
+        separator=_config(cke).get("separator", "/" if encoding == "default" else "."), compressor=None,
+        filters=(), chunks_per_shard=cps, attributes=dict(document.get("attributes") or {}), raw=document,
+        key_encoding=encoding, index_location=location, index_checksum=checksum, node_key=key, opaque=reason,
+    )
+
+
+def decided(meta: V3ArrayMeta, hidden: bool) -> V3ArrayMeta:
+    """``meta`` with its undeclared shard index decided from the shards' bytes: ``hidden``
+    zarrita's CRC32C follows each index (declared now), else a plain index."""
+    doc: dict[str, Any] = json.loads(json.dumps(meta.raw))
+    if hidden:
+        cfg = _config(doc["codecs"][0])
+        cfg["index_codecs"] = [*cfg.get("index_codecs", [_INDEX_BYTES]), {"name": "crc32c"}]
+    return replace(meta, index_checksum=hidden, raw=doc)
+
+
+_INDEX_BYTES: dict[str, Any] = {"name": "bytes", "configuration": {"endian": "little"}}
+
+
+def final_document(meta: V3ArrayMeta, *, chunks_per_shard: tuple[int, ...] | None, checksum: bool,
+                   location: Literal["start", "end"], inner: list[dict[str, Any]] | None = None,
+                   dimension_names: list[str | None] | None = None) -> dict[str, Any]:
+    """The document a copy of this v3 array writes: its own (``meta.raw``, final spelling)
+    with only what the copy changes respelled: the chunks per shard (``None``: unsharded),
+    the shard index (CRC32C ``checksum``, ``location``), the inner codecs (``inner``: the
+    re-encoded chain of ``--portable``; None keeps them) and given ``dimension_names``."""
+    doc: dict[str, Any] = json.loads(json.dumps(meta.raw))
+    codecs = doc.get("codecs") or []
+    sharding = _config(codecs[0]) if meta.chunks_per_shard is not None else None
+    if chunks_per_shard == meta.chunks_per_shard and inner is None:
+        if sharding is not None and (checksum, location) != (meta.index_checksum, meta.index_location):
+            sharding["index_codecs"] = [_INDEX_BYTES, {"name": "crc32c"}] if checksum else [_INDEX_BYTES]
+            sharding["index_location"] = location
+    else:
+        chain = inner if inner is not None else (sharding["codecs"] if sharding is not None else codecs)
+        grid = list(meta.chunks)
+        doc["codecs"] = chain
+        if chunks_per_shard is not None:
+            grid = [c * k for c, k in zip(meta.chunks, chunks_per_shard)]
+            doc["codecs"] = [{"name": "sharding_indexed", "configuration": {
+                "chunk_shape": list(meta.chunks), "codecs": chain,
+                "index_codecs": [_INDEX_BYTES, {"name": "crc32c"}] if checksum else [_INDEX_BYTES],
+                "index_location": location}}]
+        doc["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": grid}}
+    if dimension_names is not None:
+        doc["dimension_names"] = list(dimension_names)
+    return doc

@@ -47,10 +47,9 @@ from .errors import (
     ShardCorruptError,
     ShardingStoreError,
     StoreNotFoundError,
-    UsageError,
     VerificationError,
 )
-from .hierarchy import DraftHierarchy, Generation, Node, detect_generation, is_draft_2023, require_final_v3
+from .hierarchy import DraftHierarchy, Generation, Node, detect_generation, node_model, require_final_v3
 from .inspect import check_assumed_layouts
 from .jobs import (
     StoreRef,
@@ -65,7 +64,6 @@ from .jobs import (
     with_retries,
 )
 from .journal import refuse_interrupted_reshards
-from .migrate2023 import verify_copy
 from .migrate_units import (
     DAMAGE_ERRORS,
     ArrayJob,
@@ -75,7 +73,7 @@ from .migrate_units import (
     SourceChunks,
     Unit,
     array_units,
-    is_v3_chunk_key,
+    decide_index,
     node_key,
     plan_array,
     read_source_chunks,
@@ -184,8 +182,8 @@ def options_from_doc(doc: Mapping[str, Any]) -> Options:
     """The migration options a v3 array document was written with."""
     codecs = doc.get("codecs") or [{}]
     first = codecs[0] if isinstance(codecs[0], dict) else {}
-    if first.get("name") != "sharding_indexed":
-        return Options(None, True, "end", portable=_ends_in_zstd(codecs))
+    if first.get("name") != "sharding_indexed" or len(codecs) > 1:  # > 1: whole shards encoded, copied as they are
+        return Options(None, True, None, portable=_ends_in_zstd(codecs))
     cfg = first.get("configuration", {})
     grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
     cps = tuple(g // c for g, c in zip(grid, cfg["chunk_shape"]))
@@ -264,7 +262,7 @@ def _as_migrated(job: ArrayJob, got: SourceChunks, blob: bytes) -> bool:
     migrator copies (the source shard, then its index CRC) or builds; one comparison."""
     if job.target is not None:
         return False
-    if got.blob is not None and job.can_copy_shards and len(blob) == len(got.blob) + (CHECKSUM_NBYTES if job.checksum else 0):
+    if got.blob is not None and job.can_copy_shards and len(blob) == len(got.blob) + (CHECKSUM_NBYTES if job.appends else 0):
         if blob.startswith(got.blob):
             return True
     assert job.dst_cps is not None
@@ -325,7 +323,7 @@ def _check_local_copy(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: st
         try:
             s_size, d_size = os.fstat(fd_s).st_size, os.fstat(fd_d).st_size
             n = index_nbytes(job.dst_cps, job.checksum)
-            if d_size != s_size + (CHECKSUM_NBYTES if job.checksum else 0) or d_size < n:
+            if d_size != s_size + (CHECKSUM_NBYTES if job.appends else 0) or d_size < n:
                 return None
             try:
                 live = live_entries(os.pread(fd_d, n, d_size - n), job.dst_cps, checksum=job.checksum, key=key,
@@ -371,7 +369,10 @@ def check_unit(job: ArrayJob, unit: Unit) -> UnitCheck:
     blob = None if unit.dst_size is None else read_whole(dst, key, unit.dst_size)
     out.objects += 1
     if not got.chunks:
-        if blob is not None:
+        kept = job.keeps_keys and job.can_copy_shards and got.blob is not None  # copied as it is, empty or not
+        if kept and blob is None:
+            out.problem(key, f"{key}: missing (a shard of the source without a chunk, copied as it is)")
+        elif blob is not None and not (kept and _as_migrated(job, got, blob)):
             out.problem(key, f"{key}: exists, but the source has no chunk in this shard")
         return out
     if blob is None:
@@ -412,7 +413,7 @@ def _extra_object(job: ArrayJob, check: UnitCheck, nodes: Container[str]) -> Cal
     node document where the source (``nodes``: its node paths) has none."""
 
     def other(key: str) -> None:
-        if is_v3_chunk_key(key[len(job.dst_prefix) :], job.src_layout.separator, job.src_layout.ndim):
+        if job.is_dst_key(key[len(job.dst_prefix) :]):
             check.problem(key, f"{key}: unexpected object (the source has no chunk there)")
         elif extra_node_key(key, job.dst_prefix, nodes):
             check.problem(key, f"{key}: a node the source does not have")
@@ -489,18 +490,7 @@ def verify(
     _check_destination(dst_inner, dst_ref.describe())
     jobs = jobs_for(jobs, src_inner, dst_inner, executor)
     root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
-    if is_draft_2023(src_inner, root_raw):  # the 2023 intermediate generation: compared object by object
-        if assume_chunks_per_shard:
-            raise UsageError(f"{src_ref.describe()}: --assume-chunks-per-shard does not apply to a 2023-generation store")
-        report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=max(1, max_differences)))
-        verify_copy(src_inner, dst_inner, report, skip_damaged=skip_damaged, skip_arrays=dict(skip_arrays or {}), jobs=jobs,
-                    progress=progress)
-        report.check.problems.sort()
-        report.seconds = time.perf_counter() - started
-        if raise_on_error and not report.ok:
-            raise report.error()
-        return report
-    h = DraftHierarchy(src_inner, location=src_ref.describe(), strict=False, entry_point=root_raw)
+    h = node_model(src_inner, root_raw, location=src_ref.describe())
     h.assume_sharded(assume_chunks_per_shard)
     check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
     report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=max(1, max_differences)))
@@ -607,6 +597,12 @@ class _Checker:
             self.report.skip(node.path, self.known[node.path], self.dst_inner)
             return None
         lost = lost_transformer(self.h, node)
+        if lost is None:
+            try:  # as migrate plans it: copied as it is where we cannot decode, an undeclared index decided
+                node = replace(node, meta=decide_index(self.h.inner, self.h.copy_meta(node),
+                                                       other_prefixes(self.h, node.path)))
+            except DAMAGE_ERRORS as e:
+                lost = e
         if lost is not None:
             if not self.skip_damaged:
                 raise damage_error(lost, node.path, SKIP_HINT)

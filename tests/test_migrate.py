@@ -298,7 +298,8 @@ def test_resume_skips_complete_shards_and_rejects_other_options(hierarchy, tmp_p
     torn = out / "imgs/zl/c/0/0"
     torn.write_bytes(torn.read_bytes()[:-3])
     as_inner(str(out)).set(MARKER_KEY, json.dumps({"migration": "sharding-store", "src": str(src), "chunks_per_shard": None,
-                                                  "index_checksum": True, "index_location": "end", "portable": False}).encode())
+                                                  "index_checksum": True, "index_location": None,  # None: the source's
+                                                  "portable": False}).encode())
     with pytest.raises(UsageError, match="other options"):
         migrate(src, out, resume=True, index_checksum=False)
     report = migrate(src, out, resume=True, progress=False)

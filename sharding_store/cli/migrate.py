@@ -50,7 +50,8 @@ def register(subparsers: Any) -> None:
                    help="shard every array with N chunks per shard (one number for every dimension, or one per dimension)")
     p.add_argument("--no-index-checksum", action="store_true",
                    help="no crc32c after the shard index: compact draft shards are then copied byte for byte")
-    p.add_argument("--index-location", choices=("start", "end"), default="end", help="where the shard index goes (default end)")
+    p.add_argument("--index-location", choices=("start", "end"), default=None,
+                   help="where the shard index goes (default: where the source has it; the end for a 2022 store)")
     p.add_argument("--portable", action="store_true",
                    help="make every numeric array readable by every v3 reader (zarr-python 3, tensorstore, zarrs): "
                         "filters they do not know (delta, fixedscaleoffset, quantize...) are applied and dropped, "
@@ -171,7 +172,7 @@ def upgrade_options(args: argparse.Namespace) -> tuple[UpgradeOptions, RunOption
         raise UsageError("--undo applies to an in-place upgrade: give --in-place")
     given = [opt for opt, value in (
         ("DST", args.dst), ("--chunks-per-shard", args.chunks_per_shard), ("--index-location start",
-        args.index_location != "end"), ("--portable", args.portable), ("--overwrite", args.overwrite),
+        args.index_location == "start"), ("--portable", args.portable), ("--overwrite", args.overwrite),
         ("--scheduler", args.scheduler), ("--assume-chunks-per-shard", args.assume_chunks_per_shard),
         ("--dst-storage-options", args.dst_storage_options), ("--dimension-names", args.dimension_names)) if value]
     _check_jobs(args)
