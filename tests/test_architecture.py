@@ -102,7 +102,6 @@ SIZE_EXCEPTIONS: dict[str, str] = {
     # h/ops splits these two next (after the other helpers' changes to those modules land)
     "migrate:migrate": "being split into migrate (copy) and upgrade_in_place with typed options",
     "verify:verify": "being moved onto VerifyOptions/RunOptions/StoreOptions",
-    "migrate2023:migrate_copy": "the 2023 copy pipeline another change deletes (one copy driver, issue 23)",
 }
 
 

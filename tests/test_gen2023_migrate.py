@@ -259,12 +259,6 @@ def test_dry_run_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "dst").exists()
 
 
-def test_options_not_yet_supported_are_refused(tmp_path, capsys):
-    src = _endian_copy(tmp_path)
-    assert main(["migrate", str(src), str(tmp_path / "dst"), "--chunks-per-shard", "2"]) == 2
-    assert "chunks_per_shard" in capsys.readouterr().err
-
-
 def test_verify_finds_a_flipped_byte_and_a_changed_document(tmp_path, capsys):
     src = _endian_copy(tmp_path)
     dst = tmp_path / "dst"
