@@ -384,6 +384,9 @@ class DraftHierarchy:
     under the path as written (never used to build another key).
     """
 
+    #: which generation's reader read it, as a destination's record names it
+    label = "2022"
+
     def __init__(self, inner: Inner, *, location: str = "store", strict: bool = True, entry_point: bytes | None = _UNREAD) -> None:
         """``entry_point``: the ``zarr.json`` bytes when the caller has read them (None: absent)."""
         self.inner = inner
@@ -531,6 +534,8 @@ class Hierarchy2023(DraftHierarchy):
     an array whose valid layout the reader cannot map is listed with ``meta`` None and its
     error in ``unreadable`` (opening it raises, naming the field). Documentless directories
     with nodes below them are implicit groups (the root too)."""
+
+    label = "2023"
 
     def __init__(self, inner: Inner, walk: V3Walk) -> None:
         self.inner = inner

@@ -581,7 +581,7 @@ def migrate(
     _check_named_arrays(h, names)
     groups = [n for n in h.groups()]
     report.groups = len(groups)
-    current = destination.record("2022", src_ref.describe(), src_inner.location(), {
+    current = destination.record(h.label, src_ref.describe(), src_inner.location(), {
         **opts.recorded(), "assume_chunks_per_shard": assume_marker(assume_chunks_per_shard), "consolidate": consolidate})
     _prepare(dst_ref, dst_inner, current, report, overwrite=overwrite, resume=resume, dry_run=dry_run,
              retries=retries, delay=retry_delay)
