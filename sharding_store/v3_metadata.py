@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from . import _zarr_adapter
 from .draft_metadata import DraftArrayMeta, array_meta_key
 from .errors import DraftMetadataError, UsageError
 from .fill_value import encode_fill_value
@@ -109,10 +110,8 @@ class _ZarrType:
     """Any other data type, through zarr-python 3's dtype object."""
 
     def __init__(self, zdtype: Any) -> None:
-        from zarr.core.dtype.common import HasEndianness
-
         self.zdtype = zdtype
-        self.has_endianness = isinstance(zdtype, HasEndianness)
+        self.has_endianness = _zarr_adapter.has_endianness(zdtype)
 
     def to_json(self) -> Any:
         with warnings.catch_warnings():
@@ -139,8 +138,6 @@ def _data_type(dtype: np.dtype, meta: DraftArrayMeta, *, use_zarr: bool = False)
 
 def _zdtype(dtype: np.dtype, meta: DraftArrayMeta) -> Any:
     """zarr-python 3's data type object for a numpy dtype."""
-    from zarr.core.dtype import get_data_type_from_native_dtype
-
     if dtype.fields is not None:
         for name, (sub, *_rest) in dtype.fields.items():
             if sub.subdtype is not None:
@@ -156,7 +153,7 @@ def _zdtype(dtype: np.dtype, meta: DraftArrayMeta) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            return get_data_type_from_native_dtype(dtype)
+            return _zarr_adapter.dtype_from_numpy(dtype)
         except Exception as e:
             raise _untranslatable(meta, f"field 'data_type': zarr v3 has no data type for {dtype}: {e}") from None
 
@@ -346,17 +343,13 @@ def _check_zarr_resolves(meta: DraftArrayMeta, entries: list[dict[str, Any]], ou
     from what the filter really produces (e.g. ``quantize(dtype=f2)`` after a filter that
     made int32, ``quantize(astype=...)``, a second ``delta`` over the first one's wider
     output) would fail to reshape, or read wrong values: refused."""
-    from zarr.core.array_spec import ArrayConfig, ArraySpec
-    from zarr.core.buffer import default_buffer_prototype
-
     fld = "attributes.filters"
     n_in = _probe_items(meta)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # zarr 3 warns that numcodecs codecs are not in the spec
             zdtype = _zdtype(meta.dtype, meta)
-            spec = ArraySpec(shape=(n_in,), dtype=zdtype, fill_value=zdtype.default_scalar(),
-                             config=ArrayConfig.from_dict({}), prototype=default_buffer_prototype())
+            spec = _zarr_adapter.array_spec((n_in,), zdtype)
             for entry, out, i in zip(entries, outputs, positions):
                 fld = f"attributes.filters[{i}]"
                 codec = _v3_class(entry["name"]).from_dict(entry)  # type: ignore[union-attr]

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import (
     ByteRequest,
     OffsetByteRequest,
@@ -60,9 +61,9 @@ from zarr.abc.store import (
     Store,
     SuffixByteRequest,
 )
-from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
+from zarr.buffer import default_buffer_prototype
 
-from . import _native, meta2023
+from . import _native, _zarr_adapter, meta2023
 from . import draft_metadata as dm
 from .chunk_codec import ChunkCodec, codec_for
 from .engine import ArrayLayout, ChunkRange, ShardEngine
@@ -139,11 +140,9 @@ def _check_zarr_reads(meta: dm.DraftArrayMeta, document: dict[str, Any]) -> None
     if not meta.is_sharded:
         return
     import zarr
-    from zarr.core.metadata.v3 import ArrayV3Metadata
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fill = ArrayV3Metadata.from_dict(document).fill_value
+        fill = _zarr_adapter.array_v3_metadata().from_dict(document).fill_value
     try:
         hash(fill)
     except TypeError as e:
@@ -709,7 +708,7 @@ class DraftV3Store(_Pickled, Store):
         if not read_only:
             raise ReadOnlyError(f"{self._source}: a draft-era v3 view cannot be made writable")
         clone = object.__new__(type(self))
-        clone.__setstate__({**self.__getstate__(), "_is_open": False})
+        clone.__setstate__(_zarr_adapter.unopened_state(self.__getstate__()))
         return clone
 
     @property
@@ -814,7 +813,7 @@ class DraftV3Store(_Pickled, Store):
         return json.loads(self._load_view().document(dm.normalize_path(path)))
 
     async def _open(self) -> None:
-        await super()._open()
+        await _zarr_adapter.open_base_store(self)
         await self._get_view()  # a store without a draft hierarchy fails here, clearly
 
     async def _read(self, requests: Sequence[tuple[str, ByteRequest | None]]) -> builtins.list[bytes | None]:

@@ -46,7 +46,7 @@ ROOT = Path(importlib.util.find_spec(PACKAGE).origin).parent  # the package unde
 #: The module map of issue 13 (PLAN.md "Target layers"), bottom-up. A module may import its
 #: own layer or lower ones. ``stores.*`` / ``cli.*`` stand for every module of the package.
 LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
-    0: ("native bindings (ctypes: no package import)", ("_native",)),
+    0: ("native bindings and the zarr adapter (no package import)", ("_native", "_zarr_adapter")),
     1: ("format (pure, no I/O)",
         ("errors", "keys", "shard_index", "fill_value", "draft_metadata", "v3_metadata", "meta2023", "v3_layout", "journal",
          "upgrade_journal")),
@@ -616,6 +616,34 @@ def test_no_raw_address_outside_the_native_module():
 def test_the_raw_address_scanner_sees_every_spelling():
     text = "a = x.ctypes.data\nb = y.__array_interface__['data'][0]\n# z.ctypes.data in a comment\nc = t.buffer_info()[0]\n"
     assert raw_address_uses(text) == [1, 2, 4]
+
+
+#: private APIs of s3fs, fsspec and zarr (issue 23), and the one adapter module allowed to use each
+PRIVATE_APIS = {
+    "s3fs": (re.compile(r"""(\.|["'])(_call_s3|_exists|_iterdir)\b"""), "stores._s3fs_adapter"),
+    "fsspec": (re.compile(r"""(\.|["'])_strip_protocol\b"""), "stores._fsspec_adapter"),
+    "zarr": (re.compile(r"""\bzarr\.core\b|(\.|["'])_is_open\b|super\(\)\._open\("""), "_zarr_adapter"),
+}
+
+
+def private_api_uses(text: str) -> list[tuple[int, str]]:
+    """``(line, library)`` for every use of another library's private API in ``text``."""
+    return [(n, lib) for n, line in enumerate(text.splitlines(), 1) for lib, (pattern, _) in PRIVATE_APIS.items()
+            if pattern.search(line.split("#", 1)[0])]
+
+
+def test_private_apis_of_other_libraries_only_in_their_adapter():
+    """s3fs's ``_call_s3``/``_exists``/``_iterdir``, fsspec's ``_strip_protocol``, zarr's
+    ``zarr.core``/``_is_open``/``Store._open``: each only in its library's adapter module."""
+    bad = [f"  {path_of(m)}:{n} ({lib}: only in {PRIVATE_APIS[lib][1]})" for m in modules()
+           for n, lib in private_api_uses(modules()[m].read_text()) if m != PRIVATE_APIS[lib][1]]
+    assert not bad, "private API of another library outside its adapter:\n" + "\n".join(bad)
+
+
+def test_the_private_api_scanner_sees_every_spelling():
+    text = ("await fs._call_s3('get_object')\nhasattr(fs, '_iterdir')\np = fs._strip_protocol(x)\n"
+            "from zarr.core.sync import sync\nawait super()._open()\nstate['_is_open']\nstrip_protocol(fs, x)\n")
+    assert private_api_uses(text) == [(1, "s3fs"), (2, "s3fs"), (3, "fsspec"), (4, "zarr"), (5, "zarr"), (6, "zarr")]
 
 
 @pytest.mark.parametrize("module", ["", "cli"])

@@ -1,7 +1,7 @@
 """S3 through s3fs: ETag versions, ``If-Match`` range reads, conditional PUTs.
 
 s3fs's ``cat_ranges`` cannot send request headers, so reads that carry or learn a version
-call ``GetObject`` through s3fs's own async client (``_call_s3``: its session, retries and
+call ``GetObject`` through s3fs's own async client (``_s3fs_adapter.call_s3``: its session, retries and
 error translation), all requests of a call concurrently on s3fs's event loop — the same
 one request per range as ``cat_ranges``:
 
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ObjectChangedError
+from ._s3fs_adapter import call_s3, exists
 from .base import RangeRequest, Tail, Version
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ async def _get(inner: FsspecInner, key: str, header: str | None, etag: Version |
         kwargs["Range"] = header
     if etag is not None:
         kwargs["IfMatch"] = etag
-    response = await inner.fs._call_s3("get_object", **kwargs)
+    response = await call_s3(inner.fs, "get_object", **kwargs)
     body = response["Body"]
     try:
         data = await body.read()
@@ -80,7 +81,7 @@ async def _head(inner: FsspecInner, key: str, etag: Version | None) -> dict[str,
     kwargs: dict[str, Any] = {"Bucket": bucket, "Key": obj}
     if etag is not None:
         kwargs["IfMatch"] = etag
-    return await inner.fs._call_s3("head_object", **kwargs)
+    return await call_s3(inner.fs, "head_object", **kwargs)
 
 
 def _header(start: int, end: int | None) -> str | None:
@@ -135,7 +136,7 @@ def s3_ranges(inner: FsspecInner, requests: Sequence[RangeRequest], versions: Se
                 if etag is not None:
                     await _head(inner, key, etag)
                     return b""
-                return b"" if await inner.fs._exists(inner._path(key)) else None
+                return b"" if await exists(inner.fs, inner._path(key)) else None
             try:
                 data, _ = await _get(inner, key, header, etag)
                 return data

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..errors import ObjectChangedError, StoreIOError, UsageError
+from . import _s3fs_adapter
+from ._fsspec_adapter import strip_protocol
 from ._s3 import precondition_failed, s3_create_exclusive, s3_put_if_unchanged, s3_ranges, s3_tails, s3_whole
 from .base import BaseInner, Inner, Location, RangeRequest, Tail, Version
 from .local import is_temp
@@ -35,8 +37,7 @@ def _no_bytes(request: RangeRequest) -> bool:
     return end is not None and 0 <= start and end <= start
 
 
-def _is_s3(fs: Any) -> bool:
-    return hasattr(fs, "call_s3") and hasattr(fs, "_call_s3")
+_is_s3 = _s3fs_adapter.is_s3
 
 
 def _connection_errors() -> tuple[type[BaseException], ...]:
@@ -93,12 +94,12 @@ class FsspecInner(BaseInner):
         if is_local_fs(fs):
             from .local import LocalInner
 
-            return LocalInner(fs._strip_protocol(root))
+            return LocalInner(strip_protocol(fs, root))
         return super().__new__(cls)
 
     def __init__(self, fs: Any, root: str) -> None:
         self.fs = fs
-        self.root = fs._strip_protocol(root).rstrip("/")
+        self.root = strip_protocol(fs, root).rstrip("/")
         self._s3 = _is_s3(fs)
         self.url: str | None = None  # as the user spelled it, for messages
 
@@ -119,7 +120,7 @@ class FsspecInner(BaseInner):
         return f"{self.root}/{key}" if self.root else key
 
     def _key(self, path: str) -> str:
-        path = self.fs._strip_protocol(path)
+        path = strip_protocol(self.fs, path)
         return path[len(self.root) + 1 :] if self.root else path
 
     # ------------------------------------------------------------------ reads
@@ -312,7 +313,7 @@ class FsspecInner(BaseInner):
         come with it): on S3 page by page as it is read (:meth:`_s3_pages`, never cached),
         elsewhere from one ``find``. ``fresh``: drop fsspec's cached listing first (another
         process may have written)."""
-        if _is_s3(self.fs) and hasattr(self.fs, "_iterdir"):
+        if _s3fs_adapter.lists_in_pages(self.fs):
             return self._s3_pages(prefix)
         base = prefix.rpartition("/")[0]
         path = self._path(base) if base else self.root
@@ -333,7 +334,7 @@ class FsspecInner(BaseInner):
         from fsspec.asyn import sync
 
         bucket, _, key_prefix = self._path(prefix).partition("/")
-        pages = self.fs._iterdir(bucket, delimiter="", prefix=key_prefix)
+        pages = _s3fs_adapter.iter_objects(self.fs, bucket, key_prefix)
 
         async def page() -> list[dict[str, Any]]:
             out: list[dict[str, Any]] = []

@@ -13,6 +13,7 @@ import os
 from typing import Any
 from urllib.parse import urlsplit
 
+from ._fsspec_adapter import can_strip_protocol, strip_protocol
 from .base import Location, Relation
 
 __all__ = ["Location", "Relation", "endpoint_location", "fs_location", "is_local_fs", "protocol_of", "relation", "zarr_location"]
@@ -53,7 +54,7 @@ def _options_endpoint(options: Any, fs: Any = None) -> str:
 
 def fs_location(fs: Any, root: str) -> Location:
     """The location of ``root`` on an fsspec filesystem."""
-    path = fs._strip_protocol(root)
+    path = strip_protocol(fs, root)
     if is_local_fs(fs):
         return Location("file", "", os.path.realpath(path) if path else os.getcwd())
     kind = protocol_of(fs)
@@ -76,7 +77,7 @@ def zarr_location(store: Any) -> Location:
     if root is not None and type(store).__name__ == "LocalStore":
         return Location("file", "", os.path.realpath(os.fspath(root)))
     fs = getattr(store, "fs", None)
-    if fs is not None and hasattr(fs, "_strip_protocol"):
+    if fs is not None and can_strip_protocol(fs):
         return fs_location(fs, getattr(store, "path", ""))
     data = getattr(store, "_store_dict", None)
     if data is not None:

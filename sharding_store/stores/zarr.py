@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .. import _zarr_adapter
 from .base import BaseInner, Location, RangeRequest, Tail, Version
 from .local import LocalInner
 
@@ -22,7 +23,7 @@ __all__ = ["ZarrStoreInner"]
 
 class ZarrStoreInner(BaseInner):
     def __init__(self, store: Any) -> None:
-        from zarr.core.buffer import default_buffer_prototype
+        from zarr.buffer import default_buffer_prototype
 
         self.store = store
         self._proto = default_buffer_prototype()
@@ -40,9 +41,7 @@ class ZarrStoreInner(BaseInner):
         return f"ZarrStoreInner({self.store!r})"
 
     def _sync(self, coro: Any) -> Any:
-        from zarr.core.sync import sync
-
-        return sync(coro)
+        return _zarr_adapter.sync(coro)
 
     def get(self, key: str) -> bytes | None:
         if self._local is not None:
