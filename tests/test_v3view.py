@@ -806,3 +806,28 @@ def test_byte_ranges_pass_through(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="Unexpected byte_range"):
         sync(view.get("a/c/0", proto, byte_range=(0, 2)))  # type: ignore[arg-type]
     assert sync(view.get("a/.zarray", proto)) is None  # zarr 2 keys are never there
+
+
+# ------------------------------------------------- one view for every generation (issue 23)
+
+#: what asks which generation a store is: the generation readers' business, not the view's
+GENERATION_QUESTIONS = {"Generation", "DRAFT_2023", "Hierarchy2023", "hierarchy_2023", "detect_generation",
+                        "is_draft_2023", "walk_v3_nodes", "classify_node", "classify"}
+
+
+def test_one_view_class_that_never_asks_the_generation() -> None:
+    """The view is built from the node model (``hierarchy.node_model`` picks the generation
+    reader): one ``Store`` class, and no name in the module that tells generations apart."""
+    import ast
+
+    import sharding_store.v3view as v3view
+
+    tree = ast.parse(Path(v3view.__file__).read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert not names & GENERATION_QUESTIONS, sorted(names & GENERATION_QUESTIONS)
+    stores = [c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+              and any(isinstance(b, ast.Name) and b.id == "Store" for b in c.bases)]
+    assert stores == ["DraftV3Store"], stores
+    assert v3view.Draft2023V3Store is v3view.DraftV3Store  # the old name, kept for callers
