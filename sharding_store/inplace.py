@@ -53,7 +53,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +84,7 @@ from .upgrade_journal import (
     resume_upgrade_command,
     undo_upgrade_command,
 )
+from .v3_metadata import consolidated_metadata, same_json
 
 __all__ = ["FINAL_KEY_ENCODINGS", "InPlaceReport", "upgrade_in_place", "upgrade_leftovers", "upgrade_status"]
 
@@ -239,6 +240,8 @@ def _plan(inner: Inner, location: str, *, index_checksum: bool,
     for path, doc in plan.groups:  # deepest first, the root last
         if not plan.changes.get(path):
             continue
+        if path == "" and "" in plan.consolidated:
+            doc = _consolidated_root(doc, plan, raws, steps, report)
         original = raws.get(path)
         steps.append(DocumentStep(path, node_key(path), original, json_bytes(doc)))
         report.groups += 1
@@ -248,6 +251,21 @@ def _plan(inner: Inner, location: str, *, index_checksum: bool,
         steps.append(root_array)
     journal = UpgradeJournal(location, index_checksum, steps, dict(report.skipped))
     return journal, report
+
+
+def _consolidated_root(doc: dict[str, Any], plan: migrate2023.Plan2023, raws: Mapping[str, bytes | None],
+                       steps: Sequence[DocumentStep], report: InPlaceReport) -> dict[str, Any]:
+    """The root group's document when it held consolidated metadata: the block written
+    again from the documents the store holds after the upgrade (``steps``: every document
+    but the root's), as the copy migration writes it; dropped when damaged nodes are left
+    as they were (a block must not list documents that are not final v1.0)."""
+    if plan.damaged:
+        report.warnings.append(f"{ENTRY_POINT_KEY}: consolidated_metadata dropped (damaged nodes are left as they "
+                               "were; readers walk the hierarchy instead)")
+        return doc
+    docs = {p: json.loads(raw) for p, raw in raws.items() if p and raw is not None}
+    docs.update({s.path: json.loads(s.new) for s in steps})
+    return {**doc, "consolidated_metadata": consolidated_metadata(docs)}
 
 
 # --------------------------------------------------------------------------- running
@@ -359,6 +377,7 @@ class _Runner:
             return len(objects)
 
         self.report.shards_checked += sum(self.map(check, journal.steps))
+        self.verify_consolidated(journal, undo)
         if walk and not journal.skipped:
             first = walk_v3_nodes(self.inner).first_2023()
             if first is not None:
@@ -412,6 +431,18 @@ class _Runner:
         journalled document (local stores: a write killed before its rename)."""
         keys = [UPGRADE_JOURNAL_KEY, *(s.key for s in journal.steps)]
         self.report.leftovers_removed += sum(self.map(self.inner.remove_temp_leftovers, keys))
+
+    def verify_consolidated(self, journal: UpgradeJournal, undo: str) -> None:
+        """A root document written with consolidated metadata must list exactly the node
+        documents the store now holds (one more walk: a listing per group, a get per node)."""
+        root = next((s for s in journal.steps if s.key == ENTRY_POINT_KEY), None)
+        block = None if root is None else json.loads(root.new).get("consolidated_metadata")
+        if block is None:
+            return
+        docs = {n.path: json.loads(n.raw) for n in walk_v3_nodes(self.inner).nodes if n.path}
+        if not same_json(block, consolidated_metadata(docs)):
+            raise VerificationError(f"{ENTRY_POINT_KEY}: consolidated_metadata does not list the upgraded "
+                                    f"documents; {undo}", key=ENTRY_POINT_KEY)
 
     def finish(self, mine: bytes) -> None:
         """Delete the journal, only if this run still holds it."""

@@ -106,6 +106,9 @@ class Plan2023:
     changes: dict[str, list[str]] = field(default_factory=dict)
     #: node path -> "array" | "group" | "implicit group" (damaged nodes are in ``damaged``)
     kinds: dict[str, str] = field(default_factory=dict)
+    #: groups whose document held ``consolidated_metadata``: left out of the planned
+    #: document (never trusted: it may describe other documents than the ones stored)
+    consolidated: set[str] = field(default_factory=set)
 
 
 READING_TEXT = {
@@ -217,7 +220,7 @@ def plan_hierarchy(src: Inner, walk: V3Walk | None = None, *, left_out: str = "n
         plan.kinds[node.path] = norm.node_type
         plan.changes[node.path] = list(norm.changes)
         if norm.node_type == "group":
-            plan.groups.append((node.path, norm.document))
+            plan.groups.append((node.path, _without_consolidated(plan, node.path, norm.document)))
             continue
         try:
             a = _plan_array(src, node.path, node.key, norm, plan, left_out)
@@ -228,6 +231,23 @@ def plan_hierarchy(src: Inner, walk: V3Walk | None = None, *, left_out: str = "n
     _leave_out_below_damage(plan)
     plan.groups.sort(key=lambda g: (g[0] == "", -g[0].count("/"), g[0]))  # deepest first, the root last
     return plan
+
+
+#: what ``info`` and the plan say about a group's stale consolidated metadata
+CONSOLIDATED_TEXT = ("consolidated_metadata left out (never trusted: it may describe other documents than the "
+                     "stored ones); the root's is written again from the migrated documents")
+
+
+def _without_consolidated(plan: Plan2023, path: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """A group document without its ``consolidated_metadata`` (recorded in the plan): a
+    consolidated block is derived from the documents, so the migrated documents decide it,
+    never the block found (zarr-python 3's ``consolidate_metadata`` fills in defaults, and
+    a block may simply be stale)."""
+    if "consolidated_metadata" not in doc:
+        return doc
+    plan.consolidated.add(path)
+    plan.changes.setdefault(path, []).append(CONSOLIDATED_TEXT)
+    return {k: v for k, v in doc.items() if k != "consolidated_metadata"}
 
 
 def _below(path: str, root: str) -> bool:
