@@ -29,7 +29,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Container, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field, replace
@@ -79,15 +79,13 @@ from .migrate_units import (
     read_source_chunks,
     read_whole,
 )
+from .options import MAX_KEPT, RunOptions, StoreOptions, VerifyOptions, legacy_options
 from .progress import NullBar, object_noun, progress_bar
 from .shard_index import CHECKSUM_NBYTES, encode_shard, index_nbytes, live_entries, read_index
 from .stores import Inner
 from .v3_metadata import consolidated_metadata, document_difference, same_json
 
-#: differences kept in full by default (all are counted); ``max_differences`` changes it
-MAX_KEPT = 20
 Problem = tuple[str, str]  # (key, what is wrong)
-AssumeChunksPerShard = Mapping[str, "int | Sequence[int]"]
 
 
 @dataclass
@@ -451,22 +449,16 @@ def _unmigrated_reason(h: DraftHierarchy, node: Node) -> ShardingStoreError | No
 def verify(
     src: Any,
     dst: Any,
+    options: VerifyOptions | None = None,
     *,
-    storage_options: Mapping[str, Any] | None = None,
-    src_storage_options: Mapping[str, Any] | None = None,
-    dst_storage_options: Mapping[str, Any] | None = None,
-    jobs: int | None = None,
-    executor: Executor | None = None,
-    progress: bool | None = None,
-    raise_on_error: bool = True,
-    retries: int = 4,
-    retry_delay: float = 0.2,
-    skip_damaged: bool = False,
-    assume_chunks_per_shard: AssumeChunksPerShard | None = None,
-    skip_arrays: Mapping[str, str] | None = None,
-    max_differences: int = MAX_KEPT,
+    run: RunOptions | None = None,
+    stores: StoreOptions | None = None,
+    **legacy: Any,
 ) -> VerifyReport:
-    """Compare the migrated hierarchy ``dst`` with its draft-era source ``src``.
+    """Compare the migrated hierarchy ``dst`` with its draft-era source ``src``
+    (:class:`~sharding_store.options.VerifyOptions`; ``run``: jobs, retries, progress,
+    executor; ``stores``: each side's store options). The keywords of 0.1.0
+    (``raise_on_error=False, jobs=4, storage_options={...}``) still work.
 
     Raises :class:`VerificationError` naming the first bad key and the number of
     differences (or returns the report with ``raise_on_error=False``; it keeps the first
@@ -479,38 +471,48 @@ def verify(
     hierarchy, :class:`UsageError` when it is the source itself, and
     :class:`MigrationError` when the source has an unfinished in-place reshard.
     """
+    options, run, stores = legacy_options("verify", options or VerifyOptions(), legacy, run, stores)
     started = time.perf_counter()
-    src_ref = StoreRef.of(src, src_storage_options if src_storage_options is not None else storage_options)
-    dst_ref = StoreRef.of(dst, dst_storage_options if dst_storage_options is not None else storage_options)
-    if executor is not None:
+    src_ref, dst_ref = StoreRef.of(src, stores.src), StoreRef.of(dst, stores.dst)
+    if run.executor is not None:
         check_picklable(src_ref, dst_ref)
     src_inner, dst_inner = src_ref.open(), dst_ref.open()
     check_apart(src_inner, dst_inner, src_ref.describe(), dst_ref.describe(), allow_nested=True)
     refuse_interrupted_reshards(src_inner, src_ref.describe())
     _check_destination(dst_inner, dst_ref.describe())
-    jobs = jobs_for(jobs, src_inner, dst_inner, executor)
+    jobs = jobs_for(run.jobs, src_inner, dst_inner, run.executor)
+    report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=options.max_differences))
     root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
     h = node_model(src_inner, root_raw, location=src_ref.describe())
-    h.assume_sharded(assume_chunks_per_shard)
-    check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
-    report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=max(1, max_differences)))
-    checker = _Checker(h, src_ref, dst_ref, dst_inner, report, dict(skip_arrays or {}), skip_damaged, retries, retry_delay)
+    _check_arrays(h, src_ref, dst_ref, dst_inner, report, options, replace(run, jobs=jobs))
+    report.check.problems.sort()  # units finish in any order: report the first keys in key order
+    report.seconds = time.perf_counter() - started
+    if options.raise_on_error and not report.ok:
+        raise report.error()
+    return report
+
+
+def _check_arrays(h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, dst_inner: Inner, report: VerifyReport,
+                  options: VerifyOptions, run: RunOptions) -> None:
+    """Every node of the source's model against the destination, the arrays' units on
+    ``run``'s executor (or a pool of ``run.jobs`` threads)."""
+    assume = options.assume_chunks_per_shard
+    h.assume_sharded(assume)
+    check_assumed_layouts(h, assume)  # a guess the evidence contradicts is refused
+    checker = _Checker(h, src_ref, dst_ref, dst_inner, report, dict(options.skip_arrays or {}), options.skip_damaged,
+                       run.retries, run.retry_delay)
     checker.groups()
     checker.plan_arrays()
     checker.extra_nodes()  # the bar counts shards only when every array checked is sharded
-    with progress_bar(0, "verify", object_noun(report.all_shards, 1), progress) as bar:
+    jobs = run.jobs_or(1)
+    with progress_bar(0, "verify", object_noun(report.all_shards, 1), run.progress) as bar:
         checker.bar = bar
-        if executor is None:
+        if run.executor is None:
             with cancelling(ThreadPoolExecutor(jobs, thread_name_prefix="verify")) as pool:
                 checker.run(pool, 2 * jobs)
         else:
-            checker.run(executor, 4 * jobs)
+            checker.run(run.executor, 4 * jobs)
     checker.consolidation()
-    report.check.problems.sort()  # units finish in any order: report the first keys in key order
-    report.seconds = time.perf_counter() - started
-    if raise_on_error and not report.ok:
-        raise report.error()
-    return report
 
 
 class _Checker:

@@ -140,3 +140,23 @@ def test_the_reshard_command_maps_its_arguments_in_one_place():
         ReshardOptions((4,), only_unsharded=True)  # as --chunks-per-shard always parsed it
     with pytest.raises(UsageError, match="--jobs 0: must be >= 1"):
         reshard_cli_options(_args("src", "--unshard", "--jobs", "0"))
+
+
+def test_verify_runs_on_the_records_and_the_command_maps_them_in_one_place(tmp_path):
+    from sharding_store import migrate, verify
+    from sharding_store.cli.migrate import verify_options
+
+    src = _store(tmp_path / "src")
+    migrate(str(src), str(tmp_path / "dst"), progress=False)
+    shards = [p for p in (tmp_path / "dst" / "a" / "b").rglob("*") if p.is_file() and p.name != "zarr.json"]
+    for obj in shards[:2]:
+        obj.write_bytes(b"\0" * obj.stat().st_size)  # two shards differ: one is kept in full
+    report = verify(src, tmp_path / "dst", VerifyOptions(raise_on_error=False, max_differences=1),
+                    run=RunOptions(jobs=1, progress=False), stores=StoreOptions.both(None))
+    assert not report.ok and len(report.check.problems) == 1 and report.check.n_problems > 1
+    assert not verify(src, tmp_path / "dst", raise_on_error=False, jobs=1).ok  # the keywords of 0.1.0
+    args = build_parser().parse_args(["verify", "s", "d", "--json", "--max-differences", "3", "--jobs", "2",
+                                      "--skip-damaged", "--src-storage-options", '{"a": 1}', "--no-progress"])
+    assert verify_options(args) == (VerifyOptions(raise_on_error=False, skip_damaged=True, max_differences=3,
+                                                  assume_chunks_per_shard={}),
+                                    RunOptions(jobs=2, progress=False), StoreOptions({"a": 1}, {}))

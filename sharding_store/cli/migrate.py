@@ -7,10 +7,11 @@ import contextlib
 import json
 import shlex
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from ..errors import UsageError
-from ..options import RunOptions, StoreOptions, UpgradeOptions
+from ..options import RunOptions, StoreOptions, UpgradeOptions, VerifyOptions
 from .options import add_assume_option, add_progress_option, assumed, command_again, int_tuple, named_dimensions, storage_options
 
 
@@ -224,6 +225,17 @@ def run_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def verify_options(args: argparse.Namespace) -> tuple[VerifyOptions, RunOptions, StoreOptions]:
+    """The one mapping of ``verify``'s arguments onto :func:`~sharding_store.verify.verify`'s
+    options (``--scheduler`` adds the executor once it is connected)."""
+    if args.max_differences < 1:
+        raise UsageError(f"--max-differences {args.max_differences}: must be >= 1")
+    _check_jobs(args)
+    options = VerifyOptions(raise_on_error=not args.json, skip_damaged=args.skip_damaged,
+                            assume_chunks_per_shard=assumed(args), max_differences=args.max_differences)
+    return options, RunOptions(jobs=args.jobs, progress=args.progress), _stores(args)
+
+
 def run_verify(args: argparse.Namespace) -> int:
     """Exit 0 when identical. Differences: without ``--json`` one error line naming the first
     (exit 9); with ``--json`` the report (``ok: false``, the first ``--max-differences``
@@ -231,10 +243,8 @@ def run_verify(args: argparse.Namespace) -> int:
     from ..errors import VerificationError
     from ..verify import verify
 
-    if args.max_differences < 1:
-        raise UsageError(f"--max-differences {args.max_differences}: must be >= 1")
+    options, run, stores = verify_options(args)
     with _executor(args.scheduler) as executor:
-        report = verify(args.src, args.dst, executor=executor, raise_on_error=not args.json,
-                        max_differences=args.max_differences, **_common(args))
+        report = verify(args.src, args.dst, options, run=replace(run, executor=executor), stores=stores)
     print(json.dumps(report.to_dict(), indent=2) if args.json else f"verified: {report.summary()}")
     return 0 if report.ok else VerificationError.exit_code
