@@ -479,14 +479,16 @@ def align_skip(arr: Any, align: int) -> int:
     return -data_address(arr) % align
 
 
-def rename_exchange(a: bytes, b: bytes) -> int | None:
+def rename_exchange(a: bytes, b: bytes, dir_fd: int | None = None) -> int | None:
     """Swap the files at paths ``a`` and ``b`` atomically: libc ``renameat2(AT_FDCWD, a,
-    AT_FDCWD, b, RENAME_EXCHANGE)`` (Linux 3.15+, glibc 2.28+). 0 when swapped, the errno
+    AT_FDCWD, b, RENAME_EXCHANGE)`` (Linux 3.15+, glibc 2.28+); with ``dir_fd``, ``a`` and
+    ``b`` are names in the directory open as ``dir_fd``. 0 when swapped, the errno
     when refused, None when this C library has no such call. Not switched off by
     :func:`set_enabled` (no codec: the stores' atomic replace)."""
     if _RENAMEAT2 is None:
         return None
-    if _RENAMEAT2(_AT_FDCWD, a, _AT_FDCWD, b, _RENAME_EXCHANGE) == 0:
+    at = _AT_FDCWD if dir_fd is None else dir_fd
+    if _RENAMEAT2(at, a, at, b, _RENAME_EXCHANGE) == 0:
         return 0
     return ctypes.get_errno()
 

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from .stores import BaseInner, Inner, Location, Part, RangeRequest, Tail, Version, as_inner
@@ -147,6 +148,13 @@ class CountingInner:
 
     def local_path(self, key: str) -> str | None:
         return self.inner.local_path(key)
+
+    def open_local(self, key: str) -> int | None:
+        return self.inner.open_local(key)
+
+    def create_local(self, key: str) -> AbstractContextManager[int] | None:
+        """Not counted: the copy that writes through it is (``copy_to``, ``compose``)."""
+        return self.inner.create_local(key)
 
     def fs_path(self, key: str) -> tuple[Any, str] | None:
         return self.inner.fs_path(key)

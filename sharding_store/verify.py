@@ -296,8 +296,7 @@ def _same_contents(fd_a: int, fd_b: int, nbytes: int) -> bool:
 def _open_local(inner: Inner, key: str) -> int | None:
     """A read descriptor of the key's local file, or None (not local, missing, refused)."""
     try:
-        path = inner.local_path(key)
-        return None if path is None else os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        return inner.open_local(key)  # by directory descriptors: no link swapped in since is followed
     except (OSError, ShardingStoreError):
         return None
 

@@ -333,19 +333,19 @@ def test_a_prune_in_this_process_waits_for_a_writer_that_made_the_directory(tmp_
     from sharding_store.stores import LocalInner
 
     inner = LocalInner(str(tmp_path))
-    real_makedirs = os.makedirs
+    real_mkdir = os.mkdir
     pruners: list[threading.Thread] = []
 
-    def makedirs_then_prune(path, *args, **kwargs):
-        real_makedirs(path, *args, **kwargs)
-        if path != str(tmp_path / "a" / "b"):  # os.makedirs calls itself for the parents
+    def mkdir_then_prune(path, *args, **kwargs):
+        real_mkdir(path, *args, **kwargs)
+        if os.fspath(path) not in (str(tmp_path / "a" / "b"), "b"):  # the last directory (by path or in a/'s fd)
             return
         pruner = threading.Thread(target=inner.delete, args=("a/b/gone",))  # prunes a/b, then a
         pruner.start()
         pruner.join(timeout=0.2)  # with the directory lock it is still waiting here
         pruners.append(pruner)
 
-    monkeypatch.setattr(os, "makedirs", makedirs_then_prune)
+    monkeypatch.setattr(os, "mkdir", mkdir_then_prune)
     inner.set("a/b/k", b"value")
     for pruner in pruners:
         pruner.join()

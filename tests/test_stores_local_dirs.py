@@ -1,16 +1,20 @@
-"""The local store's directory check (``LocalInner._check_dir``) against ``realpath``.
+"""The local store's directory walk (``stores.local_fd.DirFds.resolve``) against ``realpath``.
 
-The check remembers directories it found inside the store and decides a new one below a
-remembered one with one ``lstat``. Model: a directory is acceptable exactly when its
-``realpath`` lies inside the store's real root. Random trees of real directories, links
-to directories inside and outside the store, links to links and ``.``/``..``
-components, checked in random order by one store object (so the remembered directories
-of earlier checks decide later ones): every check must agree with the model, and every
-remembered directory must be a directory inside the store.
+The walk opens each directory ``O_NOFOLLOW`` from its parent's descriptor, reads a link it
+meets and walks its target the same way, and caches the descriptors it opened. Model: going
+through the spelled components in order, the first prefix whose ``realpath`` lies outside
+the store's real root makes it refuse (``LinkOutsideStoreError``); the first one that is no
+directory makes it "missing"; else it reaches the directory ``realpath`` names (same device
+and inode). Random trees of real directories, links to directories inside and outside the
+store, links to links and ``.``/``..`` components, resolved in random order by one store
+object (so descriptors cached by earlier walks decide later ones): every walk must agree
+with the model, and every cached descriptor must be a directory inside the store at the
+canonical (link-free) path it is cached under.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 
@@ -46,7 +50,7 @@ def trees(draw):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=trees())
-def test_directory_checks_agree_with_realpath(case):
+def test_directory_walks_agree_with_realpath(case):
     entries, checks = case
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.join(tmp, "store")
@@ -70,15 +74,46 @@ def test_directory_checks_agree_with_realpath(case):
         inner = LocalInner(root)
         real_root = os.path.realpath(root)
         for rel in checks:
-            directory = f"{inner.root}/{rel}"
-            real = os.path.realpath(directory)
-            inside = real == real_root or real.startswith(real_root + "/")
-            if inside:
-                inner._check_dir(directory, rel)
-            else:
-                with pytest.raises(LinkOutsideStoreError):
-                    inner._check_dir(directory, rel)
-            for remembered in inner._safe_dirs:
-                r = os.path.realpath(remembered)
-                assert os.path.isdir(r)
-                assert r == real_root or r.startswith(real_root + "/"), remembered
+            check_one(inner, root, real_root, rel)
+        for path, d in inner._dirs._cache.items():
+            here = os.path.join(real_root, path) if path else real_root
+            assert os.path.realpath(here) == here, path  # canonical: no link on the way
+            st, at = os.fstat(d.fd), os.stat(here)
+            assert (st.st_dev, st.st_ino) == (at.st_dev, at.st_ino), path
+        inner.close()
+
+
+def expected(root: str, real_root: str, rel: str) -> str | None:
+    """``"out"``, ``"missing"`` or the real directory the model says ``rel`` reaches."""
+    parts = rel.split("/")
+    for i in range(1, len(parts) + 1):
+        here = os.path.join(root, *parts[:i])
+        real = os.path.realpath(here)
+        if not (real == real_root or real.startswith(real_root + "/")):
+            return "out"
+        if not os.path.isdir(here):
+            return "missing"
+    return os.path.realpath(os.path.join(root, rel))
+
+
+def check_one(inner: LocalInner, root: str, real_root: str, rel: str) -> None:
+    want = expected(root, real_root, rel)
+    if want == "out":
+        with pytest.raises(LinkOutsideStoreError) as info:
+            inner._dirs.resolve(rel, rel)
+        assert info.value.key == rel
+        return
+    try:
+        got = inner._dirs.resolve(rel, rel)
+    except OSError as e:  # a loop of links: the kernel says ELOOP too
+        assert e.errno == errno.ELOOP and want == "missing", (rel, want, e)
+        return
+    if want == "missing":
+        assert got is None, (rel, got and got[0].path)
+        return
+    assert got is not None, (rel, want)
+    try:
+        st, at = os.fstat(got[0].fd), os.stat(want)
+        assert (st.st_dev, st.st_ino) == (at.st_dev, at.st_ino), (rel, want, got[0].path)
+    finally:
+        inner._dirs.release(got[0])

@@ -28,6 +28,7 @@ import os
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from contextlib import AbstractContextManager
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ..errors import LinkOutsideStoreError, ObjectChangedError, StoreIOError
@@ -185,6 +186,8 @@ class Inner(Protocol):
     def size(self, key: str) -> int | None: ...
     def read_into(self, key: str, alloc: Callable[[int], Any]) -> Tail | None: ...
     def local_path(self, key: str) -> str | None: ...
+    def open_local(self, key: str) -> int | None: ...
+    def create_local(self, key: str) -> AbstractContextManager[int] | None: ...
     def fs_path(self, key: str) -> tuple[Any, str] | None: ...
     def can_copy_to(self, dst: Inner, *, append: bool = False) -> bool: ...
     def copy_to(
@@ -288,7 +291,21 @@ class BaseInner:
 
     def local_path(self, key: str) -> str | None:
         """The path of the key's local file (which need not exist yet), when the store is a
-        local directory and the path stays inside it; else None."""
+        local directory and the path stays inside it; else None. For messages and to tell a
+        local store: opening it by path would follow a directory swapped for a link since
+        (use :meth:`open_local` and :meth:`create_local`)."""
+        return None
+
+    def open_local(self, key: str) -> int | None:
+        """A read descriptor of the key's local file (the caller closes it), opened without
+        following a link out of the store; None when the store is not local or the key is
+        missing."""
+        return None
+
+    def create_local(self, key: str) -> AbstractContextManager[int] | None:
+        """A context manager giving the descriptor of a new local file that becomes the key,
+        atomically, when the block ends without an error (and is removed on an error); None
+        when the store is not a local directory. For kernel copies into this store."""
         return None
 
     def fs_path(self, key: str) -> tuple[Any, str] | None:

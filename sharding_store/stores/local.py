@@ -44,7 +44,17 @@ from typing import Any, cast
 
 from .. import _native
 from ..errors import LinkOutsideStoreError, MigrationError, ObjectChangedError
-from .base import BaseInner, ForkSafeLock, Inner, Location, Part, RangeRequest, Tail, Version
+from .base import (
+    BaseInner,
+    ForkSafeLock,
+    Inner,
+    Location,
+    Part,
+    RangeRequest,
+    Tail,
+    Version,
+)
+from .local_fd import MAX_LINKS, O_DIR, O_DIR_NOFOLLOW, DirFd, DirFds, post_order, scan
 
 __all__ = [
     "CREATE_ATTEMPTS",
@@ -64,8 +74,8 @@ __all__ = [
 _O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _O_READ_NOFOLLOW = _O_READ | getattr(os, "O_NOFOLLOW", 0)
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
-#: directories checked per store object before the cache is emptied (bounds its memory)
-_SAFE_DIRS_MAX = 1 << 16
+#: final key components that name a directory
+_DIR_NAMES = frozenset(("", ".", ".."))
 
 
 def local_root(path: str) -> str:
@@ -122,25 +132,27 @@ def _check(key: str, expected: Version, fd: int | None, st: os.stat_result | Non
         raise ObjectChangedError(f"{key}: the object changed between two reads of it (read it again)", key=key)
 
 
-def _is_real_dir(path: str) -> bool:
-    """Whether ``path`` is a directory and not a link to one (``lstat``)."""
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 class LocalInner(BaseInner):
     """A local directory below ``root`` (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.root = local_root(os.fspath(path))
         self._real_root: str | None = None
-        self._safe_dirs: dict[str, bool] = {}
-        self._below_root = self.root.rstrip("/") + "/"
+        self._dirs = DirFds(self.root, self._refuse)
 
     def __repr__(self) -> str:
         return f"LocalInner({self.root!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (LocalInner, (self.root,))  # the descriptors stay with this process
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self._dirs.close()
+
+    def close(self) -> None:
+        """Close the cached directory descriptors (opened again when needed)."""
+        self._dirs.close()
 
     # ------------------------------------------------------------------ paths and links
     def _path(self, key: str) -> str:
@@ -166,76 +178,103 @@ class LocalInner(BaseInner):
             key=key,
         )
 
-    def _check_dir(self, directory: str, key: str) -> None:
-        """Raise unless ``directory`` (a store path's parent) resolves inside the store; once
-        checked, an existing directory is remembered."""
-        if directory in self._safe_dirs or self._known_inside(directory):
-            return
-        real = os.path.realpath(directory)
-        if not self._inside(real):
-            raise self._refuse(key, real)
-        if os.path.isdir(real):
-            self._remember_dir(directory)
+    def _at(self, key: str, create: bool = False) -> tuple[DirFd, str, bool] | None:
+        """``(directory descriptor, name, through a link)`` of the key (the descriptor held
+        until released); None when its directory is missing."""
+        directory, _, name = key.rpartition("/")
+        if name in _DIR_NAMES:  # names a directory (``a/..``): no object, but never outside either
+            got = self._dirs.resolve(key, key)
+            if got is not None:
+                self._dirs.release(got[0])
+            if create:
+                raise IsADirectoryError(errno.EISDIR, f"{key}: names a directory, not an object", key)
+            return None
+        got = self._dirs.resolve(directory, key, create=create)
+        return None if got is None else (got[0], name, got[1])
 
-    def _known_inside(self, directory: str) -> bool:
-        """Whether ``directory`` is a directory inside the store, decided component by
-        component (then remembered): below the root, a real directory (``lstat``: not a
-        link) inside a directory known to be inside is inside. One ``lstat`` per new
-        directory instead of ``realpath``'s one per component (a store of one shard per
-        directory has as many directories as shards). The root, and a ``.`` or ``..``
-        component, by ``realpath``. False (never an error) for a link, a missing directory
-        or one outside: :meth:`_check_dir` then decides by ``realpath``."""
-        if directory in self._safe_dirs:
-            return True
-        parent, _, name = directory.rpartition("/")
-        if name in ("", ".", "..") or not directory.startswith(self._below_root):
-            real = os.path.realpath(directory)
-            ok = self._inside(real) and os.path.isdir(real)
-        else:
-            ok = self._known_inside(parent or "/") and _is_real_dir(directory)
-        if ok:
-            self._remember_dir(directory)
-        return ok
-
-    def _remember_dir(self, directory: str) -> None:
-        if len(self._safe_dirs) >= _SAFE_DIRS_MAX:
-            self._safe_dirs.clear()
-        self._safe_dirs[directory] = True
-
-    def _checked_path(self, key: str) -> str:
-        path = self._path(key)
-        self._check_dir(path.rpartition("/")[0] or "/", key)
-        return path
+    def _through_link(self, d: DirFd, name: str, key: str) -> tuple[DirFd, str] | None:
+        """The directory (held) and name of what the link ``name`` in ``d`` leads to, links
+        followed inside the store (never out: raises); None when it dangles."""
+        held: DirFd | None = None
+        try:
+            for _ in range(MAX_LINKS):
+                got = self._dirs.follow(d if held is None else held, name, key)
+                if held is not None:
+                    self._dirs.release(held)
+                    held = None
+                if got is None:
+                    return None
+                held, name = got
+                try:
+                    st = os.stat(name, dir_fd=held.fd, follow_symlinks=False)
+                except (FileNotFoundError, NotADirectoryError):
+                    return None
+                if not stat.S_ISLNK(st.st_mode):
+                    got, held = (held, name), None
+                    return got
+            raise OSError(errno.ELOOP, f"{key}: too many levels of symbolic links")
+        finally:
+            if held is not None:
+                self._dirs.release(held)
 
     def _open(self, key: str) -> int | None:
-        """A read descriptor of the key's file (None when missing), never outside the store."""
-        path = self._path(key)
-        directory = path.rpartition("/")[0] or "/"
-        if directory not in self._safe_dirs:
-            self._check_dir(directory, key)
+        """A read descriptor of the key's file (None when missing), never outside the store:
+        opened ``O_NOFOLLOW`` in its directory's descriptor (a link is followed only inside)."""
+        for _ in range(3):
+            at = self._at(key)
+            if at is None:
+                return None
+            d = at[0]
+            try:
+                return os.open(at[1], _O_READ_NOFOLLOW, dir_fd=d.fd)
+            except _MISSING:
+                if not self._dirs.stale(d):
+                    return None
+                continue  # its directory was removed (and made again?): walk again
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                return self._open_link(d, at[1], key)
+            finally:
+                self._dirs.release(d)
+        return None
+
+    def _open_link(self, d: DirFd, name: str, key: str) -> int | None:
+        got = self._through_link(d, name, key)
+        if got is None:
+            return None
         try:
-            return os.open(path, _O_READ_NOFOLLOW)
+            return os.open(got[1], _O_READ_NOFOLLOW, dir_fd=got[0].fd)
         except _MISSING:
             return None
-        except OSError as e:
-            if e.errno != errno.ELOOP:
-                raise
-        real = os.path.realpath(path)  # the file is a link: follow it only inside the store
-        if not self._inside(real):
-            raise self._refuse(key, real)
-        try:
-            return os.open(path, _O_READ)
-        except _MISSING:
-            return None
+        finally:
+            self._dirs.release(got[0])
+
+    def open_local(self, key: str) -> int | None:
+        """A read descriptor of the key's file (the caller closes it); None when missing."""
+        return self._open(key)
 
     def local_path(self, key: str) -> str | None:
-        """The key's file path (it need not exist yet); raises
+        """The key's file path (it need not exist yet), for messages and to tell a local store:
+        nothing here opens a path. Raises
         :class:`~sharding_store.errors.LinkOutsideStoreError` when it leads out of the store."""
-        path = self._checked_path(key)
-        if os.path.islink(path):
-            real = os.path.realpath(path)
+        path = self._path(key)
+        at = self._at(key)
+        if at is None:  # its directory is missing: no link on the rest of the way yet
+            real = os.path.realpath(path.rpartition("/")[0] or "/")
             if not self._inside(real):
                 raise self._refuse(key, real)
+            return path
+        d = at[0]
+        try:
+            if stat.S_ISLNK(os.stat(at[1], dir_fd=d.fd, follow_symlinks=False).st_mode):
+                got = self._through_link(d, at[1], key)
+                if got is not None:
+                    self._dirs.release(got[0])
+        except _MISSING:
+            pass
+        finally:
+            self._dirs.release(d)
         return path
 
     # ------------------------------------------------------------------ reads
@@ -342,20 +381,29 @@ class LocalInner(BaseInner):
 
     def _stat(self, key: str) -> os.stat_result | None:
         """``stat`` of the key's file (None when missing), never through a link out of the store."""
-        path = self._path(key)
-        directory = path.rpartition("/")[0] or "/"
-        if directory not in self._safe_dirs:
-            self._check_dir(directory, key)
-        try:
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
-                real = os.path.realpath(path)
-                if not self._inside(real):
-                    raise self._refuse(key, real)
-                st = os.stat(path)
-        except _MISSING:
-            return None
-        return st if stat.S_ISREG(st.st_mode) else None
+        for _ in range(3):
+            at = self._at(key)
+            if at is None:
+                return None
+            d = at[0]
+            try:
+                st = os.stat(at[1], dir_fd=d.fd, follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    got = self._through_link(d, at[1], key)
+                    if got is None:
+                        return None
+                    try:
+                        st = os.stat(got[1], dir_fd=got[0].fd, follow_symlinks=False)
+                    finally:
+                        self._dirs.release(got[0])
+            except _MISSING:
+                if not self._dirs.stale(d):
+                    return None
+                continue
+            finally:
+                self._dirs.release(d)
+            return st if stat.S_ISREG(st.st_mode) else None
+        return None
 
     def exists(self, key: str) -> bool:
         return self._stat(key) is not None
@@ -365,55 +413,120 @@ class LocalInner(BaseInner):
         return None if st is None else st.st_size
 
     # ------------------------------------------------------------------ writes
+    def _open_new(self, key: str) -> tuple[DirFd, str, int, str]:
+        """``(directory, name, fd, temporary name)`` of a new temporary file next to the key
+        (the directory held), its directories made if missing, all by descriptor.
+
+        The directory is looked up first (it usually exists). Only when it is missing is it
+        made, under :data:`DIRECTORY_LOCK`, so that no prune in this process can remove it
+        before the new file is in it; another process's prune makes the create fail, and it
+        is tried again (up to :data:`CREATE_ATTEMPTS` times, backing off)."""
+        directory, _, name = key.rpartition("/")
+        if name in _DIR_NAMES:
+            self._at(key, create=True)  # raises
+        for attempt in range(CREATE_ATTEMPTS):
+            if attempt > 1:  # another process pruned it: let it finish, out of step with it
+                time.sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
+            tmp = _temp_name(name)
+            with DIRECTORY_LOCK if attempt else contextlib.nullcontext():
+                try:
+                    got = self._dirs.resolve(directory, key, create=attempt > 0)
+                except FileNotFoundError:  # pruned by another process again and again
+                    if attempt == CREATE_ATTEMPTS - 1:
+                        raise
+                    got = None
+                if got is None:
+                    continue
+                d = got[0]
+                try:
+                    return d, name, os.open(tmp, _O_NEW, 0o666, dir_fd=d.fd), tmp
+                except FileNotFoundError:
+                    self._dirs.stale(d)  # removed by a prune meanwhile: walk (and make) again
+                    self._dirs.release(d)
+                    if attempt == CREATE_ATTEMPTS - 1:
+                        raise
+                except FileExistsError:  # another process's name (same pid on another host)
+                    self._dirs.release(d)
+                    if attempt == CREATE_ATTEMPTS - 1:
+                        raise
+                except BaseException:
+                    self._dirs.release(d)
+                    raise
+        raise FileNotFoundError(errno.ENOENT, f"{key}: its directory keeps being removed")
+
+    @contextlib.contextmanager
+    def _atomic(self, key: str) -> Iterator[int]:
+        """A new file, renamed over the key (``renameat`` in its directory's descriptor) when
+        the block ends without an error; removed on any error."""
+        d, name, fd, tmp = self._open_new(key)
+        try:
+            try:
+                try:
+                    yield fd
+                finally:
+                    os.close(fd)
+                os.replace(tmp, name, src_dir_fd=d.fd, dst_dir_fd=d.fd)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=d.fd)
+                raise
+        finally:
+            self._dirs.release(d)
+
+    def create_local(self, key: str) -> contextlib.AbstractContextManager[int]:
+        """A new file's descriptor, published atomically as the key when the block ends
+        without an error (see :meth:`BaseInner.create_local`)."""
+        return self._atomic(key)
+
     def set(self, key: str, value: bytes) -> None:
-        write_local_atomic(self._checked_path(key), value)
+        with self._atomic(key) as fd:
+            write_all(fd, value)
 
     def create_exclusive(self, key: str, value: bytes) -> bool:
         """Written whole under a temporary name, then published with ``link()``, which fails
         when the key exists: atomic against any other process, and never half-written."""
-        path = self._checked_path(key)
-        fd, tmp = _open_new(path)
+        d, name, fd, tmp = self._open_new(key)
         try:
             try:
                 write_all(fd, value)
             finally:
                 os.close(fd)
             try:
-                os.link(tmp, path)
+                os.link(tmp, name, src_dir_fd=d.fd, dst_dir_fd=d.fd, follow_symlinks=False)
             except FileExistsError:
                 return False
             except OSError as e:
                 if e.errno not in _NO_HARD_LINKS:
                     raise
-                return _create_excl_in_place(path, value)
+                return _create_excl_in_place(d.fd, name, value)
             return True
         finally:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=d.fd)
+            self._dirs.release(d)
 
     def put_if_unchanged(self, key: str, value: bytes | None, expected: bytes | None) -> bool:
         """Replace the file only while it holds ``expected`` (see :meth:`BaseInner.put_if_unchanged`).
 
         POSIX has no compare-and-rename. Here the new bytes are written to a temporary
         file, the current file is compared, and the two are swapped with one
-        ``renameat2(RENAME_EXCHANGE)``; the file swapped out is then compared again, so a
-        writer that replaced the document (by rename, as atomic writers do) at any moment
-        before the swap is caught and its version swapped back: nothing it wrote is lost.
-        Remaining windows: a third writer replacing the document in the microseconds
-        between the two swaps (its version is then kept beside the key as
-        ``<key>.sharding-store-conflict-*`` and :class:`ObjectChangedError` names it), and a
-        writer that rewrites the file *in place* (no rename) after the second compare.
+        ``renameat2(RENAME_EXCHANGE)`` in the directory's descriptor; the file swapped out is
+        then compared again, so a writer that replaced the document (by rename, as atomic
+        writers do) at any moment before the swap is caught and its version swapped back:
+        nothing it wrote is lost. Remaining windows: a third writer replacing the document
+        in the microseconds between the two swaps (its version is then kept beside the key
+        as ``<key>.sharding-store-conflict-*`` and :class:`ObjectChangedError` names it),
+        and a writer that rewrites the file *in place* (no rename) after the second compare.
         Where the exchange is not supported (not Linux, some filesystems) the compare is
-        followed by ``os.replace``: a writer in that window is overwritten.
+        followed by a rename: a writer in that window is overwritten.
         """
-        path = self._checked_path(key)
         if expected is None:
             return (not self.exists(key)) if value is None else self.create_exclusive(key, value)
         if value is None:
-            return self._delete_if(key, path, expected)
+            return self._delete_if(key, expected)
         if self.get(key) != expected:
             return False
-        fd, tmp = _open_new(path)
+        d, name, fd, tmp = self._open_new(key)
         keep = False
         try:
             try:
@@ -421,164 +534,298 @@ class LocalInner(BaseInner):
                 ours = os.fstat(fd).st_ino
             finally:
                 os.close(fd)
-            swapped = _exchange(tmp, path)
+            swapped = _exchange(tmp, name, d.fd)
             if swapped is None:  # no atomic exchange here: compare, then replace (the window above)
                 if self.get(key) != expected:
                     return False
-                os.replace(tmp, path)
+                os.replace(tmp, name, src_dir_fd=d.fd, dst_dir_fd=d.fd)
                 return True
             if not swapped:
                 return False  # the document vanished since it was compared
-            if self.get(_sibling(key, tmp)) == expected:
+            if _read_at(d.fd, tmp) == expected:
                 return True  # the finally removes the original, now at the temporary name
-            _exchange(tmp, path)  # another writer's version: back at the key
-            if os.lstat(tmp).st_ino != ours:
+            _exchange(tmp, name, d.fd)  # another writer's version: back at the key
+            if os.stat(tmp, dir_fd=d.fd, follow_symlinks=False).st_ino != ours:
                 keep = True
-                raise self._conflict(key, path, tmp)
+                raise self._conflict(key, d, tmp)
             return False
         finally:
             if not keep:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+                    os.unlink(tmp, dir_fd=d.fd)
+            self._dirs.release(d)
 
-    def _delete_if(self, key: str, path: str, expected: bytes) -> bool:
+    def _delete_if(self, key: str, expected: bytes) -> bool:
         """The delete of :meth:`put_if_unchanged`: the file is renamed aside (atomically:
         whatever is at the key then), compared, and put back with ``link()`` (which
         never replaces a file created meanwhile) when it is not ``expected``."""
         if self.get(key) != expected:
             return False
-        aside = _temp_name(path)
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
+        at = self._at(key)
+        if at is None:
             return False
-        if self.get(_sibling(key, aside)) == expected:
-            os.unlink(aside)
-            self._prune(path.rpartition("/")[0])
-            return True
+        d, name, linked = at
         try:
-            os.link(aside, path, follow_symlinks=False)
-        except FileExistsError:
-            raise self._conflict(key, path, aside) from None
-        os.unlink(aside)
-        return False
+            aside = _temp_name(name)
+            try:
+                os.rename(name, aside, src_dir_fd=d.fd, dst_dir_fd=d.fd)
+            except FileNotFoundError:
+                return False
+            if _read_at(d.fd, aside) == expected:
+                os.unlink(aside, dir_fd=d.fd)
+            else:
+                try:
+                    os.link(aside, name, src_dir_fd=d.fd, dst_dir_fd=d.fd, follow_symlinks=False)
+                except FileExistsError:
+                    raise self._conflict(key, d, aside) from None
+                os.unlink(aside, dir_fd=d.fd)
+                return False
+        finally:
+            self._dirs.release(d)
+        if not linked:
+            self._prune(d.path)
+        return True
 
-    def _conflict(self, key: str, path: str, tmp: str) -> ObjectChangedError:
+    def _conflict(self, key: str, d: DirFd, tmp: str) -> ObjectChangedError:
         """Two other writers raced one compare-and-swap: the version not at the key is kept."""
-        kept = f"{path}.sharding-store-conflict-{os.getpid()}-{_TOKEN}-{next(_COUNTER)}"
-        os.rename(tmp, kept)
+        kept = f"{key.rpartition('/')[2]}.sharding-store-conflict-{os.getpid()}-{_TOKEN}-{next(_COUNTER)}"
+        os.rename(tmp, kept, src_dir_fd=d.fd, dst_dir_fd=d.fd)
+        where = self._path(_sibling(key, kept))
         return ObjectChangedError(f"{key}: replaced by two other writers while this write was checked; one "
-                                  f"version is at the key, the other kept as {kept}", key=key)
+                                  f"version is at the key, the other kept as {where}", key=key)
 
     def temp_leftovers(self, key: str) -> list[str]:
         """Keys of temporary files next to ``key`` (one listing of its directory); for a
-        ``key`` ending in ``/``, of every temporary file below that prefix (a walk that
-        never follows a link)."""
-        if key.endswith("/"):
-            return self._temps_below(key)
-        path = self._checked_path(key)
-        directory, _, name = path.rpartition("/")
-        lead = key.rpartition("/")[0]
-        try:
-            with os.scandir(directory or "/") as it:
-                names = sorted(e.name for e in it if e.name.startswith(name + TEMP_MARKER))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        return [f"{lead}/{n}" if lead else n for n in names]
-
-    def _temps_below(self, prefix: str) -> list[str]:
-        top = self._path(prefix.rstrip("/"))
-        if os.path.islink(top) or not self._inside(os.path.realpath(top)):
-            return []
-        found = []
-        for dirpath, _, files in os.walk(top):
-            lead = prefix + os.path.relpath(dirpath, top).replace(os.sep, "/") + "/"
-            lead = prefix if lead == prefix + "./" else lead
-            found += [lead + name for name in files if TEMP_MARKER in name]
-        return sorted(found)
+        ``key`` ending in ``/``, of every temporary file below that prefix (a walk by
+        descriptors that never follows a link)."""
+        return self._leftovers(key, remove=False)
 
     def remove_temp_leftovers(self, key: str) -> int:
-        found = self.temp_leftovers(key)
-        for leftover in found:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._path(leftover))
-        return len(found)
+        return len(self._leftovers(key, remove=True))
+
+    def _leftovers(self, key: str, *, remove: bool) -> list[str]:
+        """:meth:`temp_leftovers` (``remove``: each unlinked too), by the directory's descriptor."""
+        if key.endswith("/"):
+            return self._leftovers_below(key, remove=remove)
+        at = self._at(key)
+        if at is None:
+            return []
+        d, name, _ = at
+        try:
+            try:
+                fd = os.open(".", O_DIR, dir_fd=d.fd)
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            try:
+                names = sorted(n for n, _ in scan(fd) if n.startswith(name + TEMP_MARKER))
+            finally:
+                os.close(fd)
+            for leftover in names if remove else ():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leftover, dir_fd=d.fd)
+        finally:
+            self._dirs.release(d)
+        return [_sibling(key, n) for n in names]
+
+    def _leftovers_below(self, prefix: str, *, remove: bool) -> list[str]:
+        top = self._open_top(prefix.rstrip("/"))
+        if top is None:
+            return []
+        fd, d, _, _ = top
+        assert d is not None
+        found = []
+        try:
+            if fd < 0:
+                return []  # a link: nothing below it is ours
+            for parent, name, key, is_dir in post_order(fd, prefix, lambda sub: True):
+                if not is_dir and TEMP_MARKER in name:
+                    found.append(key)
+                    if remove:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(name, dir_fd=parent)
+        finally:
+            self._dirs.release(d)
+        return sorted(found)
 
     def delete(self, key: str) -> None:
-        path = self._checked_path(key)
+        at = self._at(key)
+        if at is None:
+            return
+        d, name, linked = at
         try:
-            os.unlink(path)
+            os.unlink(name, dir_fd=d.fd)
         except (FileNotFoundError, NotADirectoryError):  # nothing there (or a file where a directory would be)
             pass
         except (IsADirectoryError, PermissionError):
-            if not os.path.isdir(path):  # EPERM: unlink of a directory on some systems
+            if not _is_dir_at(d.fd, name):  # EPERM: unlink of a directory on some systems
                 raise
             return
-        self._prune(path.rpartition("/")[0])
+        finally:
+            self._dirs.release(d)
+        if not linked:  # a key reached through a link: the link's target directory stays
+            self._prune(d.path)
+
+    def _open_top(self, base: str) -> tuple[int, DirFd | None, str, bool] | None:
+        """``(fresh descriptor, parent held, name, parent through a link)`` of the directory
+        ``base`` (the root for ""), opened ``O_NOFOLLOW``; None when it is missing or outside
+        the store; ``(-1, parent, name, ...)`` when it is a link (or a file)."""
+        parent, _, name = base.rpartition("/")
+        try:
+            got = self._dirs.resolve(parent, base)
+        except LinkOutsideStoreError:
+            return None  # a path through a link out of the store: never descended into
+        if got is None:
+            return None
+        d, linked = got
+        try:
+            return os.open(name or ".", O_DIR_NOFOLLOW if name else O_DIR, dir_fd=d.fd), d, name, linked
+        except FileNotFoundError:
+            self._dirs.release(d)
+            return None
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                self._dirs.release(d)
+                raise
+            return -1, d, name, linked
 
     def delete_prefix(self, prefix: str) -> None:
         """Every object whose key starts with ``prefix``. Links are removed, never followed
         (a linked directory keeps its contents); temporary files of writes in progress are
-        left alone; directories emptied are removed."""
+        left alone; directories emptied are removed. The walk goes by descriptors (see
+        :func:`~.local_fd.post_order`): no directory swapped for a link is entered."""
         base = prefix.rpartition("/")[0]
-        top = self._path(base) if base else self.root
-        if base and (os.path.islink(top) or not self._inside(os.path.realpath(top))):
-            # a link (or a path through one out of the store): never descended into; the
-            # link itself goes when the prefix covers it
-            if os.path.islink(top) and (base + "/").startswith(prefix):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(top)
-                self._prune(top.rpartition("/")[0])
+        top = self._open_top(base)
+        if top is None:
             return
-        _delete_below(top, base + "/" if base else "", prefix)
-        if base:
-            self._prune(top)
+        fd, d, name, linked = top
+        assert d is not None
+        try:
+            if fd < 0:  # a link (or a file): never descended into; the link goes when covered
+                if (base + "/").startswith(prefix) and _is_link_at(d.fd, name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=d.fd)
+                    if not linked:
+                        self._prune(d.path)
+                return
+            if self._delete_tree(fd, base + "/" if base else "", prefix):
+                self._dirs.clear()
+        finally:
+            self._dirs.release(d)
+        if base and not linked:
+            self._prune(f"{d.path}/{name}" if d.path else name)
 
-    def _prune(self, directory: str) -> None:
-        """Remove the empty directories from ``directory`` up to (not including) the root."""
-        root = self.root
+    @staticmethod
+    def _delete_tree(fd: int, lead: str, prefix: str) -> bool:
+        """Unlink every file and link below the directory open as ``fd`` (taken over) whose
+        key starts with ``prefix``, then the directories that became empty; whether any was."""
+        removed = False
+        want = lambda sub: sub.startswith(prefix) or prefix.startswith(sub)
+        for parent, name, key, is_dir in post_order(fd, lead, want):
+            if TEMP_MARKER in name:
+                continue
+            if is_dir:
+                if (key + "/").startswith(prefix):
+                    with DIRECTORY_LOCK, contextlib.suppress(OSError):
+                        os.rmdir(name, dir_fd=parent)
+                        removed = True
+            elif key.startswith(prefix):
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    os.unlink(name, dir_fd=parent)
+        return removed
+
+    def _prune(self, path: str) -> None:
+        """Remove the empty directories from canonical ``path`` up to (not including) the
+        root, each by ``rmdir`` in its parent's descriptor."""
         with DIRECTORY_LOCK:
-            while directory and directory != root and directory.startswith(root + "/"):
+            while path:
+                parent, _, name = path.rpartition("/")
                 try:
-                    os.rmdir(directory)
+                    got = self._dirs.resolve(parent, path)
+                except (LinkOutsideStoreError, OSError):
+                    return
+                if got is None:
+                    return
+                try:
+                    os.rmdir(name, dir_fd=got[0].fd)
                 except OSError:  # not empty (or already gone, or raced by a writer): stop
                     return
-                directory = directory.rpartition("/")[0]
+                finally:
+                    self._dirs.release(got[0])
+                self._dirs.forget(path)
+                path = parent
 
     def move(self, key: str, dst_key: str) -> None:
-        """``os.replace`` (atomic, no copy); the source's emptied directories are removed. A
+        """``renameat`` (atomic, no copy); the source's emptied directories are removed. A
         missing source whose destination exists is a move already done."""
-        src, dst = self._checked_path(key), self._checked_path(dst_key)
-        directory = dst.rpartition("/")[0]
-        for attempt in range(CREATE_ATTEMPTS):
-            try:
-                os.replace(src, dst)
-                break
-            except FileNotFoundError:
-                if not os.path.lexists(src):
-                    if os.path.lexists(dst):
-                        return
-                    raise
-                if attempt == CREATE_ATTEMPTS - 1:
-                    raise
-                with DIRECTORY_LOCK, contextlib.suppress(FileNotFoundError, FileExistsError):
-                    os.makedirs(directory, exist_ok=True)
-        self._prune(src.rpartition("/")[0])
+        src = self._at(key)
+        if src is None:
+            if self._lexists(dst_key):
+                return
+            raise FileNotFoundError(errno.ENOENT, f"{key}: not found", self._path(key))
+        s, sname, linked = src
+        directory, _, dname = dst_key.rpartition("/")
+        try:
+            for attempt in range(CREATE_ATTEMPTS):
+                with DIRECTORY_LOCK if attempt else contextlib.nullcontext():
+                    got = self._dirs.resolve(directory, dst_key, create=attempt > 0)
+                    if got is None:
+                        continue
+                    try:
+                        os.replace(sname, dname, src_dir_fd=s.fd, dst_dir_fd=got[0].fd)
+                        break
+                    except FileNotFoundError:
+                        if not _lexists_at(s.fd, sname):
+                            if _lexists_at(got[0].fd, dname):
+                                return
+                            raise
+                        self._dirs.stale(got[0])
+                        if attempt == CREATE_ATTEMPTS - 1:
+                            raise
+                    finally:
+                        self._dirs.release(got[0])
+        finally:
+            self._dirs.release(s)
+        if not linked:
+            self._prune(s.path)
+
+    def _lexists(self, key: str) -> bool:
+        at = self._at(key)
+        if at is None:
+            return False
+        try:
+            return _lexists_at(at[0].fd, at[1])
+        finally:
+            self._dirs.release(at[0])
 
     def tidy(self, prefix: str = "", *, keep_top: bool = True) -> None:
+        """Temporary files of interrupted writes removed below ``prefix``, and the empty
+        directories (``prefix``'s own unless ``keep_top``; never the root), by descriptor."""
         base = prefix.rstrip("/")
-        top = self._path(base) if base else self.root
-        if base and (os.path.islink(top) or not self._inside(os.path.realpath(top))):
-            return  # the store's own directory may be spelled through a link; nothing below it
-        for dirpath, _, files in os.walk(top, topdown=False):
-            for name in files:
-                if TEMP_MARKER in name:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(os.path.join(dirpath, name))
-            if dirpath == self.root or (dirpath == top and keep_top):
-                continue
-            with DIRECTORY_LOCK, contextlib.suppress(OSError):
-                os.rmdir(dirpath)  # not empty: kept
+        top = self._open_top(base)
+        if top is None:
+            return
+        fd, d, name, _ = top
+        assert d is not None
+        try:
+            if fd < 0:
+                return  # a link: nothing below it is ours
+            removed = False
+            for parent, entry, _, is_dir in post_order(fd, "", lambda sub: True):
+                with contextlib.suppress(OSError):
+                    if is_dir:
+                        with DIRECTORY_LOCK:
+                            os.rmdir(entry, dir_fd=parent)  # not empty: kept
+                            removed = True
+                    elif TEMP_MARKER in entry:
+                        os.unlink(entry, dir_fd=parent)
+            if base and not keep_top:
+                with DIRECTORY_LOCK, contextlib.suppress(OSError):
+                    os.rmdir(name, dir_fd=d.fd)
+                    removed = True
+            if removed:
+                self._dirs.clear()
+        finally:
+            self._dirs.release(d)
 
     # ------------------------------------------------------------------ copies
     def can_copy_to(self, dst: Inner, *, append: bool = False) -> bool:
@@ -588,10 +835,11 @@ class LocalInner(BaseInner):
         self, key: str, dst: Inner, dst_key: str, *, size: int | None = None, append: bytes = b"",
         version: Version | None = None,
     ) -> bool:
-        """A kernel copy (``copy_file_range``) to a temporary name at the destination, then
-        ``os.replace``: one open of each file, no byte through this process."""
-        dst_path = dst.local_path(dst_key)
-        if dst_path is None:
+        """A kernel copy (``copy_file_range``) into a new file at the destination
+        (:meth:`create_local`, renamed over ``dst_key``): one open of each file, no byte
+        through this process."""
+        out = dst.create_local(dst_key)
+        if out is None:
             return False
         fd = self._open(key)
         if fd is None:
@@ -605,7 +853,8 @@ class LocalInner(BaseInner):
                 _check(key, version, fd, st if regular else None)
             if not regular:
                 raise FileNotFoundError(errno.ENOENT, f"{key}: not a file", self._path(key))
-            copy_fd_to(fd, dst_path, append, st.st_size)
+            with out as out_fd:
+                copy_fd_into(fd, out_fd, append, st.st_size)
         finally:
             os.close(fd)
         return True
@@ -618,25 +867,25 @@ class LocalInner(BaseInner):
         versions: Mapping[str, Version | None] | None = None,
     ) -> int:
         """Kernel copies (``copy_file_range``, else ``sendfile``, else ``pread``/``write``) of
-        each range from its source file into a temporary file at the destination, literal
-        parts written, then ``os.replace``: no payload byte through this process.
+        each range from its source file into a new file at the destination, literal parts
+        written, then renamed over the key: no payload byte through this process.
 
         Each source file is opened once (never through a link out of this store), its
         version checked against ``versions`` on that descriptor (``fstat``) and its
         ``fstat`` compared again after the copies, before the new object is published: a
         source replaced or rewritten meanwhile raises :class:`ObjectChangedError` and
-        nothing is written. The destination path is ``into``'s own, checked the same way
-        (:meth:`local_path`). Another kind of destination: the generic way."""
+        nothing is written. The new file is ``into``'s own (:meth:`create_local`, by
+        directory descriptor). Another kind of destination: the generic way."""
         dst = self if into is None else into
-        dst_path = dst.local_path(key)
-        if dst_path is None:
+        out_file = dst.create_local(key)
+        if out_file is None:
             return super().compose(key, parts, into=into, versions=versions)
         fds: dict[str, tuple[int, os.stat_result]] = {}
         try:
             for part in parts:
                 if isinstance(part, (bytes, bytearray, memoryview)) or part[0] in fds:
                     continue
-                src_key, start, end = part
+                src_key = part[0]
                 fd = self._open(src_key)
                 if fd is None:
                     raise ObjectChangedError(f"{src_key}: gone since its ranges were computed", key=src_key)
@@ -647,32 +896,11 @@ class LocalInner(BaseInner):
                     _check(src_key, expected, fd, st if stat.S_ISREG(st.st_mode) else None)
                 elif not stat.S_ISREG(st.st_mode):
                     raise ObjectChangedError(f"{src_key}: not a file any more", key=src_key)
-            mode = [_KERNEL_COPY]
-            written = 0
-            with atomic_local_file(dst_path) as (out, _):
-                for part in parts:
-                    if isinstance(part, (bytes, bytearray, memoryview)):
-                        write_all(out, part)
-                        written += len(part)
-                        continue
-                    src_key, start, end = part
-                    fd, st = fds[src_key]
-                    if start < 0 or end < start:
-                        raise ValueError(f"{src_key}: compose range [{start}, {end}) is not a forward range of the object")
-                    if end > st.st_size:
-                        raise ObjectChangedError(
-                            f"{src_key}: shorter than {end} bytes since its ranges were computed", key=src_key
-                        )
-                    _copy_range(src_key, fd, out, start, end - start, mode)
-                    written += end - start
-                for src_key, (fd, st) in fds.items():  # nothing rewrote a source in place meanwhile
-                    now = os.fstat(fd)
-                    if (now.st_ino, now.st_mtime_ns, now.st_size) != (st.st_ino, st.st_mtime_ns, st.st_size):
-                        raise ObjectChangedError(f"{src_key}: changed while being copied", key=src_key)
+            with out_file as out:
+                return _compose_into(out, parts, fds)
         finally:
             for fd, _ in fds.values():
                 os.close(fd)
-        return written
 
     # ------------------------------------------------------------------ listings
     def list_prefix(self, prefix: str) -> Iterator[str]:
@@ -682,93 +910,122 @@ class LocalInner(BaseInner):
         """Sorted ``(key, size)`` under ``prefix``, lazily (one ``stat`` per file)."""
         return self._walk(prefix, sizes=True)
 
+    def _canonical(self, spelled: str, key: str) -> str | None:
+        """The canonical path of directory ``spelled``; None when missing or outside."""
+        try:
+            got = self._dirs.resolve(spelled, key)
+        except LinkOutsideStoreError:
+            return None
+        if got is None:
+            return None
+        self._dirs.release(got[0])
+        return got[0].path
+
     def _walk(self, prefix: str, *, sizes: bool) -> Iterator[tuple[str, int | None]]:
         base = prefix.rpartition("/")[0]
-        top = self._path(base) if base else self.root
-        real = os.path.realpath(top) if base else self.real_root()
-        if base and not self._inside(real):
-            if os.path.lexists(top) and base.startswith(prefix):
-                yield base, None  # a link out of the store: listed, refused when read
-            return
-        yield from self._walk_dir(top, real, base + "/" if base else "", prefix, sizes)
+        canon = self._canonical(base, prefix)
+        if canon is not None:
+            yield from self._walk_dir(canon, base + "/" if base else "", prefix, sizes, (canon,))
 
     def _walk_dir(
-        self, path: str, real: str, lead: str, prefix: str, sizes: bool
+        self, canon: str, lead: str, prefix: str, sizes: bool, chain: tuple[str, ...]
     ) -> Iterator[tuple[str, int | None]]:
         """Keys in sorted order: entries sorted by name, a directory's as ``name/`` (all its
-        keys start so). ``real``: ``path`` resolved. A link that stays inside the store is
-        followed (unless it leads to a directory being listed: a cycle, skipped); a link out
-        of it is listed as a key of its own, which refuses to be read."""
+        keys start so). ``canon``: the directory's canonical path; ``chain``: those being
+        listed. A link that stays inside the store is followed (unless it leads to a directory
+        being listed, or above one: a cycle, skipped); a link out of it is listed as a key of
+        its own, which refuses to be read."""
+        for name, kind, sub, size in self._entries(canon, lead, sizes):
+            key = lead + name
+            if kind == "d":
+                assert sub is not None
+                if not sub or any(c == sub or c.startswith(sub + "/") for c in chain):
+                    continue
+                below = key + "/"
+                if below.startswith(prefix) or prefix.startswith(below):
+                    yield from self._walk_dir(sub, below, prefix, sizes, chain + (sub,))
+            elif key.startswith(prefix) and not (sizes and kind == "f" and size is None):  # None: removed meanwhile
+                yield key, size if sizes else None
+
+    def _entries(self, canon: str, lead: str, sizes: bool) -> list[tuple[str, str, str | None, int | None]]:
+        """``(name, kind, canonical sub-directory, size)`` of each entry of canonical directory
+        ``canon``, sorted as keys sort: kind ``d`` a directory (also through a link inside),
+        ``f`` a file (``size`` when asked), ``o`` a link out of the store (no size). Pipes,
+        sockets, devices and dangling links are no objects: left out."""
         try:
-            it = os.scandir(path)
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            return
-        entries = []
-        with it:
-            for e in it:
-                if TEMP_MARKER in e.name:
+            got = self._dirs.resolve(canon, lead)
+        except LinkOutsideStoreError:
+            return []  # swapped for a link out since it was listed as a directory: not entered
+        if got is None:
+            return []
+        d = got[0]
+        out: list[tuple[str, str, str | None, int | None]] = []
+        try:
+            try:
+                fd = os.open(".", O_DIR, dir_fd=d.fd)  # our own offset: no other thread's listing moves it
+            except OSError:
+                return []
+            try:
+                raw = scan(fd)
+            finally:
+                os.close(fd)
+            for name, kind in raw:
+                if TEMP_MARKER in name:
                     continue
-                try:
-                    is_dir, sub_real, outside = e.is_dir(), f"{real}/{e.name}", False
-                    if e.is_symlink():  # only links cost a realpath
-                        sub_real = os.path.realpath(e.path)
-                        if not self._inside(sub_real):
-                            is_dir, outside = False, True
-                        elif is_dir and (real == sub_real or real.startswith(sub_real + "/")):
-                            continue  # a link to a directory above it
-                    if not (is_dir or outside or e.is_file()):
-                        continue  # a pipe, socket or device (or a dangling link) is no object
-                except OSError:
-                    continue
-                entries.append(((e.name + "/") if is_dir else e.name, e, is_dir, sub_real, outside))
-        entries.sort(key=lambda t: t[0])
-        for _, e, is_dir, sub_real, outside in entries:
-            key = lead + e.name
-            if is_dir:
-                sub = key + "/"
-                if sub.startswith(prefix) or prefix.startswith(sub):
-                    yield from self._walk_dir(e.path, sub_real, sub, prefix, sizes)
-            elif key.startswith(prefix):
-                if outside or not sizes:
-                    yield key, None
-                    continue
-                try:
-                    yield key, e.stat().st_size
-                except FileNotFoundError:  # removed while we listed it
-                    continue
+                if kind == "l":
+                    item = self._link_entry(d, name, lead + name, sizes)
+                elif kind == "d":
+                    item = ("d", f"{d.path}/{name}" if d.path else name, None)
+                elif kind == "f":
+                    item = ("f", None, _size_at(d.fd, name) if sizes else None)
+                else:
+                    item = None
+                if item is not None:
+                    out.append((name, *item))
+        finally:
+            self._dirs.release(d)
+        out.sort(key=lambda t: t[0] + "/" if t[1] == "d" else t[0])
+        return out
+
+    def _link_entry(self, d: DirFd, name: str, key: str, sizes: bool) -> tuple[str, str | None, int | None] | None:
+        """A link's entry (see :meth:`_entries`), its target walked by descriptors."""
+        try:
+            got = self._dirs.resolve(f"{d.path}/{name}" if d.path else name, key)
+            if got is not None:
+                self._dirs.release(got[0])
+                return "d", got[0].path, None
+            target = self._through_link(d, name, key)
+        except LinkOutsideStoreError:
+            return "o", None, None
+        except OSError:
+            return None
+        if target is None:
+            return None
+        try:
+            st = os.stat(target[1], dir_fd=target[0].fd, follow_symlinks=False)
+        except OSError:
+            return None
+        finally:
+            self._dirs.release(target[0])
+        return ("f", None, st.st_size) if stat.S_ISREG(st.st_mode) else None
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         if prefix and not prefix.endswith("/"):
             return super().list_dir(prefix)
         base = prefix.rstrip("/")
-        path = self._path(base) if base else self.root
-        here = os.path.realpath(path)
-        if base and not self._inside(here):
+        canon = self._canonical(base, prefix)
+        if canon is None:
             return [], []
         keys: list[str] = []
         prefixes: list[str] = []
-        try:
-            with os.scandir(path) as it:
-                for e in it:
-                    if TEMP_MARKER in e.name:
-                        continue
-                    try:
-                        is_dir = e.is_dir()
-                        if is_dir and e.is_symlink():
-                            target = os.path.realpath(e.path)
-                            if not self._inside(target):
-                                is_dir = False  # a link out of the store: a key that refuses to be read
-                            elif here is None or here == target or here.startswith(target + "/"):
-                                continue  # a link to a directory above it: a cycle, not listed
-                        if not (is_dir or e.is_file()) and (
-                            not e.is_symlink() or self._inside(os.path.realpath(e.path))
-                        ):
-                            continue  # a pipe, socket or device (or a dangling link) is no object
-                    except OSError:
-                        continue
-                    (prefixes if is_dir else keys).append(prefix + e.name + ("/" if is_dir else ""))
-        except (FileNotFoundError, NotADirectoryError):
-            return [], []
+        for name, kind, sub, _ in self._entries(canon, prefix, False):
+            if kind == "d":
+                assert sub is not None
+                if not sub or canon == sub or canon.startswith(sub + "/"):
+                    continue  # a link to a directory above it: a cycle, not listed
+                prefixes.append(prefix + name + "/")
+            else:
+                keys.append(prefix + name)
         return sorted(keys), sorted(prefixes)
 
     # ------------------------------------------------------------------ identity
@@ -779,33 +1036,57 @@ class LocalInner(BaseInner):
         return self.root
 
 
-def _delete_below(path: str, lead: str, prefix: str) -> None:
-    """Unlink every file and link below directory ``path`` whose key starts with ``prefix``
-    (never following a link), then remove the directories that became empty."""
+def _compose_into(out: int, parts: Sequence[Part], fds: Mapping[str, tuple[int, os.stat_result]]) -> int:
+    """:meth:`LocalInner.compose`'s copies into ``out``; the size written."""
+    mode = [_KERNEL_COPY]
+    written = 0
+    for part in parts:
+        if isinstance(part, (bytes, bytearray, memoryview)):
+            write_all(out, part)
+            written += len(part)
+            continue
+        src_key, start, end = part
+        fd, st = fds[src_key]
+        if start < 0 or end < start:
+            raise ValueError(f"{src_key}: compose range [{start}, {end}) is not a forward range of the object")
+        if end > st.st_size:
+            raise ObjectChangedError(f"{src_key}: shorter than {end} bytes since its ranges were computed", key=src_key)
+        _copy_range(src_key, fd, out, start, end - start, mode)
+        written += end - start
+    for src_key, (fd, st) in fds.items():  # nothing rewrote a source in place meanwhile
+        now = os.fstat(fd)
+        if (now.st_ino, now.st_mtime_ns, now.st_size) != (st.st_ino, st.st_mtime_ns, st.st_size):
+            raise ObjectChangedError(f"{src_key}: changed while being copied", key=src_key)
+    return written
+
+
+def _size_at(fd: int, name: str) -> int | None:
     try:
-        it = os.scandir(path)
+        return os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
+    except OSError:
+        return None
+
+
+def _lexists_at(fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=fd, follow_symlinks=False)
     except (FileNotFoundError, NotADirectoryError):
-        return
-    with it:
-        entries = list(it)
-    for e in entries:
-        if TEMP_MARKER in e.name:
-            continue
-        key = lead + e.name
-        try:
-            is_dir = e.is_dir(follow_symlinks=False)
-        except OSError:
-            continue
-        if is_dir:
-            sub = key + "/"
-            if sub.startswith(prefix) or prefix.startswith(sub):
-                _delete_below(e.path, sub, prefix)
-                if sub.startswith(prefix):
-                    with DIRECTORY_LOCK, contextlib.suppress(OSError):
-                        os.rmdir(e.path)
-        elif key.startswith(prefix):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(e.path)
+        return False
+    return True
+
+
+def _is_link_at(fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _is_dir_at(fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 #: what ``link()`` says on filesystems without hard links (exFAT, some FUSE and network mounts)
@@ -814,12 +1095,13 @@ _NO_HARD_LINKS = frozenset(
 )
 
 
-def _create_excl_in_place(path: str, value: bytes) -> bool:
-    """``create_exclusive`` where ``link()`` is refused: ``O_EXCL`` on the key itself (still
-    atomic against other creators; a reader may see it before it is whole)."""
+def _create_excl_in_place(dir_fd: int, name: str, value: bytes) -> bool:
+    """``create_exclusive`` where ``link()`` is refused: ``O_EXCL`` on the key itself in its
+    directory's descriptor (still atomic against other creators; a reader may see it before
+    it is whole)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, flags, 0o666)
+        fd = os.open(name, flags, 0o666, dir_fd=dir_fd)
     except FileExistsError:
         return False
     try:
@@ -827,7 +1109,7 @@ def _create_excl_in_place(path: str, value: bytes) -> bool:
     except BaseException:
         os.close(fd)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+            os.unlink(name, dir_fd=dir_fd)
         raise
     os.close(fd)
     return True
@@ -841,25 +1123,41 @@ _TOKEN = uuid.uuid4().hex[:8]
 _COUNTER = itertools.count()
 
 
-def _temp_name(path: str) -> str:
-    """A fresh temporary name next to ``path`` (pid, per-process token, counter)."""
-    return f"{path}{TEMP_MARKER}{os.getpid()}-{_TOKEN}-{next(_COUNTER)}"
+def _temp_name(name: str) -> str:
+    """A fresh temporary name next to ``name`` (pid, per-process token, counter)."""
+    return f"{name}{TEMP_MARKER}{os.getpid()}-{_TOKEN}-{next(_COUNTER)}"
 
 
-def _sibling(key: str, path: str) -> str:
-    """The key of ``path``, a file in the directory of ``key``."""
+def _sibling(key: str, name: str) -> str:
+    """The key of file ``name`` in the directory of ``key``."""
     lead = key.rpartition("/")[0]
-    name = path.rpartition("/")[2]
     return f"{lead}/{name}" if lead else name
+
+
+def _read_at(dir_fd: int, name: str) -> bytes | None:
+    """The whole file ``name`` in the directory open as ``dir_fd`` (never through a link)."""
+    try:
+        fd = os.open(name, _O_READ_NOFOLLOW, dir_fd=dir_fd)
+    except _MISSING:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        buf = bytearray(st.st_size)
+        return bytes(buf[: _read_full(fd, buf)])
+    finally:
+        os.close(fd)
 
 
 _NO_EXCHANGE = frozenset(getattr(errno, n) for n in ("EINVAL", "ENOSYS", "EOPNOTSUPP", "ENOTSUP") if hasattr(errno, n))
 
 
-def _exchange(a: str, b: str) -> bool | None:
-    """Swap the files at ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``):
-    True; False when one of them is missing; None when this system or filesystem cannot."""
-    err = _native.rename_exchange(os.fsencode(a), os.fsencode(b))
+def _exchange(a: str, b: str, dir_fd: int | None = None) -> bool | None:
+    """Swap the files ``a`` and ``b`` (names in the directory open as ``dir_fd``; paths
+    without it) atomically (``renameat2(RENAME_EXCHANGE)``): True; False when one of them is
+    missing; None when this system or filesystem cannot."""
+    err = _native.rename_exchange(os.fsencode(a), os.fsencode(b), dir_fd)
     if err is None:
         return None
     if err == 0:
@@ -901,37 +1199,7 @@ DIRECTORY_LOCK = ForkSafeLock()
 
 #: how many times a write re-makes a directory that other processes keep pruning
 CREATE_ATTEMPTS = 64
-_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-
-
-def _open_new(path: str) -> tuple[int, str]:
-    """``(fd, name)`` of a new temporary file next to ``path``, making its directory if missing.
-
-    The file is tried first (the directory usually exists). Only when it is missing is
-    the directory made, under :data:`DIRECTORY_LOCK`, so that no prune in this process
-    can remove it before the new file is in it.
-    """
-    directory = os.path.dirname(path) or "."
-    for attempt in range(CREATE_ATTEMPTS):
-        tmp = _temp_name(path)
-        try:
-            if attempt == 0:
-                return os.open(tmp, _O_NEW, 0o666), tmp
-            with DIRECTORY_LOCK:
-                # makedirs raises either error when another process prunes meanwhile; a
-                # parent that is a file makes the open below raise NotADirectoryError
-                with contextlib.suppress(FileNotFoundError, FileExistsError):
-                    os.makedirs(directory, exist_ok=True)
-                return os.open(tmp, _O_NEW, 0o666), tmp
-        except FileNotFoundError:
-            if attempt == CREATE_ATTEMPTS - 1:
-                raise
-            if attempt:  # another process pruned it: let it finish, out of step with it
-                time.sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
-        except FileExistsError:  # another process's name (same pid on another host)
-            if attempt == CREATE_ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")  # pragma: no cover
+_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 
 
 @contextlib.contextmanager
@@ -939,23 +1207,34 @@ def atomic_local_file(path: str) -> Iterator[tuple[int, str]]:
     """``(fd, temp path)`` of a new file next to ``path``, renamed over it on success.
 
     Readers see the old object or the new one, never half of one; on any error the
-    temporary file is removed. A directory pruned by a concurrent delete is made again
-    (see :func:`_open_new`). The file gets the mode a plain ``open()`` would give, not
-    mkstemp's 0600.
+    temporary file is removed. The directory is opened once (made if missing) and the file
+    created and renamed in its descriptor: a directory swapped for a link meanwhile changes
+    nothing. The file gets the mode a plain ``open()`` would give, not mkstemp's 0600.
+    (A store's own writes go through :meth:`LocalInner.create_local`.)
     """
-    fd, tmp = _open_new(path)
+    directory, name = os.path.split(path)
+    directory = directory or "."
     try:
+        dir_fd = os.open(directory, O_DIR)
+    except FileNotFoundError:
+        with DIRECTORY_LOCK, contextlib.suppress(FileExistsError):
+            os.makedirs(directory, exist_ok=True)
+        dir_fd = os.open(directory, O_DIR)
+    try:
+        tmp = _temp_name(name)
+        fd = os.open(tmp, _O_NEW, 0o666, dir_fd=dir_fd)
         try:
-            yield fd, tmp
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+            try:
+                yield fd, os.path.join(directory, tmp)
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+    finally:
+        os.close(dir_fd)
 
 
 #: the most one read() returns on Linux (MAX_RW_COUNT); any shorter read of a file means its end
@@ -991,24 +1270,23 @@ def write_local_atomic(path: str, value: bytes) -> None:
 # ---------------------------------------------------------------------- kernel copies
 
 
-def copy_fd_to(src_fd: int, dst_path: str, append: bytes = b"", size: int | None = None) -> None:
-    """The whole file open as ``src_fd`` (plus ``append``) written atomically to
-    ``dst_path``: ``copy_file_range`` where the kernel can, else ``pread``/``write`` from
-    that same descriptor (never the path again: it may name another file by now)."""
-    with atomic_local_file(dst_path) as (fd, _):
-        if not copy_fd(src_fd, fd, size):  # no kernel copy between these files: the portable way
-            os.ftruncate(fd, 0)
-            os.lseek(fd, 0, os.SEEK_SET)
-            offset = 0
-            while size is None or offset < size:
-                block = os.pread(src_fd, 1 << 20 if size is None else min(1 << 20, size - offset), offset)
-                if not block:
-                    if size is not None:  # the file shrank after its size was read: never publish half
-                        raise MigrationError(f"source object changed while being copied ({offset} of {size} bytes)")
-                    break
-                write_all(fd, block)
-                offset += len(block)
-        write_all(fd, append)
+def copy_fd_into(src_fd: int, fd: int, append: bytes = b"", size: int | None = None) -> None:
+    """The whole file open as ``src_fd`` (plus ``append``) written to the new file open as
+    ``fd``: ``copy_file_range`` where the kernel can, else ``pread``/``write`` from that same
+    descriptor (never a path again: it may name another file by now)."""
+    if not copy_fd(src_fd, fd, size):  # no kernel copy between these files: the portable way
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        offset = 0
+        while size is None or offset < size:
+            block = os.pread(src_fd, 1 << 20 if size is None else min(1 << 20, size - offset), offset)
+            if not block:
+                if size is not None:  # the file shrank after its size was read: never publish half
+                    raise MigrationError(f"source object changed while being copied ({offset} of {size} bytes)")
+                break
+            write_all(fd, block)
+            offset += len(block)
+    write_all(fd, append)
 
 
 #: what ``copy_file_range``/``sendfile`` say when they cannot copy between these files
