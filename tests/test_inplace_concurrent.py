@@ -228,12 +228,12 @@ def test_a_writer_between_the_compare_and_the_swap_is_swapped_back(tmp_path, mon
 
     once = []
 
-    def raced(a: str, b: str):
+    def raced(a: str, b: str, *dir_fd: int):  # names in the directory's descriptor
         if not once:
             once.append(True)
             (tmp_path / "a" / "theirs").write_bytes(b"theirs")
             (tmp_path / "a" / "theirs").replace(tmp_path / "a" / "zarr.json")
-        return real(a, b)
+        return real(a, b, *dir_fd)
 
     monkeypatch.setattr(local_mod, "_exchange", raced)
     assert inner.put_if_unchanged("a/zarr.json", b"upgraded", b"original") is False
