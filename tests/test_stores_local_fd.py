@@ -377,6 +377,9 @@ def _run_op(inner: LocalInner, root: str, real_root: str, model: dict[str, bytes
         except IsADirectoryError:  # ``a/x/../x`` with ``a/x`` made on the way: the key is that directory
             assert way == "missing" and os.path.isdir(target), key
             return
+        except NotADirectoryError:  # a link on the way leads below a file: nothing can be made there
+            assert way == "missing" and _below_a_file(directory), key
+            return
         model[target] = b"new " + key.encode()
     elif way == "ok":
         inner.delete(key)
@@ -385,6 +388,13 @@ def _run_op(inner: LocalInner, root: str, real_root: str, model: dict[str, bytes
 
 
 TEMP = ".sharding-store-tmp-"
+
+
+def _below_a_file(path: str) -> bool:
+    """Whether the nearest existing ancestor of ``path`` is no directory."""
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return not os.path.isdir(path)
 
 
 @settings(max_examples=60, deadline=None)
@@ -410,3 +420,39 @@ def test_the_store_agrees_with_a_dict_model_over_trees_with_links(case) -> None:
             _run_op(inner, root, real_root, model, op, key)
         assert _files(tmp) == model
         inner.close()
+
+
+# ---------------------------------------------------------------------- the descriptor cache
+
+
+def test_the_descriptor_cache_is_bounded_closed_and_fresh_after_fork(tmp_path: Path) -> None:
+    """At most ``DIR_FDS_MAX`` directory descriptors per store object, all closed by
+    ``close()``; a forked child starts without its parent's and reads by its own."""
+    from sharding_store.stores.local_fd import DIR_FDS_MAX
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    inner = LocalInner(str(tmp_path / "s"))
+    for i in range(3 * DIR_FDS_MAX):
+        inner.set(f"d{i}/e/k", b"%d" % i)
+    assert len(inner._dirs._cache) <= DIR_FDS_MAX
+    assert open_fds() - before <= DIR_FDS_MAX
+    assert [inner.get(f"d{i}/e/k") for i in range(0, 3 * DIR_FDS_MAX, 17)] == [
+        b"%d" % i for i in range(0, 3 * DIR_FDS_MAX, 17)]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        try:
+            ok = not inner._dirs._cache and inner.get("d5/e/k") == b"5"
+            os.write(w, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == b"1", "the child inherited the cache or could not read"
+    inner.close()
+    assert open_fds() == before
