@@ -43,15 +43,15 @@ KILLER = textwrap.dedent("""
     mode, n, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     seen = [0]
     if mode == "write":  # SIGKILL inside the n-th local write: its temporary file made, half written
-        real_open_new = local._open_new
-        def _open_new(path):
-            fd, tmp = real_open_new(path)
+        real_open_new = local.LocalInner._open_new
+        def _open_new(self, key):
+            d, name, fd, tmp = real_open_new(self, key)
             seen[0] += 1
             if seen[0] == n:
                 os.write(fd, b'{"half": ')
                 os.kill(os.getpid(), signal.SIGKILL)
-            return fd, tmp
-        local._open_new = _open_new
+            return d, name, fd, tmp
+        local.LocalInner._open_new = _open_new
     else:  # "journal-deleted": SIGKILL right after the n-th reshard journal is deleted
         real_delete = local.LocalInner.delete
         def delete(self, key):
