@@ -602,4 +602,6 @@ def upgrade_status(inner: Inner, location: str) -> dict[str, Any] | None:
     progress = journal.progress(inner)
     return {"journal": UPGRADE_JOURNAL_KEY, "documents": len(journal.steps), "upgraded": progress["new"],
             "original": progress["original"], "changed_by_others": progress["other"], "skipped": journal.skipped,
+            "held_by": None if journal.owner is None else journal.owner.describe(),
+            "holder_running": None if journal.owner is None else journal.owner.alive(),
             "resume": resume_upgrade_command(location), "undo": undo_upgrade_command(location)}

@@ -179,7 +179,8 @@ class Claim:
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since))
-        return f"a {self.action} run (pid {self.pid} on host {self.host}, since {when})"
+        article = "an" if self.action[:1] in ("a", "e", "i", "o", "u") else "a"
+        return f"{article} {self.action} run (pid {self.pid} on host {self.host}, since {when})"
 
     def to_json(self) -> dict[str, Any]:
         return {"action": self.action, "pid": self.pid, "host": self.host, "since": self.since, "token": self.token,

@@ -134,6 +134,8 @@ def test_a_live_holder_is_named_and_a_killed_one_is_taken_over(interrupted, tmp_
         assert "still running" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
         owner = UpgradeJournal.parse((src / UPGRADE_JOURNAL_KEY).read_bytes()).owner
         assert owner is not None and owner.pid == holder.pid and owner.action == "undo"
+        info = subprocess.run([*CLI, "info", str(src)], cwd=REPO, capture_output=True, text=True)
+        assert f"held by an undo run (pid {holder.pid}" in info.stdout and "still running" in info.stdout
     finally:
         holder.kill()
         holder.wait()

@@ -306,6 +306,10 @@ def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool
     else:
         print(f"{args.store}: interrupted in-place upgrade: {len(status['upgraded'])} of {status['documents']} "
               f"documents upgraded; finish it with `{status['resume']}` or roll it back with `{status['undo']}`")
+        if status["held_by"] is not None:
+            running = {True: "still running", False: "no longer running",
+                       None: "on another host"}[status["holder_running"]]
+            print(f"  held by {status['held_by']}: {running}")
         for key in status["changed_by_others"]:
             print(f"  {key}: changed by another writer since the upgrade began")
     journal = interrupted_upgrade(inner)
