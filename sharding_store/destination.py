@@ -1,6 +1,6 @@
 """A migration's destination: what claims it, what it remembers, what may be emptied or continued.
 
-Shared by every generation's copy migration (:mod:`.migrate`, :mod:`.migrate2023`) and
+Shared by the copy migration of every generation (:mod:`.migrate`) and
 by :mod:`.verify`, so the rules are one set:
 
 * the **marker** (:data:`MARKER_KEY`) exists while a migration writes into DST: created

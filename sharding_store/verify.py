@@ -228,8 +228,8 @@ def _check_destination(dst: Inner, name: str) -> None:
     generation, _ = detect_generation(dst, deep=False)  # every node is compared below
     if generation is Generation.FINAL_V3:
         return
-    # node documents without a root one (DRAFT_2023 by its implicit root): as interrupted
-    if generation is Generation.NONE or (generation is Generation.DRAFT_2023 and not dst.exists(dm.ENTRY_POINT_KEY)):
+    # nothing, or node documents without a root one (an implicit root): as interrupted
+    if generation is not Generation.ZARR_V2 and not dst.exists(dm.ENTRY_POINT_KEY):
         keys, prefixes = dst.list_dir("")
         if keys or prefixes:
             return

@@ -161,3 +161,16 @@ def test_the_first_bad_shard_stops_the_reading(tmp_path):
         decide_reading(inner, "a", objects, CPS[0] * CPS[1])
     assert e.value.key == "a/c/0/0"
     assert inner.ranges < N_SHARDS and inner.bytes_read < 4 * 32 * MIB
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc for the peak resident set")
+def test_migrate_planning_holds_a_bounded_number_of_shard_tails(tmp_path):
+    """The copy driver decides the undeclared index as ``info`` does: in byte-bounded
+    batches (a dry run plans every array, deciding its index, and writes nothing)."""
+    src = tmp_path / "src"
+    _big_index_store(src)
+    baseline = _child(tmp_path, "info", str(tmp_path / "missing"))
+    got = _child(tmp_path, "migrate", str(src), str(tmp_path / "dst"), "--dry-run")
+    assert got["code"] == 0, got
+    assert got["maxrss_mb"] - baseline["maxrss_mb"] < 200, (baseline, got)
+    assert not (tmp_path / "dst").exists()
