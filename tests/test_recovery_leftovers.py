@@ -180,3 +180,23 @@ def test_info_strict_reports_reshard_leftovers_and_resume_removes_them(tmp_path)
     assert cli("reshard", str(src), "--resume", "--no-progress").returncode == 0
     assert not (src / "__reshard__").exists()
     assert cli("info", str(src), "--strict").returncode == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_killed_at_random_writes_then_undone_byte_for_byte(store2023, tmp_path, seed):
+    """Seeded random points: the upgrade killed inside its n-th write, maybe its undo killed
+    inside its m-th write too, then an undo: every file as before (temporary names included)."""
+    import random
+
+    rng = random.Random(seed)
+    before = tree_hash(store2023)
+    src = _copy(store2023, tmp_path, "random")
+    killed("write", rng.randint(2, N_ARRAYS + 1), "migrate", str(src), "--in-place")
+    if rng.random() < 0.5:
+        undo = subprocess.run([sys.executable, "-c", KILLER, "write", str(rng.randint(1, 12)), "migrate", str(src),
+                               "--in-place", "--undo"], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert undo.returncode in (0, -signal.SIGKILL), undo.stderr  # (0: fewer writes than the kill point)
+    if (src / UPGRADE_JOURNAL_KEY).exists():
+        done = cli("migrate", str(src), "--in-place", "--undo")
+        assert done.returncode == 0, done.stderr
+    assert tree_hash(src) == before
