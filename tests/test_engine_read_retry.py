@@ -44,6 +44,7 @@ def _seed(root: Path) -> None:
     _store(root).update({f"data/root/a/c{i}": bytes([65 + i]) * (10 + 7 * i) for i in range(3)} | {KEY3: CHUNK3})
 
 
+@pytest.mark.slow
 def test_a_reader_in_the_writers_process_never_fails(tmp_path: Path) -> None:
     """Three threads rewrite chunks 0-2 of the shard through the same ShardingStore
     (no index cache) while the main thread reads untouched chunk 3."""
@@ -103,6 +104,7 @@ print(n, flush=True)
 """
 
 
+@pytest.mark.slow
 def test_a_reader_outlasts_a_writer_in_another_process(tmp_path: Path) -> None:
     """A real subprocess rewrites chunks 0-2 as fast as it can; this process reads chunk 3
     for a few seconds: every read returns chunk 3 (on 198ea53: ~77 failures in 23000)."""

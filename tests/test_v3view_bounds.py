@@ -14,7 +14,9 @@ Memory is measured in a child process under an address-space cap (as in
 
 from __future__ import annotations
 
+import gzip
 import json
+import struct
 import zlib
 from pathlib import Path
 
@@ -39,14 +41,25 @@ N = 1024  # items per chunk (float32: 4 KiB chunks)
 
 
 def gzip_bomb(mib: int) -> bytes:
-    """A valid gzip member of ``mib`` MiB of zeros (about 1 KB per MiB)."""
-    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    """A valid gzip member of ``mib`` MiB of zeros (about 1 KB per MiB): one full-flush
+    deflate segment repeated (each restarts the compressor's state, so copies concatenate),
+    then the final block, the CRC-32 and the size of the zeros."""
     zeros = bytes(MIB)
-    return b"".join(c.compress(zeros) for _ in range(mib)) + c.flush()
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    head = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH)
+    segment = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH)
+    final = c.flush()
+    crc = 0
+    for _ in range(mib):
+        crc = zlib.crc32(zeros, crc)
+    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+    trailer = struct.pack("<II", crc, (mib * MIB) % 2**32)
+    return header + head + segment * (mib - 1) + final + trailer
 
 
 @pytest.fixture(scope="module")
 def bomb() -> bytes:
+    assert gzip.decompress(gzip_bomb(3)) == bytes(3 * MIB)  # a valid stream: refused for its size only
     data = gzip_bomb(1024)  # 1 GiB
     assert len(data) < 1.1 * MIB
     return data
@@ -65,21 +78,39 @@ CHILD = r"""
 import sharding_store as ss
 from sharding_store import ChunkDecodeError
 try:
-    ss.open_v3(sys.argv[2], sys.argv[3])[...]
+    a = ss.open_v3(sys.argv[2], sys.argv[3])
+    a[...] if sys.argv[4] == "all" else a[int(sys.argv[4]) : int(sys.argv[4]) + 5]
     result["outcome"] = "read"
 except ChunkDecodeError as e:
     result.update(outcome="ChunkDecodeError", key=e.key, message=str(e))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharded", [False, True], ids=["unsharded", "sharded"])
 def test_a_gzip_bomb_in_a_2023_store_is_refused_by_open_v3_without_the_memory(tmp_path: Path, bomb: bytes, sharded: bool) -> None:
     root = tmp_path / "store"
     _store_2023(root, sharded)
     _put(root, bomb, sharded)
-    got = run_child_script(tmp_path, CHILD, str(root), "a")
+    got = run_child_script(tmp_path, CHILD, str(root), "a", "all")
     assert got["outcome"] == "ChunkDecodeError", got
     assert got["key"] == "a/c/1" and "a/c/1" in got["message"], got
+    assert got["maxrss_mb"] < RSS_LIMIT_MB, got
+
+
+@pytest.mark.slow
+def test_a_gzip_bomb_read_as_one_chunk_of_its_shard_is_refused_without_the_memory(tmp_path: Path, bomb: bytes) -> None:
+    """zarr reads one chunk of a shard by its index and a range: the chunk the view serves
+    is check-decoded too (chunk 1 of shard ``a/c/0`` is ``a/c/1``)."""
+    root = tmp_path / "store"
+    write_2023(root, "a", np.arange(4 * N, dtype="<f4"), chunks=(N,), cps=(2,), b2b=("gzip",), index="hidden",
+               spelling="bytes")
+    good = gzip.compress(np.arange(N, dtype="<f4").tobytes())
+    (root / "a/c/0").write_bytes(shard_blob({0: good, 1: bomb}, 2, hidden_crc=True))
+    assert np.array_equal(ss.open_v3(str(root), "a")[:N], np.arange(N, dtype="<f4"))  # chunk 0 reads
+    got = run_child_script(tmp_path, CHILD, str(root), "a", str(N))
+    assert got["outcome"] == "ChunkDecodeError", got
+    assert got["key"] == "a/c/1", got
     assert got["maxrss_mb"] < RSS_LIMIT_MB, got
 
 
