@@ -1,6 +1,7 @@
 # Two commands for a newcomer (see README):
 #   make demo   install everything, migrate the bundled zarr-python 2.18 sample, verify it
-#   make test   install everything (incl. the zarr 2.18 oracle venv) and run the whole suite
+#   make test   install everything (incl. the zarr 2.18 oracle venv), lint, and run the whole suite
+#   make check  the fast loop: lint (ruff, mypy) and the tests not marked slow (under 2 minutes)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +9,7 @@ STAMP  := $(VENV)/.installed
 SAMPLE := samples/zarr-2.18-sharded.zr3
 OUT    := demo-out/sample-v3.zarr
 
-.PHONY: install demo test lint bench legacy clean
+.PHONY: install demo test check lint bench legacy clean
 
 $(STAMP): setup.cfg setup.py pyproject.toml sharding_store/_loops.c
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,11 @@ demo: install
 lint: install
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+
+# the fast loop: lint, then every test not marked slow (no oracle venvs, no S3 server,
+# no killed processes, no dask clusters, no installs); `make test` runs everything
+check: lint
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow" -p no:cacheprovider
 
 test: install legacy lint
 	$(PY) -m pytest -n 2 --dist loadfile -q

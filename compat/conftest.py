@@ -22,6 +22,10 @@ def _skip_requested() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).resolve().parent
+    for item in items:  # oracle virtualenvs and corpora in subprocesses: `make check` leaves them to `make test`
+        if Path(str(item.path)).resolve().is_relative_to(here):  # the hook sees every item of the session
+            item.add_marker(pytest.mark.slow)
     if not _skip_requested():
         return
     skip = pytest.mark.skip(reason="SHARDING_STORE_SKIP_LEGACY is set")

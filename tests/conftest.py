@@ -21,6 +21,20 @@ def _tree_hash(*roots: Path) -> str:
     return h.hexdigest()
 
 
+#: fixtures that make a test slow wherever it is: a moto S3 server (``tests/s3server.py``)
+SLOW_FIXTURES = frozenset({"s3", "s3_server"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``make check`` runs ``-m "not slow"``: besides the tests and modules marked ``slow``
+    by hand (kill tests, dask clusters, memory-capped children, installs), every test on
+    the moto S3 server (the ``s3`` marker or fixture) is slow. ``make test`` runs them all."""
+    slow = pytest.mark.slow
+    for item in items:
+        if "s3" in item.keywords or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def read_only_inputs_stay_untouched():
     """The shared real-world stores and the bundled sample are input: no test may change them."""

@@ -174,6 +174,7 @@ BOMBS = {
 }
 
 
+@pytest.mark.slow  # memory-capped children
 @pytest.mark.parametrize("name", sorted(BOMBS))
 def test_a_bomb_in_a_shard_is_refused_by_open_draft_without_the_memory(tmp_path, name):
     compressor, dtype, bomb = BOMBS[name]
@@ -184,6 +185,7 @@ def test_a_bomb_in_a_shard_is_refused_by_open_draft_without_the_memory(tmp_path,
     assert got["maxrss_mb"] < RSS_LIMIT_MB, got
 
 
+@pytest.mark.slow  # memory-capped children
 @pytest.mark.parametrize("chain", [("zstd",), ("zstd", "crc32c")])
 def test_a_bomb_in_a_2023_shard_is_refused_by_open_draft_without_the_memory(tmp_path, chain):
     """The 2023 generation goes through the same bounded path: a June-2023 zarrita array
@@ -207,6 +209,7 @@ def test_a_bomb_in_a_2023_shard_is_refused_by_open_draft_without_the_memory(tmp_
     assert got["maxrss_mb"] < RSS_LIMIT_MB, got
 
 
+@pytest.mark.slow  # memory-capped children
 @pytest.mark.parametrize("name", ["zlib-4MB-to-4GB", "zstd-66KB-to-2GB"])
 def test_the_lost_transformer_probe_of_info_decodes_a_bomb_within_bounds(tmp_path, name):
     """``info`` on an unsharded array whose first object looks like a shard (a payload, then

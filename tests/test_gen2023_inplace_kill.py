@@ -31,7 +31,7 @@ from tests.test_gen2023_migrate import TWO_SHARDS, _array_paths, _expected, _rea
 from . import fixtures
 from .s3server import s3, s3_server  # noqa: F401 - fixtures
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]  # slow: processes killed mid-run
 REPO = str(Path(__file__).resolve().parents[1])
 CLI = [sys.executable, "-m", "sharding_store.cli"]
 N_DOCUMENTS = 35

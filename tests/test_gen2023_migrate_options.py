@@ -81,6 +81,7 @@ def _check_read_back(store: Path, dst: Path) -> None:
                 raise AssertionError(f"{name} reads {path} of {store.name} wrong") from e
 
 
+@pytest.mark.slow  # every option x every store: ~100 s
 @pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_every_option_on_every_2023_store(tmp_path, store, option):
@@ -135,6 +136,7 @@ def cluster():
         yield c
 
 
+@pytest.mark.slow  # a dask cluster
 def test_a_dask_cluster_runs_the_units_of_a_2023_store(cluster, tmp_path, capsys):
     store = fixtures.require(fixtures.ZARRITAJS_2023_ENDIAN) / "data.zarr"
     src = tmp_path / "src"
@@ -156,6 +158,7 @@ def test_a_dask_cluster_runs_the_units_of_a_2023_store(cluster, tmp_path, capsys
 # --------------------------------------------------------------------------- resume after a kill
 
 
+@pytest.mark.slow  # a killed process
 def test_a_killed_migration_with_options_is_resumed(tmp_path):
     store = fixtures.require(fixtures.ZARRITAJS_2023_ENDIAN) / "data.zarr"
     src, dst = tmp_path / "src", tmp_path / "dst"

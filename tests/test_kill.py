@@ -29,7 +29,7 @@ from tests.test_migrate_kill import readable_arrays_are_right
 from tests.test_reshard import assert_same_values, chunk_view, layouts, values
 from tests.test_store_faults import FlakyInner
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]  # slow: processes killed mid-run
 CLI = [sys.executable, "-m", "sharding_store.cli"]
 REPO = str(Path(__file__).resolve().parents[1])
 SEEDS = [0, 1, 2, 3]

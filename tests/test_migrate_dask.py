@@ -10,7 +10,7 @@ from sharding_store.migrate import migrate
 from tests.draft_factory import make_big_array, make_hierarchy, read_v3, tree_bytes
 
 distributed = pytest.importorskip("distributed")
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")]  # slow: dask clusters
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import zarr
 from sharding_store.migrate import MARKER_KEY
 from tests.draft_factory import make_big_array, make_hierarchy, read_v3, tree_hash
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]  # slow: processes killed mid-run
 CLI = [sys.executable, "-m", "sharding_store.cli"]
 REPO = str(Path(__file__).resolve().parents[1])
 
