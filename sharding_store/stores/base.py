@@ -27,8 +27,8 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ..errors import LinkOutsideStoreError, ObjectChangedError, StoreIOError

@@ -719,7 +719,9 @@ class LocalInner(BaseInner):
         """Unlink every file and link below the directory open as ``fd`` (taken over) whose
         key starts with ``prefix``, then the directories that became empty; whether any was."""
         removed = False
-        want = lambda sub: sub.startswith(prefix) or prefix.startswith(sub)
+        def want(sub: str) -> bool:
+            return sub.startswith(prefix) or prefix.startswith(sub)
+
         for parent, name, key, is_dir in post_order(fd, lead, want):
             if TEMP_MARKER in name:
                 continue
