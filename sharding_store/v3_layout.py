@@ -304,7 +304,7 @@ def geometry_from_v3(document: dict[str, Any], path: str, *, key: str, reason: s
     shape = [int(s) for s in document["shape"]]
     grid = tuple(int(g) for g in _config(document["chunk_grid"])["chunk_shape"])
     cke = document["chunk_key_encoding"]
-    encoding = _name(cke)
+    encoding: KeyEncoding = "v2" if _name(cke) == "v2" else "default"
     codecs = document.get("codecs") or []
     chunks, cps = grid, None
     location: Literal["start", "end"] = "end"
