@@ -456,3 +456,20 @@ def test_the_descriptor_cache_is_bounded_closed_and_fresh_after_fork(tmp_path: P
     assert got == b"1", "the child inherited the cache or could not read"
     inner.close()
     assert open_fds() == before
+
+
+def test_dropping_a_store_object_closes_its_descriptors_at_once(tmp_path: Path) -> None:
+    """No reference cycle: the last reference gone, the descriptors are closed without
+    waiting for the garbage collector (stores are opened per call in many places)."""
+    import gc
+
+    before = len(os.listdir("/proc/self/fd"))
+    gc.disable()
+    try:
+        for i in range(20):
+            inner = LocalInner(str(tmp_path / "s"))
+            inner.set(f"a{i}/b/k", b"v")
+            del inner
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        gc.enable()

@@ -54,7 +54,7 @@ from .base import (
     Tail,
     Version,
 )
-from .local_fd import MAX_LINKS, O_DIR, O_DIR_NOFOLLOW, DirFd, DirFds, post_order, scan
+from .local_fd import MAX_LINKS, O_DIR, O_DIR_NOFOLLOW, DirFd, DirFds, post_order, refusal, scan
 
 __all__ = [
     "CREATE_ATTEMPTS",
@@ -138,7 +138,7 @@ class LocalInner(BaseInner):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.root = local_root(os.fspath(path))
         self._real_root: str | None = None
-        self._dirs = DirFds(self.root, self._refuse)
+        self._dirs = DirFds(self.root)
 
     def __repr__(self) -> str:
         return f"LocalInner({self.root!r})"
@@ -172,11 +172,7 @@ class LocalInner(BaseInner):
         return real == top or real.startswith(top + "/") or top == "/"
 
     def _refuse(self, key: str, real: str) -> LinkOutsideStoreError:
-        return LinkOutsideStoreError(
-            f"{key}: resolves to {real}, outside the store {self.root} (through a symbolic link or '..'); "
-            "refusing to follow it",
-            key=key,
-        )
+        return refusal(self.root, key, real)
 
     def _at(self, key: str, create: bool = False) -> tuple[DirFd, str, bool] | None:
         """``(directory descriptor, name, through a link)`` of the key (the descriptor held

@@ -29,9 +29,9 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 
-from ..errors import ObjectChangedError
+from ..errors import LinkOutsideStoreError, ObjectChangedError
 
-__all__ = ["DIR_FDS_MAX", "MAX_LINKS", "O_DIR", "O_DIR_NOFOLLOW", "DirFd", "DirFds", "post_order", "scan"]
+__all__ = ["DIR_FDS_MAX", "MAX_LINKS", "O_DIR", "O_DIR_NOFOLLOW", "DirFd", "DirFds", "post_order", "refusal", "scan"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
@@ -69,15 +69,23 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+def refusal(root: str, key: str, real: str) -> LinkOutsideStoreError:
+    """The error for ``key`` of the store at ``root``, which leads to ``real``, outside it."""
+    return LinkOutsideStoreError(
+        f"{key}: resolves to {real}, outside the store {root} (through a symbolic link or '..'); "
+        "refusing to follow it",
+        key=key,
+    )
+
+
 class DirFds:
     """The directory descriptors of the store rooted at ``root`` (see the module docstring).
+    Nothing here refers back to the store object: dropping the last reference to it closes
+    them (no cycle waits for the garbage collector)."""
 
-    ``refuse(key, real)`` builds the error for a key that leads outside (``real``: where)."""
-
-    def __init__(self, root: str, refuse: Callable[[str, str], Exception]) -> None:
+    def __init__(self, root: str) -> None:
         self.root = root
         self.real_root = ""
-        self._refuse = refuse
         self._lock = threading.Lock()
         self._cache: dict[str, DirFd] = {}
         _LIVE.add(self)
@@ -196,7 +204,7 @@ class DirFds:
                         continue
                     up = os.path.dirname(self.real_root)
                     if len(todo) == own:  # the key itself climbs above the root
-                        raise self._refuse(key, up)
+                        raise refusal(self.root, key, up)
                     # a link's target climbing out: where it leads, if back inside
                     todo = todo[:own] + self._inside(up + "/" + "/".join(todo[own:][::-1]), key)
                     self._unwind(stack)
@@ -248,7 +256,7 @@ class DirFds:
             return []
         if top == "/" or real.startswith(top + "/"):
             return real[len(top) :].split("/")[::-1]
-        raise self._refuse(key, real)
+        raise refusal(self.root, key, real)
 
     def _open_child(self, top: DirFd, name: str, path: str, create: bool) -> DirFd | str | None:
         """(lock held) The entry of directory ``name`` in ``top`` (held once), a link's
