@@ -720,8 +720,26 @@ def array_stats(
 
 
 def first_shard_damage(inner: Inner, meta: dm.DraftArrayMeta, exclude_prefixes: Iterable[str] = ()) -> ShardingStoreError | None:
-    """The first damaged shard index of a sharded array (one tail read per shard), or None."""
+    """The first damaged shard index of a sharded array (one tail read per shard), or None.
+    A layout other than the draft one (a v3 array's: a CRC32C after the index, the index
+    at the start, other key encodings) is read as its meta says, one index at a time."""
     if not meta.is_sharded:
+        return None
+    from .engine import ArrayLayout, read_shard_index
+
+    layout = ArrayLayout.from_meta(meta)
+    if not layout.plain_index or layout.encoding != "draft":
+        excluded = tuple(exclude_prefixes)
+        assert layout.chunks_per_shard is not None
+        for key, size in inner.list_sized(layout.prefix):
+            if layout.parse(key) is None or (excluded and key.startswith(excluded)):
+                continue
+            try:
+                read_shard_index(inner, key, size if size is not None else (inner.size(key) or 0),
+                                 layout.chunks_per_shard, checksum=bool(layout.index_checksum),
+                                 index_location=layout.index_location)
+            except ShardCorruptError as e:
+                return e
         return None
     keys, _ = data_keys(inner, meta, exclude_prefixes)
     problems = _sharded_stats(inner, meta, keys)[3]

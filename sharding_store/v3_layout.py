@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numcodecs
 import numpy as np
@@ -328,7 +328,7 @@ def geometry_from_v3(document: dict[str, Any], path: str, *, key: str, reason: s
         path=path, shape=tuple(shape), chunks=chunks, dtype=np.dtype("u1"), fill_value=None, order="C",
         separator=_config(cke).get("separator", "/" if encoding == "default" else "."), compressor=None,
         filters=(), chunks_per_shard=cps, attributes=dict(document.get("attributes") or {}), raw=document,
-        key_encoding=cast(KeyEncoding, encoding), index_location=location, index_checksum=checksum, node_key=key, opaque=reason,
+        key_encoding=encoding, index_location=location, index_checksum=checksum, node_key=key, opaque=reason,
     )
 
 

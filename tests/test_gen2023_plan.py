@@ -95,6 +95,33 @@ def test_a_chunk_linking_out_of_the_store_is_that_arrays_damage(tmp_path, capsys
     assert main(["verify", str(src), str(tmp_path / "dst2"), "--skip-damaged"]) == 0
 
 
+def test_a_link_found_while_copying_a_declared_index_is_that_arrays_damage(tmp_path, capsys):
+    """A declared index is read when its unit copies the shard (not while planning): the
+    link out of the store is then found there, and is still that array's damage only; a
+    later ``verify --skip-damaged`` finds the same reason, while an array simply missing
+    from DST (its shards sound) is a difference, never taken for a damaged one."""
+    src = tmp_path / "src"
+    write_2023(src, "good", np.arange(16, dtype="u2").reshape(4, 4), chunks=(2, 2), cps=(2, 2), index="crc")
+    write_2023(src, "linked", np.arange(16, dtype="u2").reshape(4, 4), chunks=(2, 2), cps=(1, 1), index="crc")
+    secret = tmp_path / "secret"
+    secret.write_bytes((src / "linked" / "c" / "0" / "1").read_bytes())
+    (src / "linked" / "c" / "0" / "1").unlink()
+    os.symlink(secret, src / "linked" / "c" / "0" / "1")
+    dst = tmp_path / "dst"
+    assert main(["migrate", str(src), str(dst), "--jobs", "1"]) == LinkOutsideStoreError.exit_code
+    assert "array 'linked' is damaged" in capsys.readouterr().err
+    assert main(["migrate", str(src), str(tmp_path / "dst2"), "--skip-damaged", "--chunks-per-shard", "2"]) == 0
+    assert not (tmp_path / "dst2" / "linked").exists() and (tmp_path / "dst2" / "good" / "zarr.json").exists()
+    capsys.readouterr()
+    assert main(["verify", str(src), str(tmp_path / "dst2"), "--skip-damaged"]) == 0
+    assert "1 damaged array(s) skipped" in capsys.readouterr().out
+    for p in list((tmp_path / "dst2" / "good").rglob("*"))[::-1]:
+        p.unlink() if p.is_file() else p.rmdir()
+    (tmp_path / "dst2" / "good").rmdir()
+    assert main(["verify", str(src), str(tmp_path / "dst2"), "--skip-damaged"]) == 9
+    assert "good/zarr.json: missing" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- item 12
 
 MIB = 1 << 20
