@@ -20,7 +20,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, see _EXPORTS
         UsageError,
         VerificationError,
     )
+    from .inplace import upgrade_in_place
     from .migrate import migrate
+    from .options import MigrateOptions, ReshardOptions, RunOptions, StoreOptions, UpgradeOptions, VerifyOptions
     from .reshard import reshard, shard, unshard
     from .shard_index import ShardIndex, decode_chunk, decode_shard, encode_shard
     from .store import ShardingStore
@@ -43,6 +45,9 @@ _EXPORTS = {
     **dict.fromkeys(["ShardIndex", "decode_chunk", "decode_shard", "encode_shard"], "shard_index"),
     **dict.fromkeys(["reshard", "shard", "unshard"], "reshard"),
     "migrate": "migrate",
+    "upgrade_in_place": "inplace",
+    **dict.fromkeys(["MigrateOptions", "ReshardOptions", "RunOptions", "StoreOptions", "UpgradeOptions", "VerifyOptions"],
+                    "options"),
     "verify": "verify",
     "ShardingStore": "store",
     "open_v3": "v3view",
@@ -95,10 +100,17 @@ __all__ = [
     "decode_shard",
     "encode_shard",
     "migrate",
+    "MigrateOptions",
     "open_draft",
     "open_v3",
     "reshard",
     "shard",
     "unshard",
+    "upgrade_in_place",
     "verify",
+    "ReshardOptions",
+    "RunOptions",
+    "StoreOptions",
+    "UpgradeOptions",
+    "VerifyOptions",
 ]

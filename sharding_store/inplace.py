@@ -90,10 +90,8 @@ __all__ = ["FINAL_KEY_ENCODINGS", "InPlaceReport", "upgrade_in_place", "upgrade_
 
 #: chunk key encodings whose keys the in-place upgrade takes as final: (name, separator)
 FINAL_KEY_ENCODINGS = frozenset({("default", "/"), ("default", "."), ("v2", "."), ("v2", "/")})
-RETRY_ATTEMPTS = 4
 #: threads for reads (and object-store writes): documents and shard tails are small requests
 JOBS = 8
-RETRY_DELAY = 0.2
 #: the fault-point phases of this module (tests kill the process there)
 FAULT_UPGRADE = "upgrade"
 FAULT_UNDO = "undo"

@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from . import destination
 from . import draft_metadata as dm
@@ -82,7 +82,6 @@ from .migrate_units import (
     ArrayJob,
     ArrayPlan,
     ArrayReport,
-    IndexLocation,
     Listed,
     Options,
     Present,
@@ -95,17 +94,25 @@ from .migrate_units import (
     plan_array,
     run_unit,
 )
+from .options import (
+    AssumeChunksPerShard,
+    MigrateOptions,
+    RunOptions,
+    StoreOptions,
+    UpgradeOptions,
+    VerifyOptions,
+    legacy_options,
+)
 from .progress import human_bytes, object_noun, progress_bar
 from .stores import Inner
 from .upgrade_journal import refuse_interrupted_upgrade
 from .v3_metadata import consolidated_metadata, v3_group_document
 from .verify import verify as run_verify
 
-RETRY_ATTEMPTS = 4
-RETRY_DELAY = 0.2
+if TYPE_CHECKING:
+    from .inplace import InPlaceReport
+
 MiB = 1 << 20
-#: ``assume_chunks_per_shard``: array path -> chunks_per_shard its lost transformer had
-AssumeChunksPerShard = Mapping[str, "int | Sequence[int]"]
 SKIP_HINT = "--skip-damaged migrates the other arrays and lists the damaged ones"
 
 __all__ = ["MARKER_KEY", "ArrayReport", "MigrationReport", "default_jobs", "jobs_for", "migrate"]
@@ -456,32 +463,6 @@ def _plan_all(
     return plans
 
 
-def _dimension_names_option(given: Mapping[str, Sequence[str | None]] | None) -> dict[str, tuple[str | None, ...]] | None:
-    """``dimension_names`` with normalised paths ("/a/b/" -> "a/b"). A path that is no node
-    path, a name given twice for one array, or two spellings of one path with different names
-    are refused (:class:`UsageError`, exit 2, naming them): never silently one of them."""
-    if not given:
-        return None
-    out: dict[str, tuple[str | None, ...]] = {}
-    for path, names in given.items():
-        shown = dm.escape_name(str(path))
-        if isinstance(names, str) or not isinstance(names, Sequence):
-            raise UsageError(f"dimension names for '{shown}': a list of names, got {names!r}")
-        try:
-            norm = dm.normalize_path(path)
-        except DraftMetadataError as e:
-            raise UsageError(f"--dimension-names {shown}: {e}", key=str(path)) from None
-        twice = sorted({n for n in names if n is not None and list(names).count(n) > 1}, key=str)
-        if twice:
-            raise UsageError(f"--dimension-names {shown}: {', '.join(map(repr, twice))} given twice "
-                             f"({','.join(map(str, names))}): each dimension needs its own name", key=norm)
-        if norm in out and out[norm] != tuple(names):
-            raise UsageError(f"--dimension-names: '/{norm}' given twice with different names "
-                             f"({list(out[norm])} and {list(names)})", key=norm)
-        out[norm] = tuple(names)
-    return out
-
-
 def _check_named_arrays(h: DraftHierarchy, names: Mapping[str, Any] | None) -> None:
     """Every path given dimension names is an array of the source (before anything is written)."""
     arrays = {n.path for n in h.arrays()}
@@ -490,139 +471,198 @@ def _check_named_arrays(h: DraftHierarchy, names: Mapping[str, Any] | None) -> N
         raise UsageError(f"--dimension-names: no array at {', '.join(repr('/' + p) for p in unknown)} in the source")
 
 
+@overload
+def migrate(
+    src: Any,
+    dst: Any,
+    options: MigrateOptions | None = None,
+    *,
+    run: RunOptions | None = None,
+    stores: StoreOptions | None = None,
+    in_place: Literal[False] = False,
+    **legacy: Any,
+) -> MigrationReport: ...
+
+
+@overload
+def migrate(
+    src: Any,
+    dst: None = None,
+    options: UpgradeOptions | None = None,
+    *,
+    run: RunOptions | None = None,
+    stores: StoreOptions | None = None,
+    in_place: Literal[True],
+    **legacy: Any,
+) -> InPlaceReport: ...
+
+
 def migrate(
     src: Any,
     dst: Any = None,
+    options: MigrateOptions | UpgradeOptions | None = None,
     *,
+    run: RunOptions | None = None,
+    stores: StoreOptions | None = None,
     in_place: bool = False,
-    undo: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
-    src_storage_options: Mapping[str, Any] | None = None,
-    dst_storage_options: Mapping[str, Any] | None = None,
-    chunks_per_shard: int | Sequence[int] | None = None,
-    index_checksum: bool = True,
-    index_location: IndexLocation | None = None,
-    portable: bool = False,
-    overwrite: bool = False,
-    resume: bool = False,
-    dry_run: bool = False,
-    verify: bool = True,
-    skip_damaged: bool = False,
-    skip_untranslatable: bool = False,
-    assume_chunks_per_shard: AssumeChunksPerShard | None = None,
-    jobs: int | None = None,
-    executor: Executor | None = None,
-    progress: bool | None = None,
-    retries: int = RETRY_ATTEMPTS,
-    retry_delay: float = RETRY_DELAY,
-    dimension_names: Mapping[str, Sequence[str | None]] | None = None,
-    consolidate: bool = True,
-) -> MigrationReport:
-    """Migrate the draft-era hierarchy at ``src`` into a new Zarr v3 hierarchy at ``dst``.
+    **legacy: Any,
+) -> MigrationReport | InPlaceReport:
+    """Migrate the draft-era hierarchy at ``src`` into a new Zarr v3 hierarchy at ``dst``
+    (a copy; ``src`` is only read) and return its :class:`MigrationReport`.
 
-    ``src``/``dst`` are paths or fsspec URLs (or, without ``executor``, store objects).
-    ``chunks_per_shard`` reshards every array (one number applies to every dimension);
-    ``executor`` (e.g. ``distributed.Client(...).get_executor()``) runs the work units
-    instead of a pool of ``jobs`` threads. ``skip_damaged`` leaves out (and reports)
-    arrays that are damaged or that v3 cannot express instead of failing;
-    ``skip_untranslatable`` is its older name. ``assume_chunks_per_shard`` (path ->
-    chunks per shard) migrates arrays whose metadata lost its storage transformer as
-    the shards they are. ``dimension_names`` (path -> names) names the dimensions of
-    arrays that have none (``--dimension-names``). A root group gets zarr-python 3's inline
-    consolidated metadata unless ``consolidate=False``. Raises the damage's own error class (e.g.
-    :class:`ShardCorruptError`) naming the array, :class:`UsageError` (the destination is
-    the source, inside it or contains it), :class:`DestinationExistsError` (not empty,
-    or another migration claimed it), :class:`MigrationError` (untranslatable array; an
-    unfinished in-place reshard in the source; or a unit failed after retries: rerun with
-    ``resume=True``), :class:`StoreIOError` (a write failed in a way no retry helps) or
-    :class:`VerificationError` (``verify=True``, the default).
+    ``src``/``dst`` are paths or fsspec URLs (or, without an executor, store objects).
+    ``options``: what is written (:class:`~sharding_store.options.MigrateOptions`:
+    chunks per shard, shard index, ``portable``, ``overwrite``/``resume``, ``dry_run``,
+    ``verify``, ``skip_damaged``, ``assume_chunks_per_shard``, ``dimension_names``,
+    ``consolidate``); ``run``: jobs, retries, progress, an executor (e.g.
+    ``distributed.Client(...).get_executor()``) instead of a pool of threads;
+    ``stores``: each side's store options. The keywords of 0.1.0 (``resume=True,
+    jobs=4, storage_options={...}``, ``skip_untranslatable``) still work
+    (:func:`~sharding_store.options.legacy_options`). Raises the damage's own error class
+    (e.g. :class:`ShardCorruptError`) naming the array, :class:`UsageError` (the
+    destination is the source, inside it or contains it), :class:`DestinationExistsError`
+    (not empty, or another migration claimed it), :class:`MigrationError` (untranslatable
+    array; an unfinished in-place reshard in the source; or a unit failed after retries:
+    rerun with ``resume=True``), :class:`StoreIOError` (a write failed in a way no retry
+    helps) or :class:`VerificationError` (``verify=True``, the default).
 
-    ``in_place=True`` (no ``dst``): upgrade a 2023-generation store by rewriting only its
-    documents, :func:`sharding_store.inplace.upgrade_in_place` (``resume``/``undo`` finish
-    or roll back an interrupted one); returns its :class:`~sharding_store.inplace.InPlaceReport`.
+    ``in_place=True`` (no ``dst``) is :func:`sharding_store.inplace.upgrade_in_place`
+    (``options``: :class:`~sharding_store.options.UpgradeOptions`) and returns its
+    :class:`~sharding_store.inplace.InPlaceReport`, as the overloads say.
     """
-    if in_place or undo:
-        return _in_place(src, dst, in_place=in_place, undo=undo, storage_options=storage_options,
-                         src_storage_options=src_storage_options, index_checksum=index_checksum, resume=resume,
-                         dry_run=dry_run, verify=verify, skip_damaged=skip_damaged or skip_untranslatable,
-                         retries=retries, retry_delay=retry_delay, **({"jobs": jobs} if jobs is not None else {}),
-                         refused={"dst": dst is not None, "chunks_per_shard": chunks_per_shard is not None,
-                                  "index_location": index_location not in (None, "end"), "portable": portable,
-                                  "overwrite": overwrite, "assume_chunks_per_shard": bool(assume_chunks_per_shard),
-                                  "executor": executor is not None, "dst_storage_options": dst_storage_options is not None})
+    if in_place or legacy.get("undo"):
+        return _upgrade_instead(src, dst, options, run, stores, in_place, legacy)
+    legacy.pop("undo", None)  # undo=False: nothing to undo
+    if isinstance(options, UpgradeOptions):
+        raise UsageError("migrate: UpgradeOptions are for in_place=True (or upgrade_in_place)")
+    if isinstance(dst, (MigrateOptions, UpgradeOptions)):
+        raise TypeError("migrate(): the destination is an options record: pass it as options=...")
     if dst is None:
         raise UsageError("migrate: give a destination (or in_place=True for a 2023-generation store)")
+    options, run, stores = legacy_options("migrate", options or MigrateOptions(), legacy, run, stores)
+    return _copy(src, dst, options, run, stores)
+
+
+#: keywords of 0.1.0 that only a copy migration takes, and when a value asks for something
+#: (``migrate(path, in_place=True, index_location="end")`` asks for nothing and runs)
+_COPY_ONLY: dict[str, Callable[[Any], bool]] = {
+    "chunks_per_shard": lambda v: v is not None, "index_location": lambda v: v not in (None, "end"),
+    "portable": bool, "overwrite": bool, "assume_chunks_per_shard": bool, "dimension_names": bool,
+    "executor": lambda v: v is not None, "dst_storage_options": lambda v: v is not None,
+    "consolidate": lambda v: False,  # the upgrade adds no consolidated metadata either way
+}
+
+
+def _upgrade_instead(src: Any, dst: Any, options: Any, run: RunOptions | None, stores: StoreOptions | None,
+                     in_place: bool, legacy: dict[str, Any]) -> InPlaceReport:
+    """``migrate(path, in_place=True, ...)``: :func:`~sharding_store.inplace.upgrade_in_place`;
+    what only a copy takes is refused by name (the upgrade would silently not do it)."""
+    from .inplace import upgrade_in_place
+
+    if not in_place:
+        raise UsageError("undo applies to an in-place upgrade only: give in_place=True")
+    if isinstance(options, MigrateOptions):
+        raise UsageError("in-place upgrade: not with MigrateOptions (give UpgradeOptions, or a destination)")
+    given = (["dst"] if dst is not None else []) + [k for k, asks in _COPY_ONLY.items() if k in legacy and asks(legacy[k])]
+    if given:
+        raise UsageError(f"in-place upgrade: not with {', '.join(given)} (it rewrites the documents of the store "
+                         "and nothing else)")
+    rest = {k: v for k, v in legacy.items() if k not in _COPY_ONLY}
+    return upgrade_in_place(src, options, run=run, stores=stores, **rest)
+
+
+@dataclass(frozen=True)
+class _Sides:
+    """The two stores of a copy migration, opened and checked apart."""
+
+    src_ref: StoreRef
+    dst_ref: StoreRef
+    src: Inner
+    dst: Inner
+
+    @classmethod
+    def open(cls, src: Any, dst: Any, run: RunOptions, stores: StoreOptions) -> _Sides:
+        src_ref, dst_ref = StoreRef.of(src, stores.src), StoreRef.of(dst, stores.dst)
+        if run.executor is not None:
+            check_picklable(src_ref, dst_ref)
+        sides = cls(src_ref, dst_ref, src_ref.open(), dst_ref.open())
+        check_apart(sides.src, sides.dst, src_ref.describe(), dst_ref.describe())
+        return sides
+
+
+def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreOptions) -> MigrationReport:
+    """The copy migration (:func:`migrate` without ``in_place``), on checked options."""
     started = time.perf_counter()
-    skip_damaged = skip_damaged or skip_untranslatable
-    if overwrite and resume:
-        raise UsageError("overwrite and resume contradict each other: resume keeps what the destination holds")
-    if index_location not in (None, "start", "end"):
-        raise UsageError(f"index_location must be 'start' or 'end', got {index_location!r}")
-    cps = tuple(chunks_per_shard) if isinstance(chunks_per_shard, Sequence) else chunks_per_shard
-    names = _dimension_names_option(dimension_names)
-    opts = Options(cps, index_checksum, index_location, portable, names)
-    src_ref = StoreRef.of(src, src_storage_options if src_storage_options is not None else storage_options)
-    dst_ref = StoreRef.of(dst, dst_storage_options if dst_storage_options is not None else storage_options)
-    if executor is not None:
-        check_picklable(src_ref, dst_ref)
-    src_inner, dst_inner = src_ref.open(), dst_ref.open()
-    check_apart(src_inner, dst_inner, src_ref.describe(), dst_ref.describe())
-    root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
+    sides = _Sides.open(src, dst, run, stores)
+    root_raw = sides.src.get(dm.ENTRY_POINT_KEY)
     if root_raw is None or classify_node(root_raw, dm.ENTRY_POINT_KEY) != "draft-2022":
         # an in-place upgrade (of a per-node store only) left half done: one get
-        refuse_interrupted_upgrade(src_inner, src_ref.describe())
-    refuse_interrupted_reshards(src_inner, src_ref.describe())
-    jobs = jobs_for(jobs, src_inner, dst_inner, executor)
-    h = node_model(src_inner, root_raw, location=src_ref.describe())
-    h.assume_sharded(assume_chunks_per_shard)
-    check_assumed_layouts(h, assume_chunks_per_shard)  # a guess the evidence contradicts is refused
-    report = MigrationReport(src_ref.describe(), dst_ref.describe(), dry_run=dry_run, copied_by=copy_words(dst_inner))
-    plans = _plan_all(h, src_ref, dst_ref, opts, report, skip_damaged=skip_damaged)
-    _check_named_arrays(h, names)
-    groups = [n for n in h.groups()]
-    report.groups = len(groups)
-    current = destination.record(h.label, src_ref.describe(), src_inner.location(), {
-        **opts.recorded(), "assume_chunks_per_shard": assume_marker(assume_chunks_per_shard), "consolidate": consolidate})
-    _prepare(dst_ref, dst_inner, current, report, overwrite=overwrite, resume=resume, dry_run=dry_run,
-             retries=retries, delay=retry_delay)
-    if dry_run:
-        for plan in plans:  # counted as listed, never held
-            units, listed = array_units(plan, h, src_inner)
-            for _ in units:
-                pass
-            report.warnings += listed.warnings(plan.node.path)
+        refuse_interrupted_upgrade(sides.src, sides.src_ref.describe())
+    refuse_interrupted_reshards(sides.src, sides.src_ref.describe())
+    run = replace(run, jobs=jobs_for(run.jobs, sides.src, sides.dst, run.executor))
+    h = node_model(sides.src, root_raw, location=sides.src_ref.describe())
+    h.assume_sharded(o.assume_chunks_per_shard)
+    check_assumed_layouts(h, o.assume_chunks_per_shard)  # a guess the evidence contradicts is refused
+    report = MigrationReport(sides.src_ref.describe(), sides.dst_ref.describe(), dry_run=o.dry_run,
+                             copied_by=copy_words(sides.dst))
+    opts = Options(o.chunks_per_shard, o.index_checksum, o.index_location, o.portable, o.names)
+    plans = _plan_all(h, sides.src_ref, sides.dst_ref, opts, report, skip_damaged=o.skip_damaged)
+    _check_named_arrays(h, o.names)
+    report.groups = len(list(h.groups()))
+    current = destination.record(h.label, sides.src_ref.describe(), sides.src.location(), {
+        **opts.recorded(), "assume_chunks_per_shard": assume_marker(o.assume_chunks_per_shard),
+        "consolidate": o.consolidate})
+    _prepare(sides.dst_ref, sides.dst, current, report, overwrite=o.overwrite, resume=o.resume, dry_run=o.dry_run,
+             retries=run.retries, delay=run.retry_delay)
+    if o.dry_run:
+        _list_all(plans, h, sides.src, report)
+    else:
+        _write_all(h, plans, sides, report, o, run, json_bytes(current))
+    report.seconds = time.perf_counter() - started
+    if o.verify and not o.dry_run:
+        with _verifying():
+            report.verification = run_verify(
+                sides.src_ref, sides.dst_ref, VerifyOptions(assume_chunks_per_shard=o.assume_chunks_per_shard,
+                                                            skip_arrays=report.skipped_paths), run=run)
         report.seconds = time.perf_counter() - started
-        return report
-    driver = _Driver(h, plans, src_inner, dst_inner, report, resume=resume, attempts=retries, delay=retry_delay,
-                     progress=progress, skip_damaged=skip_damaged)
-    if resume:
-        dst_inner.tidy()  # temporary files of writes the interrupted run left unfinished
+    return report
+
+
+def _list_all(plans: list[ArrayPlan], h: DraftHierarchy, src: Inner, report: MigrationReport) -> None:
+    """A dry run: every array's units counted as listed, never held."""
+    for plan in plans:
+        units, listed = array_units(plan, h, src)
+        for _ in units:
+            pass
+        report.warnings += listed.warnings(plan.node.path)
+
+
+def _write_all(h: DraftHierarchy, plans: list[ArrayPlan], sides: _Sides, report: MigrationReport, o: MigrateOptions,
+               run: RunOptions, marker: bytes) -> None:
+    """Claim the destination, copy every array's units, then the groups' documents (the
+    root last), then delete the marker: a killed run never leaves an array reading wrong."""
+    driver = _Driver(h, plans, sides.src, sides.dst, report, resume=o.resume, attempts=run.retries,
+                     delay=run.retry_delay, progress=run.progress, skip_damaged=o.skip_damaged)
+    if o.resume:
+        sides.dst.tidy()  # temporary files of writes the interrupted run left unfinished
     fault_point("claim")  # the destination was found empty (or resumable); nothing written yet
-    driver.claim(json_bytes(current), dst_ref.describe())
-    if executor is None:
+    driver.claim(marker, sides.dst_ref.describe())
+    jobs = run.jobs_or(1)
+    if run.executor is None:
         with cancelling(ThreadPoolExecutor(jobs, thread_name_prefix="migrate")) as pool:
             driver.run(pool, window=2 * jobs)
     else:
-        driver.run(executor, window=4 * jobs)
+        driver.run(run.executor, window=4 * jobs)
     driver.remove_damaged()
     docs = {p.node.path: p.doc for p in plans if p.node.path not in driver.damaged}
-    for node in sorted(groups, key=lambda n: (n.path == "", -n.path.count("/"))):  # the root last
+    for node in sorted(h.groups(), key=lambda n: (n.path == "", -n.path.count("/"))):  # the root last
         doc = docs[node.path] = v3_group_document(node.attributes)
-        if node.path == "" and consolidate:
+        if node.path == "" and o.consolidate:
             doc = {**doc, "consolidated_metadata": consolidated_metadata(docs)}
         driver.set(node_key(node.path), json_bytes(doc))
     if driver.root_doc is not None:
         driver.set(node_key(""), json_bytes(driver.root_doc))
-    driver.retried(dst_inner.delete, MARKER_KEY)
-    report.seconds = time.perf_counter() - started
-    if verify:
-        with _verifying():
-            report.verification = run_verify(
-                src_ref, dst_ref, jobs=jobs, executor=executor, progress=progress, retries=retries,
-                retry_delay=retry_delay, assume_chunks_per_shard=assume_chunks_per_shard, skip_arrays=report.skipped_paths,
-            )
-        report.seconds = time.perf_counter() - started
-    return report
+    driver.retried(sides.dst.delete, MARKER_KEY)
 
 
 @contextlib.contextmanager
@@ -633,18 +673,3 @@ def _verifying() -> Iterator[None]:
         yield
     except KeyboardInterrupt:
         raise Interrupted("verify") from None
-
-
-def _in_place(src: Any, dst: Any, *, in_place: bool, undo: bool, storage_options: Mapping[str, Any] | None,
-              src_storage_options: Mapping[str, Any] | None, refused: Mapping[str, bool], **kw: Any) -> Any:
-    """``migrate(path, in_place=True)``: the options that do not apply are refused by name."""
-    from .inplace import upgrade_in_place
-
-    if not in_place:
-        raise UsageError("undo applies to an in-place upgrade only: give in_place=True")
-    given = [name for name, value in refused.items() if value]
-    if given:
-        raise UsageError(f"in-place upgrade: not with {', '.join(given)} (it rewrites the documents of the store "
-                         "and nothing else)")
-    return upgrade_in_place(src, storage_options=src_storage_options if src_storage_options is not None
-                            else storage_options, undo=undo, **kw)

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from .errors import UsageError
 
@@ -76,17 +76,33 @@ def _chunks_per_shard(record: Any, name: str = "chunks_per_shard") -> None:
 
 
 def dimension_names_option(given: Mapping[str, Any] | None) -> dict[str, tuple[str | None, ...]] | None:
-    """``{path: names}`` with normalized paths and tuples of names (``--dimension-names``)."""
+    """``dimension_names`` with normalised paths ("/a/b/" -> "a/b") and tuples of names. A
+    path that is no node path, a name given twice for one array, or two spellings of one
+    path with different names are refused (:class:`UsageError`, exit 2, naming them):
+    never silently one of them."""
     if not given:
         return None
-    from .draft_metadata import normalize_path  # numpy: not loaded for the CLI's start-up
+    from . import draft_metadata as dm  # numpy: not loaded for the CLI's start-up
+    from .errors import DraftMetadataError
 
-    out = {}
+    out: dict[str, tuple[str | None, ...]] = {}
     for path, names in given.items():
+        shown = dm.escape_name(str(path))
         if isinstance(names, (str, bytes)) or not isinstance(names, Sequence) or \
                 not all(n is None or isinstance(n, str) for n in names):
-            raise UsageError(f"dimension names for '{path}': a list of names, got {names!r}")
-        out[normalize_path(path)] = tuple(names)
+            raise UsageError(f"dimension names for '{shown}': a list of names, got {names!r}")
+        try:
+            norm = dm.normalize_path(path)
+        except DraftMetadataError as e:
+            raise UsageError(f"--dimension-names {shown}: {e}", key=str(path)) from None
+        twice = sorted({n for n in names if n is not None and list(names).count(n) > 1}, key=str)
+        if twice:
+            raise UsageError(f"--dimension-names {shown}: {', '.join(map(repr, twice))} given twice "
+                             f"({','.join(map(str, names))}): each dimension needs its own name", key=norm)
+        if norm in out and out[norm] != tuple(names):
+            raise UsageError(f"--dimension-names: '/{norm}' given twice with different names "
+                             f"({list(out[norm])} and {list(names)})", key=norm)
+        out[norm] = tuple(names)
     return out
 
 
@@ -162,7 +178,8 @@ class MigrateOptions:
     """What a copy migration writes (:func:`sharding_store.migrate.migrate`).
 
     ``chunks_per_shard`` reshards every array (one number applies to every dimension);
-    ``index_checksum``/``index_location``: the v1.0 shard index; ``portable``: only codecs
+    ``index_checksum``/``index_location``: the v1.0 shard index (location None: where the
+    source has it, the end for a 2022 draft shard); ``portable``: only codecs
     every v3 reader knows; ``overwrite`` empties a non-empty destination, ``resume``
     finishes an interrupted migration into it (the two contradict each other);
     ``dry_run`` writes nothing; ``verify`` compares the result with the source;
@@ -175,7 +192,7 @@ class MigrateOptions:
 
     chunks_per_shard: int | tuple[int, ...] | None = None
     index_checksum: bool = True
-    index_location: IndexLocation = "end"
+    index_location: IndexLocation | None = None
     portable: bool = False
     overwrite: bool = False
     resume: bool = False
@@ -183,7 +200,7 @@ class MigrateOptions:
     verify: bool = True
     skip_damaged: bool = False
     assume_chunks_per_shard: AssumeChunksPerShard | None = None
-    dimension_names: Mapping[str, tuple[str | None, ...]] | None = None
+    dimension_names: Mapping[str, Sequence[str | None]] | None = None
     consolidate: bool = True
 
     def __post_init__(self) -> None:
@@ -191,12 +208,17 @@ class MigrateOptions:
                      "consolidate")
         if self.overwrite and self.resume:
             raise UsageError("overwrite and resume contradict each other: resume keeps what the destination holds")
-        if self.index_location not in ("start", "end"):
+        if self.index_location not in (None, "start", "end"):
             raise UsageError(f"index_location must be 'start' or 'end', got {self.index_location!r}")
         _chunks_per_shard(self)
         _check_mapping(self, "assume_chunks_per_shard")
         _check_mapping(self, "dimension_names")
         _set(self, "dimension_names", dimension_names_option(self.dimension_names))
+
+    @property
+    def names(self) -> dict[str, tuple[str | None, ...]] | None:
+        """``dimension_names`` as ``__post_init__`` normalised them (paths, tuples)."""
+        return cast("dict[str, tuple[str | None, ...]] | None", self.dimension_names)
 
 
 @dataclass(frozen=True)

@@ -160,3 +160,40 @@ def test_verify_runs_on_the_records_and_the_command_maps_them_in_one_place(tmp_p
     assert verify_options(args) == (VerifyOptions(raise_on_error=False, skip_damaged=True, max_differences=3,
                                                   assume_chunks_per_shard={}),
                                     RunOptions(jobs=2, progress=False), StoreOptions({"a": 1}, {}))
+
+
+def test_migrate_runs_on_the_records_and_says_what_it_returns(tmp_path):
+    """``migrate(src, dst, MigrateOptions, run=, stores=)`` is the copy and returns a
+    :class:`MigrationReport`; ``in_place=True`` is the upgrade, and the overloads say so;
+    what only a copy takes is refused by name with ``in_place`` (``dimension_names`` was
+    silently ignored before), and the records are never taken for a store."""
+    import typing
+
+    from sharding_store import migrate
+    from sharding_store.inplace import InPlaceReport
+    from sharding_store.migrate import MigrationReport
+
+    src = _store(tmp_path / "src")
+    report = migrate(src, tmp_path / "dst", MigrateOptions(chunks_per_shard=(5, 3), dimension_names={"a/b": ["y", "x"]}),
+                     run=RunOptions(jobs=1, progress=False), stores=StoreOptions.both(None))
+    assert isinstance(report, MigrationReport) and report.verification.ok
+    assert report.arrays[0].chunks_per_shard == [5, 3]
+    legacy = migrate(str(src), str(tmp_path / "dst2"), chunks_per_shard=(5, 3), dimension_names={"a/b": ["y", "x"]},
+                     jobs=1, progress=False, skip_untranslatable=True, undo=False)
+    assert legacy.to_dict()["arrays"] == report.to_dict()["arrays"]
+    for bad, error, message in (
+        (dict(in_place=True, chunks_per_shard=2), UsageError, "not with chunks_per_shard"),
+        (dict(in_place=True, dimension_names={"a/b": ["y", "x"]}), UsageError, "not with dimension_names"),
+        (dict(in_place=True, options=MigrateOptions()), UsageError, "not with MigrateOptions"),
+        (dict(undo=True), UsageError, "give in_place=True"),
+        (dict(options=UpgradeOptions()), UsageError, "UpgradeOptions are for in_place=True"),
+        (dict(resmue=True), TypeError, "unexpected keyword argument 'resmue'"),
+    ):
+        with pytest.raises(error, match=message):
+            migrate(str(src), None if bad.get("in_place") or "undo" in bad else str(tmp_path / "x"), **bad)
+    with pytest.raises(TypeError, match="pass it as options="):
+        migrate(str(src), MigrateOptions())
+    assert not (tmp_path / "x").exists()
+    returns = [typing.get_type_hints(f, localns={"InPlaceReport": InPlaceReport})["return"]
+               for f in typing.get_overloads(migrate)]
+    assert returns == [MigrationReport, InPlaceReport]

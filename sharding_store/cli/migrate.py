@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import UsageError
-from ..options import RunOptions, StoreOptions, UpgradeOptions, VerifyOptions
+from ..options import MigrateOptions, RunOptions, StoreOptions, UpgradeOptions, VerifyOptions
 from .options import add_assume_option, add_progress_option, assumed, command_again, int_tuple, named_dimensions, storage_options
 
 
@@ -142,15 +142,6 @@ def _stores(args: argparse.Namespace) -> StoreOptions:
     return StoreOptions(src, dst)
 
 
-def _common(args: argparse.Namespace) -> dict[str, Any]:
-    _check_jobs(args)
-    shared = storage_options(args.storage_options)
-    src = storage_options(args.src_storage_options, "--src-storage-options") if args.src_storage_options else shared
-    dst = storage_options(args.dst_storage_options, "--dst-storage-options") if args.dst_storage_options else shared
-    return {"src_storage_options": src, "dst_storage_options": dst, "jobs": args.jobs,
-            "skip_damaged": args.skip_damaged, "assume_chunks_per_shard": assumed(args), "progress": args.progress}
-
-
 @contextlib.contextmanager
 def _executor(address: str | None) -> Iterator[Any]:
     """A dask executor for ``--scheduler``, else None (the built-in thread pool)."""
@@ -196,31 +187,30 @@ def run_in_place(args: argparse.Namespace) -> int:
     return 0
 
 
+def migrate_options(args: argparse.Namespace) -> tuple[MigrateOptions, RunOptions, StoreOptions]:
+    """The one mapping of ``migrate SRC DST``'s arguments onto :func:`~sharding_store.migrate.migrate`'s
+    options (``--scheduler`` adds the executor once it is connected)."""
+    if args.dst is None:
+        raise UsageError("migrate: give DST (or --in-place to upgrade a 2023-generation store where it is)")
+    _check_jobs(args)
+    options = MigrateOptions(
+        chunks_per_shard=args.chunks_per_shard, index_checksum=not args.no_index_checksum,
+        index_location=args.index_location, portable=args.portable, overwrite=args.overwrite, resume=args.resume,
+        dry_run=args.dry_run, verify=not args.no_verify, skip_damaged=args.skip_damaged,
+        assume_chunks_per_shard=assumed(args), dimension_names=named_dimensions(args.dimension_names),
+        consolidate=not args.no_consolidate,
+    )
+    return options, RunOptions(jobs=args.jobs, progress=args.progress), _stores(args)
+
+
 def run_migrate(args: argparse.Namespace) -> int:
     from ..migrate import migrate
 
     if args.in_place or args.undo:
         return run_in_place(args)
-    if args.dst is None:
-        raise UsageError("migrate: give DST (or --in-place to upgrade a 2023-generation store where it is)")
-    common = _common(args)
+    options, run, stores = migrate_options(args)
     with _executor(args.scheduler) as executor:
-        report = migrate(
-            args.src,
-            args.dst,
-            chunks_per_shard=args.chunks_per_shard,
-            index_checksum=not args.no_index_checksum,
-            index_location=args.index_location,
-            portable=args.portable,
-            dimension_names=named_dimensions(args.dimension_names),
-            consolidate=not args.no_consolidate,
-            overwrite=args.overwrite,
-            resume=args.resume,
-            dry_run=args.dry_run,
-            verify=not args.no_verify,
-            executor=executor,
-            **common,
-        )
+        report = migrate(args.src, args.dst, options, run=replace(run, executor=executor), stores=stores)
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
     return 0
 
