@@ -293,7 +293,7 @@ class _Runner:
 
     def states(self, journal: UpgradeJournal, action: str) -> list[tuple[DocumentStep, str]]:
         """Each step with the state of its document now; a document that is neither its
-        original nor its replacement stops the run before any write (never overwritten)."""
+        original nor its replacement stops the run before any write (not overwritten)."""
         currents = self.map(lambda s: self.retried(self.inner.get, s.key), journal.steps)
         for s, current in zip(journal.steps, currents):
             if s.state(current) == "other":
@@ -312,7 +312,7 @@ class _Runner:
     def put(self, s: DocumentStep, value: bytes | None, expected: bytes | None, action: str) -> None:
         """Replace one document only while it is still ``expected`` (re-checked at the write:
         :meth:`Inner.put_if_unchanged`); a document already ``value`` (a retried put that
-        went through) is done; anything else is another writer's, never overwritten."""
+        went through) is done; anything else is another writer's and is not overwritten."""
         if self.retried(self.inner.put_if_unchanged, s.key, value, expected):
             return
         current = self.retried(self.inner.get, s.key)

@@ -5,16 +5,18 @@ the ``zarr.json`` documents of a 2023-generation store. Before it changes any of
 creates ``.sharding-store-upgrade.json`` at the store's root, exclusively (so two runs
 cannot both proceed), holding the whole plan: for every document it will write, its key,
 its **original bytes** (None for a group that had no document) and the new bytes. That one
-object is the backup: nothing else is written beside the documents, so readers see no
-extra node (zarr-python 3, tensorstore and this package ignore a root file that is not
+object is the backup: nothing else but the temporary files of atomic writes is written
+beside the documents, so readers see no extra node (zarr-python 3, tensorstore and this package ignore a root file that is not
 ``zarr.json``), and the state of an interrupted run is read from the store itself, each
 document being either its original, its new version, or something a third party wrote
-(a conflict, never overwritten):
+(a conflict: each write is conditional on the document it replaces, so it is not
+overwritten, within the limits :meth:`Inner.put_if_unchanged` states):
 
 * ``--resume`` writes the new version of each document still original, verifies, then
   deletes the journal;
-* ``--undo`` writes back each original (a created document is deleted), then deletes the
-  journal: the store is byte for byte what it was.
+* ``--undo`` writes back each original (a created document is deleted), removes the
+  temporary files a killed write left next to the documents, then deletes the journal:
+  every file of the store is byte for byte what it was.
 
 **One run at a time.** The journal names the run that holds it (``owner``: pid, host,
 boot id, process start time, a token, the action). A fresh upgrade creates the journal
