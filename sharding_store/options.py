@@ -17,6 +17,7 @@ with options that contradict each other. The keyword spelling of version 0.1.0
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, fields, replace
@@ -61,13 +62,17 @@ def _check_mapping(record: Any, name: str) -> None:
 
 
 def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    """An integer >= 1 (numpy's too), never a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 1
 
 
 def _chunks_per_shard(record: Any, name: str = "chunks_per_shard") -> None:
     """``int``, a sequence of ints (kept as a tuple) or None; every number >= 1."""
     value = getattr(record, name)
-    if value is None or _positive_int(value):
+    if value is None:
+        return
+    if _positive_int(value):
+        _set(record, name, int(value))
         return
     if isinstance(value, Sequence) and not isinstance(value, (str, bytes)) and value and all(map(_positive_int, value)):
         _set(record, name, tuple(int(v) for v in value))
@@ -148,8 +153,10 @@ class RunOptions:
             raise UsageError(f"RunOptions.jobs: a number >= 1 (or None), got {self.jobs!r}")
         if not _positive_int(self.retries):
             raise UsageError(f"RunOptions.retries: attempts, a number >= 1, got {self.retries!r}")
+        _set(self, "jobs", None if self.jobs is None else int(self.jobs))
+        _set(self, "retries", int(self.retries))
         delay = self.retry_delay
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay) or delay < 0:
+        if isinstance(delay, bool) or not isinstance(delay, numbers.Real) or not math.isfinite(delay) or delay < 0:
             raise UsageError(f"RunOptions.retry_delay: seconds >= 0, got {delay!r}")
         if self.progress is not None:
             _check_bools(self, "progress")

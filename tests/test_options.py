@@ -60,6 +60,20 @@ def test_a_bad_option_is_refused_when_the_record_is_built_naming_it(record, give
         record(**{**args, **given})
 
 
+def test_numpy_integers_are_numbers_and_bools_are_not():
+    import numpy as np
+
+    run = RunOptions(jobs=np.int64(3), retries=np.uint8(2), retry_delay=np.float32(0.5))
+    assert (run.jobs, run.retries) == (3, 2) and type(run.jobs) is int
+    assert MigrateOptions(chunks_per_shard=np.int32(4)).chunks_per_shard == 4
+    with pytest.raises(UsageError, match="MigrateOptions.chunks_per_shard"):  # a list or tuple, not an array
+        MigrateOptions(chunks_per_shard=np.array([2, 3]))
+    assert ReshardOptions([np.int64(2), 3]).chunks_per_shard == (2, 3)
+    for bad in (np.bool_(True), True):
+        with pytest.raises(UsageError, match="RunOptions.jobs"):
+            RunOptions(jobs=bad)
+
+
 def test_records_are_frozen_and_normalized():
     o = MigrateOptions(chunks_per_shard=[2, 3], dimension_names={"/a/": ["t", None]})
     assert o.chunks_per_shard == (2, 3) and o.dimension_names == {"a": ("t", None)}
@@ -197,3 +211,26 @@ def test_migrate_runs_on_the_records_and_says_what_it_returns(tmp_path):
     returns = [typing.get_type_hints(f, localns={"InPlaceReport": InPlaceReport})["return"]
                for f in typing.get_overloads(migrate)]
     assert returns == [MigrationReport, InPlaceReport]
+
+
+def test_the_migrate_command_maps_its_arguments_in_one_place_per_operation():
+    from sharding_store.cli.migrate import migrate_options, upgrade_options
+
+    def parse(*argv: str) -> argparse.Namespace:
+        return build_parser().parse_args(["migrate", *argv])
+
+    options, run, stores = migrate_options(parse(
+        "s", "d", "--chunks-per-shard", "4", "--index-location", "start", "--portable", "--resume", "--no-verify",
+        "--skip-untranslatable", "--dimension-names", "a/b=y,x", "--no-consolidate", "--no-index-checksum",
+        "--jobs", "3", "--progress", "--storage-options", '{"a": 1}', "--dst-storage-options", '{"b": 2}'))
+    assert options == MigrateOptions(chunks_per_shard=(4,), index_checksum=False, index_location="start", portable=True,
+                                      resume=True, verify=False, skip_damaged=True, assume_chunks_per_shard={},
+                                      dimension_names={"a/b": ("y", "x")}, consolidate=False)
+    assert run == RunOptions(jobs=3, progress=True) and stores == StoreOptions({"a": 1}, {"b": 2})
+    with pytest.raises(UsageError, match="overwrite and resume contradict"):
+        migrate_options(parse("s", "d", "--overwrite", "--resume"))
+    options, run, stores = upgrade_options(parse("s", "--in-place", "--undo", "--take-over", "--jobs", "2",
+                                                 "--src-storage-options", '{"a": 1}'))
+    assert options == UpgradeOptions(undo=True, take_over=True) and run.jobs == 2 and stores == StoreOptions({"a": 1})
+    with pytest.raises(UsageError, match="--in-place: not with --portable"):
+        upgrade_options(parse("s", "--in-place", "--portable"))
