@@ -216,6 +216,19 @@ class LocalInner(BaseInner):
     def _open(self, key: str) -> int | None:
         """A read descriptor of the key's file (None when missing), never outside the store:
         opened ``O_NOFOLLOW`` in its directory's descriptor (a link is followed only inside)."""
+        directory, _, name = key.rpartition("/")
+        dirs = self._dirs
+        d = dirs.acquire(directory)
+        if d is not None:  # the hot path: a cached directory, one ``openat``
+            try:
+                return os.open(name, _O_READ_NOFOLLOW, dir_fd=d.fd)
+            except FileNotFoundError:
+                if name not in _DIR_NAMES and not dirs.stale(d):
+                    return None  # missing (its directory is still there)
+            except OSError:
+                pass  # removed, a link, ``..``: the general way below decides
+            finally:
+                dirs.release(d)
         for _ in range(3):
             at = self._at(key)
             if at is None:
@@ -377,6 +390,21 @@ class LocalInner(BaseInner):
 
     def _stat(self, key: str) -> os.stat_result | None:
         """``stat`` of the key's file (None when missing), never through a link out of the store."""
+        directory, _, name = key.rpartition("/")
+        dirs = self._dirs
+        d0 = dirs.acquire(directory)
+        if d0 is not None:  # the hot path: a cached directory, one ``fstatat``
+            try:
+                st = os.stat(name, dir_fd=d0.fd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode):
+                    return st
+            except FileNotFoundError:
+                if name not in _DIR_NAMES and not dirs.stale(d0):
+                    return None  # missing (its directory is still there)
+            except OSError:
+                pass  # removed, ``..``: the general way below decides
+            finally:
+                dirs.release(d0)
         for _ in range(3):
             at = self._at(key)
             if at is None:

@@ -97,13 +97,14 @@ class DirFds:
             d = self._cache.get(path)
             if d is not None:
                 d.refs += 1
-            return d
+        return d
 
     def release(self, d: DirFd) -> None:
         with self._lock:
             d.refs -= 1
-            if d.dead and d.refs == 0:
-                os.close(d.fd)
+            dead = d.dead and d.refs == 0
+        if dead:  # out of the cache and unused: nobody else can reach it
+            os.close(d.fd)
 
     def _insert(self, fd: int, path: str) -> DirFd:
         """(lock held) A new entry, held once; the oldest entry but the root's goes when full."""
