@@ -43,7 +43,7 @@ from .buffers import io_buffer
 from .chunk_codec import ChunkCodec, decode_chunk_payload, encode_chunk_payload, fill_chunk
 from .engine import ArrayLayout, ChunkRange, ShardEngine, WholeShard
 from .errors import ChunkDecodeError, DestinationExistsError, ReadOnlyError, StoreNotFoundError, UsageError
-from .hierarchy import DraftHierarchy, Hierarchy2023, draft_entry_point, hierarchy_2023, inner_of
+from .hierarchy import DraftHierarchy, draft_entry_point, inner_of, walked_model
 from .keys import Coords, chunk_to_shard
 from .shard_index import MAX_UINT64
 from .stores import Inner
@@ -1110,8 +1110,8 @@ class DraftGroup:
         return f"{self.path}/{name}" if self.path and name else (self.path or name)
 
     def __getitem__(self, name: str) -> DraftArray | DraftGroup:
-        if isinstance(self._hierarchy, Hierarchy2023):
-            return _open_2023(self._hierarchy, self._join(name), read_only=self.read_only)
+        if self._hierarchy is not None and self._hierarchy.walked:
+            return _open_from_model(self._hierarchy, self._join(name), read_only=self.read_only)
         node = _open_node(self.inner, self._join(name), read_only=self.read_only)
         if isinstance(node, DraftGroup):
             node._hierarchy = self._hierarchy  # one walk per hierarchy, not one per group visited
@@ -1175,11 +1175,11 @@ def _open_node(
     path = dm.normalize_path(path)
     keys = [dm.ENTRY_POINT_KEY, dm.array_meta_key(path), dm.group_meta_key(path)]
     docs = _get_many(inner, keys)
-    h2023 = hierarchy_2023(inner, docs[dm.ENTRY_POINT_KEY])
-    if h2023 is not None:
+    model = walked_model(inner, docs[dm.ENTRY_POINT_KEY])
+    if model is not None:
         if assume_chunks_per_shard is not None:
             raise UsageError(f"{location}: assume_chunks_per_shard is for 2022 draft arrays that lost their transformer")
-        return _open_2023(h2023, path, read_only=read_only, location=location)
+        return _open_from_model(model, path, read_only=read_only, location=location)
     suffix = draft_entry_point(inner, docs[dm.ENTRY_POINT_KEY], location).metadata_key_suffix
     if suffix != ".json":
         keys = [dm.array_meta_key(path, suffix), dm.group_meta_key(path, suffix)]
@@ -1200,12 +1200,12 @@ def _open_node(
     raise StoreNotFoundError(f"{location}: no array or group at '/{path}'", key=path)
 
 
-def _open_2023(h: Hierarchy2023, path: str, *, read_only: bool, location: str = "store") -> DraftArray | DraftGroup:
-    """A node of a 2023 intermediate hierarchy (read-only: writing that generation is not
-    supported; migrate it to final Zarr v3 first)."""
-    if not read_only:
+def _open_from_model(h: DraftHierarchy, path: str, *, read_only: bool, location: str = "store") -> DraftArray | DraftGroup:
+    """A node of a hierarchy walked whole (read-only unless the model is ``writable``: writing
+    the 2023 generation is not supported; migrate it to final Zarr v3 first)."""
+    if not read_only and not h.writable:
         raise UsageError(
-            f"{location}: '/{path}' belongs to a draft-era Zarr v3 hierarchy of the 2023 intermediate generation, "
+            f"{location}: '/{path}' belongs to a {h.generation}, "
             "which open_draft reads but does not write: open it with mode='r' (or migrate it, then write "
             "the final Zarr v3 copy)",
             key=path,
@@ -1214,8 +1214,8 @@ def _open_2023(h: Hierarchy2023, path: str, *, read_only: bool, location: str = 
     if node.kind == "array":
         if node.meta is None:
             raise h.unreadable[node.path]
-        return DraftArray(h.inner, node.meta, read_only=True)
-    return DraftGroup(h.inner, node.path, node.attributes, explicit=node.explicit, read_only=True, hierarchy=h)
+        return DraftArray(h.inner, node.meta, read_only=read_only)
+    return DraftGroup(h.inner, node.path, node.attributes, explicit=node.explicit, read_only=read_only, hierarchy=h)
 
 
 def _refuse_lost_transformer(inner: Inner, meta: dm.DraftArrayMeta) -> None:

@@ -386,12 +386,22 @@ class DraftHierarchy:
 
     #: which generation's reader read it, as a destination's record names it
     label = "2022"
+    #: whether ``open_draft`` may write its nodes (else it names ``generation`` and asks for mode='r')
+    writable = True
+    #: the generation, as refusals name it
+    generation = "draft-era Zarr v3 (2022)"
+    #: whether its nodes come from one walk of the whole store, so a node is opened from the
+    #: model; otherwise one node is opened with a batched read of its own documents
+    walked = False
+    #: whether ``upgrade_in_place`` applies (the node documents are rewritten where they are)
+    upgradable_in_place = False
 
     def __init__(self, inner: Inner, *, location: str = "store", strict: bool = True, entry_point: bytes | None = _UNREAD) -> None:
         """``entry_point``: the ``zarr.json`` bytes when the caller has read them (None: absent)."""
         self.inner = inner
         self.strict = strict
         self.damaged: dict[str, ShardingStoreError] = {}
+        self.unreadable: dict[str, ShardingStoreError] = {}  # arrays listed with meta None: why
         raw = inner.get(dm.ENTRY_POINT_KEY) if entry_point is _UNREAD else entry_point
         self.entry_point = draft_entry_point(inner, raw, location)
         self.suffix = self.entry_point.metadata_key_suffix
@@ -536,6 +546,10 @@ class Hierarchy2023(DraftHierarchy):
     with nodes below them are implicit groups (the root too)."""
 
     label = "2023"
+    writable = False
+    generation = "draft-era Zarr v3 hierarchy of the 2023 intermediate generation"
+    walked = True
+    upgradable_in_place = True
 
     def __init__(self, inner: Inner, walk: V3Walk) -> None:
         self.inner = inner
@@ -621,6 +635,14 @@ def hierarchy_2023(inner: Inner, raw: bytes | None = _UNREAD) -> Hierarchy2023 |
     if detect_generation(inner, None)[0] is not Generation.DRAFT_2023:
         return None
     return Hierarchy2023(inner, walk_v3_nodes(inner, None))
+
+
+def walked_model(inner: Inner, raw: bytes | None = _UNREAD) -> DraftHierarchy | None:
+    """The node model of a store whose reader walks it whole (``walked``: a node is opened
+    from the model), None when its nodes are read on demand (the caller opens one node
+    with a batched read, and reports any other generation). ``raw``: the root
+    ``zarr.json`` when the caller has read it (None: absent)."""
+    return hierarchy_2023(inner, raw)
 
 
 class ReadCache:
