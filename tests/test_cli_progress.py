@@ -219,6 +219,7 @@ def start_slowed(args: list[str]) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # a killed CLI
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupted_migration_exits_130_with_one_line_then_resumes(sharded, tmp_path, sig):
     src, values = sharded

@@ -31,7 +31,7 @@ from sharding_store.verify import verify
 from tests.draft_factory import tree_hash
 from tests.gen2023_writer import write_2023, write_group
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]  # slow: CLI runs in subprocesses
 CLI = [sys.executable, "-m", "sharding_store.cli"]
 RECORD_KEY = ".sharding-store-record.json"  # sharding_store.destination.RECORD_KEY, spelled out: it is a format
 

@@ -20,7 +20,7 @@ import pytest
 from sharding_store import DestinationExistsError, create_draft_array, migrate, verify
 from tests.draft_factory import make_big_array, make_hierarchy, read_v3, tree_hash
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]  # slow: racing processes
 CLI = [sys.executable, "-m", "sharding_store.cli"]
 REPO = str(Path(__file__).resolve().parents[1])
 

@@ -18,7 +18,7 @@ from tests.draft_factory import tree_hash
 from tests.test_gen2023_inplace_kill import expected, make_store
 from tests.test_gen2023_migrate import _array_paths, _read_ts, _read_zarr, _same
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]  # slow: processes killed mid-run
 REPO = str(Path(__file__).resolve().parents[1])
 CLI = [sys.executable, "-m", "sharding_store.cli"]
 

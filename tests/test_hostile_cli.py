@@ -121,6 +121,7 @@ PROCESS_CASES = ["no_entry_point", "metadata_not_json", "half_sentinel", "undeco
                  "stray_key_under_data_prefix", "overlapping_entries", "lost_transformer"]
 
 
+@pytest.mark.slow  # one CLI process per hostile store
 @pytest.mark.parametrize("name", PROCESS_CASES)
 def test_as_subprocesses(name, results, tmp_path):
     case, got = hostile.CASE_BY_NAME[name], results[name]

@@ -226,6 +226,7 @@ def _check(doc: dict) -> str:
     return "ok"
 
 
+@pytest.mark.slow  # hypothesis through zarr-python 3
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(draft_documents())
 def test_every_generated_document_works_in_zarr3_or_the_array_is_refused(doc):

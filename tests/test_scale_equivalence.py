@@ -8,6 +8,7 @@ import struct
 
 import crc32c
 import hypothesis.strategies as st
+import pytest
 from hypothesis import given, settings
 
 from sharding_store.engine import ArrayLayout
@@ -26,6 +27,8 @@ from sharding_store.shard_index import (
     tiles,
 )
 from sharding_store.v3_metadata import v3_chunk_key
+
+pytestmark = pytest.mark.slow  # big indices and long property runs against the previous implementations
 
 
 def _old_entry_lists(data, chunks_per_shard, *, checksum=False, key="<shard>", payload_limit=None, payload_start=0):

@@ -359,6 +359,7 @@ def _churn_process(root: str, name: str, rounds: int) -> None:
     _churn(LocalInner(root), name, rounds)
 
 
+@pytest.mark.slow  # racing processes
 def test_local_writes_survive_other_processes_pruning_their_directories(tmp_path):
     """Across processes the lock cannot help: the writer backs off and re-makes the
     directory. Three processes churning one directory, 1000 rounds each, never fail."""

@@ -33,7 +33,10 @@ import sharding_store as ss
 from sharding_store.errors import LinkOutsideStoreError, ObjectChangedError
 from sharding_store.stores import LocalInner
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the racer is a forked process")
+pytestmark = [
+    pytest.mark.slow,  # slow: forked racers swapping directories
+    pytest.mark.skipif(not hasattr(os, "fork"), reason="the racer is a forked process"),
+]
 
 #: seconds each race runs at most (it stops at the first harm on an old tree)
 RACE_SECONDS = 2.5

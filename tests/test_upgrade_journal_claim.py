@@ -27,7 +27,7 @@ from sharding_store.upgrade_journal import UPGRADE_JOURNAL_KEY, UpgradeJournal
 from tests.draft_factory import tree_hash
 from tests.gen2023_writer import write_2023, write_group
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]  # slow: racing processes
 REPO = str(Path(__file__).resolve().parents[1])
 CLI = [sys.executable, "-m", "sharding_store.cli"]
 FAULT = [sys.executable, "-m", "tests.run_with_fault"]

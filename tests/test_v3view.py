@@ -465,6 +465,7 @@ def test_writes_raise_read_only_error() -> None:
         ("2d.chunked.ragged.compressed.sharded.i2.zarr", "processes"),
     ],
 )
+@pytest.mark.slow  # dask schedulers
 @needs_zarr_js
 def test_dask_from_zarr(name: str, scheduler: str) -> None:
     """``processes`` pickles the array, store and cached metadata into each worker."""

@@ -182,6 +182,7 @@ def test_an_array_that_lost_its_transformer_is_refused_not_read_wrong(tmp_path):
         xr.open_dataset(root, engine=Engine)
 
 
+@pytest.mark.slow  # a dask cluster
 def test_pickles_by_reference_and_loads_on_a_dask_cluster(store):
     root, values = store
     distributed = pytest.importorskip("distributed")
