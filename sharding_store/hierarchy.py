@@ -645,6 +645,28 @@ def walked_model(inner: Inner, raw: bytes | None = _UNREAD) -> DraftHierarchy | 
     return hierarchy_2023(inner, raw)
 
 
+def refuse_in_place_upgrade(inner: Inner, location: str, root_raw: bytes | None) -> None:
+    """Raise unless the store is (by its root) a candidate for the in-place upgrade (the
+    generation readers decide which generations rewrite their documents where they are)."""
+    generation, key = detect_generation(inner, root_raw, deep=False)
+    if generation in (Generation.DRAFT_2023, Generation.FINAL_V3):
+        return
+    if generation is Generation.NONE and root_raw is None:
+        return  # an implicit root: the walk decides
+    if generation is Generation.DRAFT_2022:
+        raise UsageError(
+            f"{location}: a draft-era (2022) store ({dm.ENTRY_POINT_KEY} entry point, meta/root layout): its chunk keys "
+            "and shards change in a migration, so it cannot be upgraded in place; migrate it to a destination: "
+            f"`sharding-store migrate {location} DST`", key=dm.ENTRY_POINT_KEY)
+    if generation is Generation.ZARR_V2:
+        raise StoreNotFoundError(f"{location}: Zarr v2 ({key} at the root), not draft-era: nothing to upgrade",
+                                 key=key)
+    if generation is Generation.UNKNOWN:
+        raise StoreNotFoundError(f"{location}: {dm.ENTRY_POINT_KEY} is of no known Zarr generation: nothing to upgrade",
+                                 key=dm.ENTRY_POINT_KEY)
+    raise StoreNotFoundError(f"{location}: no Zarr hierarchy here (no zarr.json)", key=dm.ENTRY_POINT_KEY)
+
+
 class ReadCache:
     """Remembers what the generation check reads (documents, listings), so that the walk that
     follows is served from memory: every node document is read once."""

@@ -3,7 +3,7 @@
 A store of the 2023 intermediate generation whose chunk keys are already final holds
 v1.0 shards and chunks: only its ``zarr.json`` documents are spelled as before v1.0. The
 in-place upgrade rewrites just those documents (:func:`meta2023.normalise_node`, the one
-translation, through :func:`migrate2023.plan_hierarchy`, as the copy migration does), so
+translation, through :func:`node_plan.plan_hierarchy`, as the copy migration does), so
 its cost depends on the number of nodes and shards, never on the bytes stored.
 
 What the upgrade takes (anything else is refused before anything is written, one line,
@@ -19,7 +19,7 @@ the store unchanged):
   array's directory that are no chunk key of it are left as they are (a warning), as the
   copy migration leaves them out;
 * **no data object changes**: a shard index that the document does not declare is decided
-  from every shard's tail (:func:`migrate2023.decide_reading`); zarrita's hidden CRC32C is
+  from every shard's tail (:func:`node_plan.decide_reading`); zarrita's hidden CRC32C is
   declared, a plain index would need a CRC32C appended to every shard, which is refused
   (exit 2) unless ``index_checksum=False`` (``--no-index-checksum``: declared as
   ``[bytes little]``, nothing appended);
@@ -58,7 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import meta2023, migrate2023
+from . import meta2023, node_plan
 from .draft_metadata import ENTRY_POINT_KEY, escape_name
 from .errors import (
     MigrationError,
@@ -69,7 +69,7 @@ from .errors import (
     UsageError,
     VerificationError,
 )
-from .hierarchy import Generation, detect_generation, walk_v3_nodes
+from .hierarchy import refuse_in_place_upgrade, walk_v3_nodes
 from .jobs import StoreRef, cancelling, fault_point, with_retries
 from .migrate_units import json_bytes, node_key
 from .options import RunOptions, StoreOptions, UpgradeOptions, legacy_options
@@ -159,28 +159,7 @@ def _key_encoding(doc: dict[str, Any]) -> tuple[str, str]:
     return name, sep
 
 
-def _refuse_generation(inner: Inner, location: str, root_raw: bytes | None) -> None:
-    """Raise unless the store is (by its root) a candidate for the in-place upgrade."""
-    generation, key = detect_generation(inner, root_raw, deep=False)
-    if generation in (Generation.DRAFT_2023, Generation.FINAL_V3):
-        return
-    if generation is Generation.NONE and root_raw is None:
-        return  # an implicit root: the walk decides
-    if generation is Generation.DRAFT_2022:
-        raise UsageError(
-            f"{location}: a draft-era (2022) store ({ENTRY_POINT_KEY} entry point, meta/root layout): its chunk keys "
-            "and shards change in a migration, so it cannot be upgraded in place; migrate it to a destination: "
-            f"`sharding-store migrate {location} DST`", key=ENTRY_POINT_KEY)
-    if generation is Generation.ZARR_V2:
-        raise StoreNotFoundError(f"{location}: Zarr v2 ({key} at the root), not draft-era: nothing to upgrade",
-                                 key=key)
-    if generation is Generation.UNKNOWN:
-        raise StoreNotFoundError(f"{location}: {ENTRY_POINT_KEY} is of no known Zarr generation: nothing to upgrade",
-                                 key=ENTRY_POINT_KEY)
-    raise StoreNotFoundError(f"{location}: no Zarr hierarchy here (no zarr.json)", key=ENTRY_POINT_KEY)
-
-
-def _refuse_links(inner: Inner, plan: migrate2023.Plan2023) -> None:
+def _refuse_links(inner: Inner, plan: node_plan.Plan2023) -> None:
     """A listed object whose size the listing did not give is asked for it: a link out
     of the store raises :class:`LinkOutsideStoreError` (exit 13) there."""
     for a in plan.arrays:
@@ -193,7 +172,7 @@ def _plan(inner: Inner, location: str, *, index_checksum: bool,
           skip_damaged: bool) -> tuple[UpgradeJournal, InPlaceReport]:
     """The journal of a fresh upgrade (every refusal raised here, before any write)."""
     root_raw = inner.get(ENTRY_POINT_KEY)
-    _refuse_generation(inner, location, root_raw)
+    refuse_in_place_upgrade(inner, location, root_raw)
     walk = walk_v3_nodes(inner, root_raw)
     if not walk.nodes:
         raise StoreNotFoundError(f"{location}: no Zarr hierarchy here (no zarr.json)", key=ENTRY_POINT_KEY)
@@ -201,8 +180,8 @@ def _plan(inner: Inner, location: str, *, index_checksum: bool,
         raise StoreNotFoundError(
             f"{location}: already Zarr v3 (every zarr.json is final v1.0): nothing to upgrade; open it with "
             "zarr-python 3", key=ENTRY_POINT_KEY)
-    plan = migrate2023.plan_hierarchy(inner, walk, left_out="left as it is")
-    migrate2023.refuse_damage(plan, skip_damaged, "nothing was changed")
+    plan = node_plan.plan_hierarchy(inner, walk, left_out="left as it is")
+    node_plan.refuse_damage(plan, skip_damaged, "nothing was changed")
     _refuse_links(inner, plan)
     for a in plan.arrays:
         key = node_key(a.path)
@@ -251,7 +230,7 @@ def _plan(inner: Inner, location: str, *, index_checksum: bool,
     return journal, report
 
 
-def _consolidated_root(doc: dict[str, Any], plan: migrate2023.Plan2023, raws: Mapping[str, bytes | None],
+def _consolidated_root(doc: dict[str, Any], plan: node_plan.Plan2023, raws: Mapping[str, bytes | None],
                        steps: Sequence[DocumentStep], report: InPlaceReport) -> dict[str, Any]:
     """The root group's document when it held consolidated metadata: the block written
     again from the documents the store holds after the upgrade (``steps``: every document
@@ -361,14 +340,14 @@ class _Runner:
             if not norm.is_final or norm.hidden_checksum is None:
                 raise VerificationError(f"{s.key}: the upgraded document is not final v1.0 ({'; '.join(norm.changes)}); "
                                         f"{undo}", key=s.key)
-            if norm.node_type != "array" or migrate2023.sharding_of(norm.document) is None:
+            if norm.node_type != "array" or meta2023.sharding_of(norm.document) is None:
                 return 0
             prefix = f"{s.path}/" if s.path else ""
-            pattern = migrate2023.chunk_key_pattern(norm.document)
+            pattern = meta2023.chunk_key_pattern(norm.document)
             objects = [(k, size) for k, size in self.retried(lambda: list(self.inner.list_sized(prefix)))
                        if pattern.fullmatch(k[len(prefix):])]
             try:
-                migrate2023.check_declared_indices(self.inner, norm.document, objects)
+                node_plan.check_declared_indices(self.inner, norm.document, objects)
             except ShardCorruptError as e:
                 raise VerificationError(f"{e} (array '{s.path or '/'}' read through its upgraded document); {undo}",
                                         key=e.key) from e

@@ -77,6 +77,10 @@ __all__ = [
     "classify_node",
     "classify",
     "NODE_KEY",
+    "chunk_key_pattern",
+    "sharding_of",
+    "index_readable",
+    "shard_grid",
 ]
 
 #: the document of every node of this generation (and of final Zarr v3)
@@ -643,3 +647,45 @@ def classify(raw: bytes | str | Mapping[str, Any], key: str = NODE_KEY) -> tuple
     except Exception:  # noqa: BLE001 - a part too damaged to walk: what was seen decides
         pass
     return ("2023" if n.changes else "final"), node_type
+
+
+# --------------------------------------------------------------------------- final documents
+
+
+def chunk_key_pattern(doc: dict[str, Any]) -> re.Pattern[str]:
+    """The chunk keys (relative to the array's directory) of a final array document."""
+    cke = doc["chunk_key_encoding"]
+    name = cke["name"]
+    ndim = len(doc["shape"])
+    sep = (cke.get("configuration") or {}).get("separator", "/" if name == "default" else ".")
+    s = re.escape(sep)
+    coords = s.join([r"(0|[1-9][0-9]*)"] * ndim)
+    if name == "default":
+        return re.compile("c" + (s + coords if ndim else ""))
+    return re.compile(coords if ndim else "0")
+
+
+def sharding_of(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``sharding_indexed`` configuration of a final array document (None: unsharded)."""
+    for c in doc.get("codecs", []):
+        if isinstance(c, dict) and c.get("name") == "sharding_indexed":
+            cfg: dict[str, Any] = c["configuration"]
+            return cfg
+    return None
+
+
+def index_readable(doc: dict[str, Any]) -> bool:
+    """Whether a sharded document's shard objects end (or start) with their index as stored:
+    ``sharding_indexed`` is the last codec. A bytes->bytes codec after it (valid v1.0: the
+    whole shard is compressed or checksummed) hides the index; such objects are copied and
+    compared verbatim, their readers decode them."""
+    codecs = doc.get("codecs") or []
+    return bool(codecs) and isinstance(codecs[-1], dict) and codecs[-1].get("name") == "sharding_indexed"
+
+
+def shard_grid(doc: dict[str, Any]) -> tuple[int, ...]:
+    """Chunks per shard of a sharded final array document."""
+    cfg = sharding_of(doc)
+    assert cfg is not None  # a sharded document (the callers' precondition)
+    grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
+    return tuple(g // c for g, c in zip(grid, cfg["chunk_shape"]))

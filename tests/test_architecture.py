@@ -55,7 +55,7 @@ LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     4: ("shard engine", ("engine", "store")),
     5: ("hierarchy and arrays", ("hierarchy", "array", "v3view", "inspect")),
     6: ("jobs", ("jobs", "progress")),
-    7: ("drivers", ("options", "migrate", "migrate2023", "migrate_units", "destination", "verify", "reshard", "inplace")),
+    7: ("drivers", ("options", "migrate", "node_plan", "migrate_units", "destination", "verify", "reshard", "inplace")),
     8: ("package facade (lazy re-exports of the public names)", ("",)),
     9: ("command line", ("cli", "cli.*", "__main__")),
     10: ("xarray backend (an entry point of xarray's; never imported by the package)", ("xarray_backend",)),

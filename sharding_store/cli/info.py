@@ -231,7 +231,7 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
     from ..errors import StoreNotFoundError, UsageError
     from ..hierarchy import Generation, inner_of, is_draft_2023
     from ..inplace import upgrade_leftovers
-    from ..migrate2023 import plan_hierarchy
+    from ..node_plan import plan_hierarchy
 
     inner = inner_of(args.store, opts)
     if not is_draft_2023(inner):

@@ -1,11 +1,11 @@
-"""The plan of a 2023-generation store as ``info`` reports it and the in-place upgrade
-rewrites it: every node's document in the final spelling (:func:`meta2023.normalise_node`),
+"""The node plan of a store walked whole, as ``info`` reports what migrate changes and the
+in-place upgrade rewrites it: every node's document in the final spelling (:func:`meta2023.normalise_node`),
 each array's chunk objects, its undeclared shard index decided from every shard's tail
 (all must agree, else the array is damaged, naming two shards), its declared one checked,
 what changes per node; damage recorded per node, never raised.
 
 The copy migration and its verification do not use this module: they read a 2023 store
-through the node model (:class:`~sharding_store.hierarchy.Hierarchy2023`, each array's
+through the node model (:func:`~sharding_store.hierarchy.node_model`, each array's
 :class:`~sharding_store.v3_layout.V3ArrayMeta`) with the one driver of every generation
 (:mod:`.migrate`, :mod:`.migrate_units`, :mod:`.verify`).
 """
@@ -13,7 +13,6 @@ through the node model (:class:`~sharding_store.hierarchy.Hierarchy2023`, each a
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +27,7 @@ from .errors import (
 )
 from .hierarchy import V3Walk, walk_v3_nodes
 from .inspect import _batches, decide_reading
+from .meta2023 import chunk_key_pattern, index_readable, shard_grid, sharding_of
 from .migrate_units import node_key
 from .shard_index import entry_lists, index_nbytes, read_index
 from .stores import Inner
@@ -40,39 +40,6 @@ Reading = str  # "declared" | "plain" | "crc32c-hidden" | "none" (no shard to re
 
 def _prefix(path: str) -> str:
     return f"{path}/" if path else ""
-
-
-def chunk_key_pattern(doc: dict[str, Any]) -> re.Pattern[str]:
-    """The chunk keys (relative to the array's directory) of a final array document."""
-    cke = doc["chunk_key_encoding"]
-    name = cke["name"]
-    ndim = len(doc["shape"])
-    sep = (cke.get("configuration") or {}).get("separator", "/" if name == "default" else ".")
-    s = re.escape(sep)
-    coords = s.join([r"(0|[1-9][0-9]*)"] * ndim)
-    if name == "default":
-        return re.compile("c" + (s + coords if ndim else ""))
-    return re.compile(coords if ndim else "0")
-
-
-def sharding_of(doc: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``sharding_indexed`` configuration of a final array document (None: unsharded)."""
-    for c in doc.get("codecs", []):
-        if isinstance(c, dict) and c.get("name") == "sharding_indexed":
-            return c["configuration"]
-    return None
-
-
-_sharding = sharding_of
-
-
-def index_readable(doc: dict[str, Any]) -> bool:
-    """Whether a sharded document's shard objects end (or start) with their index as stored:
-    ``sharding_indexed`` is the last codec. A bytes->bytes codec after it (valid v1.0: the
-    whole shard is compressed or checksummed) hides the index; such objects are copied and
-    compared verbatim, their readers decode them."""
-    codecs = doc.get("codecs") or []
-    return bool(codecs) and isinstance(codecs[-1], dict) and codecs[-1].get("name") == "sharding_indexed"
 
 
 @dataclass
@@ -120,19 +87,11 @@ READING_TEXT = {
 }
 
 
-def shard_grid(doc: dict[str, Any]) -> tuple[int, ...]:
-    """Chunks per shard of a sharded final array document."""
-    cfg = _sharding(doc)
-    assert cfg is not None  # a sharded document (the callers' precondition)
-    grid = doc["chunk_grid"]["configuration"]["chunk_shape"]
-    return tuple(g // c for g, c in zip(grid, cfg["chunk_shape"]))
-
-
 def check_declared_indices(src: Inner, doc: dict[str, Any], objects: list[tuple[str, int | None]]) -> None:
     """Validate the declared index of every shard (one tail or head read each) when its
     ``index_codecs`` are the plain little-endian entries (with or without a CRC32C): a shard
     whose index is corrupt is refused (:class:`ShardCorruptError`), never copied as valid."""
-    cfg = _sharding(doc)
+    cfg = sharding_of(doc)
     if cfg is None or not index_readable(doc):
         return  # the index is inside an encoded object: copied verbatim, the reader checks it
     codecs = cfg["index_codecs"]
@@ -186,14 +145,14 @@ def _plan_array(src: Inner, path: str, key: str, norm: meta2023.Normalised, plan
             plan.warnings.append(f"{escape_name(k)}: not a chunk key of array '{path or '/'}': {left_out}")
     a = ArrayPlan2023(path, norm, objects)
     if norm.hidden_checksum is None:
-        cfg = _sharding(norm.document)
+        cfg = sharding_of(norm.document)
         if cfg is None or cfg.get("index_location") != "end" or not index_readable(norm.document):
             raise DraftMetadataError(
                 f"{key}: an undeclared shard index must be at the end to be decided from the bytes", key=key)
         a.n_entries = math.prod(shard_grid(norm.document))
         a.reading = decide_reading(src, path, objects, a.n_entries)
         plan.changes[path].append(f"shard index: {READING_TEXT[a.reading]}")
-    elif _sharding(norm.document) is not None:
+    elif sharding_of(norm.document) is not None:
         check_declared_indices(src, norm.document, objects)
     return a
 
@@ -289,4 +248,4 @@ def refuse_damage(plan: Plan2023, skip_damaged: bool, consequence: str) -> None:
         raise type(error)(f"{error} (node '{escape_name(path) or '/'}'; {consequence}; {SKIP_HINT})", key=error.key)
 
 
-__all__: Sequence[str] = ["plan_hierarchy", "refuse_damage", "decide_reading", "chunk_key_pattern", "sharding_of", "check_declared_indices"]
+__all__: Sequence[str] = ["plan_hierarchy", "refuse_damage", "decide_reading", "check_declared_indices"]
