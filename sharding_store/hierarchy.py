@@ -386,6 +386,8 @@ class DraftHierarchy:
 
     #: which generation's reader read it, as a destination's record names it
     label = "2022"
+    #: the generation's name, as ``info`` prints it
+    era = Generation.DRAFT_2022.value
     #: whether ``open_draft`` may write its nodes (else it names ``generation`` and asks for mode='r')
     writable = True
     #: the generation, as refusals name it
@@ -546,6 +548,7 @@ class Hierarchy2023(DraftHierarchy):
     with nodes below them are implicit groups (the root too)."""
 
     label = "2023"
+    era = Generation.DRAFT_2023.value
     writable = False
     generation = "draft-era Zarr v3 hierarchy of the 2023 intermediate generation"
     walked = True
@@ -635,6 +638,15 @@ def hierarchy_2023(inner: Inner, raw: bytes | None = _UNREAD) -> Hierarchy2023 |
     if detect_generation(inner, None)[0] is not Generation.DRAFT_2023:
         return None
     return Hierarchy2023(inner, walk_v3_nodes(inner, None))
+
+
+def reader_label(inner: Inner) -> str | None:
+    """The ``label`` of the generation reader a store's root calls for (a shallow check: no
+    walk), None when no draft-era reader reads it (final v3, v2, nothing)."""
+    generation = detect_generation(inner, deep=False)[0]
+    if generation is Generation.DRAFT_2022:
+        return DraftHierarchy.label
+    return Hierarchy2023.label if generation is Generation.DRAFT_2023 else None
 
 
 def walked_model(inner: Inner, raw: bytes | None = _UNREAD) -> DraftHierarchy | None:

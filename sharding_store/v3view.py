@@ -2,9 +2,9 @@
 
 :class:`DraftV3Store` is a ``zarr.abc.store.Store`` whose key space is the final v3 layout of
 a draft-era store of any generation. It is built from the node model
-(:class:`~sharding_store.hierarchy.DraftHierarchy`, whichever generation reader matched:
-the 2022 drafts, or the 2023 intermediate spelling through
-:class:`~sharding_store.hierarchy.Hierarchy2023`) and never asks which generation it serves:
+(:class:`~sharding_store.hierarchy.DraftHierarchy`, whichever generation reader
+:func:`~sharding_store.hierarchy.node_model` matched: the 2022 drafts, or the 2023
+intermediate spelling) and never asks which generation it serves:
 
 * **documents**: a node whose generation writes a per-node ``zarr.json`` is served that
   document in the final v1.0 spelling (``Node.spelled``, :mod:`sharding_store.meta2023`);

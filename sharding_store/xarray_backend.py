@@ -65,7 +65,7 @@ from . import draft_metadata as dm
 from . import meta2023
 from .array import DraftArray, DraftGroup, open_draft
 from .errors import UsageError
-from .hierarchy import Generation, detect_generation
+from .hierarchy import DraftHierarchy, reader_label
 from .jobs import StoreRef
 
 __all__ = ["DraftBackendArray", "DraftDataStore", "ShardingStoreBackendEntrypoint"]
@@ -332,7 +332,7 @@ class _Opened:
         # xarray of the draft era stored _FillValue as the zarr fill_value (see the module doc)
         self.xarray_era = False
         if use_zarr_fill_value_as_mask is None:
-            self.xarray_era = detect_generation(root.inner, deep=False)[0] is Generation.DRAFT_2022
+            self.xarray_era = reader_label(root.inner) == DraftHierarchy.label
 
     def members(self, group: DraftGroup) -> tuple[dict[str, DraftArray], dict[str, DraftGroup]]:
         """The group's child arrays and groups, each opened by ``open_draft``'s rules (the

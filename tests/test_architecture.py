@@ -746,3 +746,32 @@ def test_the_size_counter_counts_as_the_issue_does():
         "_f": (9, 2, False),
         "g": (9, 2, True),
     }
+
+
+# ----------------------------------------- 7. the generation is the readers' business (issue 23)
+
+#: the names that tell generations apart (the enum's draft members, the 2023 reader's
+#: classes and functions, the removed per-generation planner module)
+GENERATION_NAMES = ("Generation.DRAFT_2023", "Generation.DRAFT_2022", "Hierarchy2023", "hierarchy_2023",
+                    "is_draft_2023", "migrate2023")
+#: the generation readers, where the generation is decided, each with its reason
+GENERATION_READERS = {
+    "hierarchy": "detect_generation and node_model pick the reader; the models say what their "
+                                "generation allows (writable, upgradable_in_place, era, label)",
+    "meta2023": "the 2023 generation's node documents",
+    "draft_metadata": "the 2022 generation's documents",
+    "v3_layout": "final/2023 array documents translated for the reader",
+}
+
+
+def test_no_module_outside_the_generation_readers_names_the_generation() -> None:
+    """Done when of issue 23: every other module works on the node model (``hierarchy.node_model``,
+    ``walked_model``) and asks it, never which generation a store is."""
+    offenders = []
+    for module, path in modules().items():
+        if module in GENERATION_READERS:
+            continue
+        text = path.read_text()
+        offenders += [f"{path_of(module)}: {name}" for name in GENERATION_NAMES if name in text]
+    assert not offenders, offenders
+    assert set(GENERATION_READERS) <= set(modules())

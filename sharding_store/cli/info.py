@@ -229,12 +229,13 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
     nodes; False (nothing printed) for any other generation."""
     from ..draft_metadata import normalize_path
     from ..errors import StoreNotFoundError, UsageError
-    from ..hierarchy import Generation, inner_of, is_draft_2023
+    from ..hierarchy import inner_of, walked_model
     from ..inplace import upgrade_leftovers
     from ..node_plan import plan_hierarchy
 
     inner = inner_of(args.store, opts)
-    if not is_draft_2023(inner):
+    model = walked_model(inner)
+    if model is None or not model.upgradable_in_place:
         return False
     if assume:
         raise UsageError("--assume-chunks-per-shard does not apply to a 2023-generation store")
@@ -249,7 +250,7 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
     if args.json:
         doc = {
             "store": args.store,
-            "generation": Generation.DRAFT_2023.value,
+            "generation": model.era,
             "leftovers": leftovers,
             "nodes": [
                 {"path": p, "kind": k, "changes": plan.changes.get(p, []),
@@ -263,7 +264,7 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        print(header(args.store, Generation.DRAFT_2023.value, MIGRATE_DOES["2023"]))
+        print(header(args.store, model.era, MIGRATE_DOES[model.label]))
         groups = dict(plan.groups)
         for p, k in sorted(kinds.items()):
             print()
@@ -320,7 +321,7 @@ def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool
 
 def run_info(args: argparse.Namespace) -> int:
     from ..draft_metadata import normalize_path
-    from ..hierarchy import Generation, open_hierarchy
+    from ..hierarchy import open_hierarchy
     from ..inspect import hierarchy_stats, stats_nodes
     from ..journal import interrupted_error, resume_command
     from ..reshard import staging_leftovers
@@ -352,7 +353,7 @@ def run_info(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        print(header(args.store, Generation.DRAFT_2022.value, MIGRATE_DOES["2022"]))
+        print(header(args.store, h.era, MIGRATE_DOES[h.label]))
         if nodes:
             print()
             print(_subtree_text(h, root))
