@@ -1112,6 +1112,10 @@ class DraftGroup:
     def __getitem__(self, name: str) -> DraftArray | DraftGroup:
         if self._hierarchy is not None and self._hierarchy.walked:
             return _open_from_model(self._hierarchy, self._join(name), read_only=self.read_only)
+        walked = self._hierarchy.nodes.get(self._join(name)) if self.read_only and self._hierarchy is not None else None
+        if walked is not None and walked.kind == "group":  # the walk has it: no listing below it again
+            return DraftGroup(self.inner, walked.path, walked.attributes, explicit=walked.explicit,
+                              read_only=self.read_only, hierarchy=self._hierarchy)
         node = _open_node(self.inner, self._join(name), read_only=self.read_only)
         if isinstance(node, DraftGroup):
             node._hierarchy = self._hierarchy  # one walk per hierarchy, not one per group visited

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -194,7 +195,154 @@ def test_illegal_s3_names_never_leave_the_destination(s3):  # noqa: F811
     listed = s3.fs.call_s3("list_objects_v2", Bucket="out").get("Contents", [])
     assert listed == []
     assert main(["migrate", "--skip-damaged", "s3://src/store", "s3://out/dst", "--storage-options", so]) == 0
-    keys = sorted(o["Key"] for o in s3.fs.call_s3("list_objects_v2", Bucket="out")["Contents"])
+    keys = sorted(o["Key"] for o in s3.fs.call_s3("list_objects_v2", Bucket="out")["Contents"]
+                  if not o["Key"].startswith("dst/.sharding-store"))  # our record of the migration
     assert keys == ["dst/a/c/0", "dst/a/zarr.json", "dst/s/zarr.json", "dst/zarr.json"], keys
     root = json.loads(s3.fs.cat_file("out/dst/zarr.json"))
     assert root["node_type"] == "group" and root["attributes"] == {"root": True}
+
+
+# --------------------------------------------------------------------------- depth (issue 25 item 14)
+
+DEPTH = 1000  # a legal ~2000-character path: deeper than Python's recursion limit
+
+
+def _mkdirs(root: Path, rel: str) -> str:
+    """Make ``root/rel`` one level at a time (``os.makedirs`` and ``Path.mkdir`` recurse)."""
+    import os
+
+    d = str(root)
+    for part in rel.split("/"):
+        d = f"{d}/{part}"
+        if not os.path.isdir(d):
+            os.mkdir(d)
+    return d
+
+
+def _rmtree_deep(top: Path) -> None:
+    """Remove ``top`` without recursion (``shutil.rmtree``, which pytest's clean-up uses, recurses
+    once per level: a tree deeper than the recursion limit would break the session's end)."""
+    import os
+
+    stack = [(str(top), False)]
+    while stack:
+        path, listed = stack.pop()
+        if listed:
+            os.rmdir(path)
+            continue
+        stack.append((path, True))
+        with os.scandir(path) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append((e.path, False))
+                else:
+                    os.unlink(e.path)
+
+
+@pytest.fixture
+def deep_tmp(tmp_path) -> Iterator[Path]:
+    """``tmp_path``, removed without recursion afterwards."""
+    yield tmp_path
+    _rmtree_deep(tmp_path)
+
+
+def _deep_2022(store: Path, depth: int) -> str:
+    """A 2022 draft store: array ``top`` and array ``a/a/.../x`` ``depth`` implicit groups down."""
+    import shutil
+
+    from sharding_store.array import create_draft_array
+
+    create_draft_array(str(store), "top", shape=(4,), chunks=(2,), dtype="<i2", chunks_per_shard=2)[:] = np.arange(4)
+    deep = "/".join(["a"] * depth) + "/x"
+    doc = json.loads((store / "meta/root/top.array.json").read_bytes())
+    doc["attributes"] = {"_ARRAY_DIMENSIONS": ["t"]}
+    (store / "meta/root/top.array.json").write_text(json.dumps(doc))
+    meta = _mkdirs(store, "meta/root/" + deep.rpartition("/")[0])
+    Path(meta, "x.array.json").write_text(json.dumps(doc))
+    data = _mkdirs(store, "data/root/" + deep)
+    for f in (store / "data/root/top").iterdir():
+        shutil.copy(f, f"{data}/{f.name}")
+    return deep
+
+
+def _deep_2023(store: Path, depth: int) -> str:
+    """A 2023 store (final root group, implicit groups down to ``a/a/.../x``)."""
+    write_group(store, "", {})
+    deep = "/".join(["a"] * depth) + "/x"
+    for path, value in (("top", 0), (deep, 1)):
+        _mkdirs(store, path + "/c")
+        write_2023(store, path, np.arange(4, dtype="<i2") + value, chunks=(4,))
+        doc = json.loads(Path(f"{store}/{path}/{NODE_KEY}").read_bytes())
+        Path(f"{store}/{path}/{NODE_KEY}").write_text(json.dumps({**doc, "dimension_names": ["t"]}))
+    return deep
+
+
+LIMIT = 300  # the recursion limit of the child processes below: any recursion per level fails
+SHALLOWER = 400  # deeper than LIMIT: quick (the local store's descriptor cache makes depth costly)
+
+
+def _limited(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a child process whose recursion limit is :data:`LIMIT`."""
+    head = f"import sys, warnings; warnings.simplefilter('ignore'); sys.setrecursionlimit({LIMIT})\n"
+    return subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, timeout=600)
+
+
+def _cli_limited(*argv: str) -> subprocess.CompletedProcess:
+    return _limited(f"from sharding_store.cli import main; sys.exit(main({list(argv)!r}))")
+
+
+@pytest.fixture(scope="module", params=["2022", "2023"])
+def deep_store(request, tmp_path_factory) -> Iterator[tuple[Path, str]]:
+    base = tmp_path_factory.mktemp("deep")
+    store = base / f"d{request.param}.zarr"
+    deep = (_deep_2022 if request.param == "2022" else _deep_2023)(store, SHALLOWER)
+    yield store, deep
+    _rmtree_deep(base)
+
+
+@pytest.mark.parametrize("generation", ["2022", "2023"])
+def test_info_of_a_hierarchy_1000_levels_deep(generation, deep_tmp):
+    """``info`` in a real process with Python's own recursion limit: exit 0 listing the deepest
+    array (it exited 70 with RecursionError for the whole store)."""
+    store = deep_tmp / "s.zarr"
+    deep = (_deep_2022 if generation == "2022" else _deep_2023)(store, DEPTH)
+    info = _cli("info", str(store))
+    assert info.returncode == 0, info.stderr[-500:]
+    assert f"/{deep}" in info.stdout, info.stdout[-500:]
+
+
+def test_deep_hierarchy_through_the_cli(deep_store, deep_tmp):
+    """info, migrate, migrate --skip-damaged and verify deeper than the process's recursion
+    limit: exit 0, every node (they exited 70 with RecursionError for the whole store)."""
+    store, deep = deep_store
+    info = _cli_limited("info", str(store))
+    assert info.returncode == 0, info.stderr[-500:]
+    assert "RecursionError" not in info.stderr
+    import zarr
+
+    for extra in ([], ["--skip-damaged"]):
+        dst = deep_tmp / f"dst{len(extra)}"
+        done = _cli_limited("migrate", *extra, str(store), str(dst))
+        assert done.returncode == 0, done.stderr[-500:]
+        np.testing.assert_array_equal(zarr.open_array(str(dst), path=deep, mode="r")[...],
+                                      np.arange(4) + (1 if "2023" in store.name else 0))
+        assert _cli_limited("verify", str(store), str(dst)).returncode == 0
+
+
+def test_deep_hierarchy_through_the_api(deep_store):
+    """open_draft, the xarray backend's groups and ``xr.open_datatree``, deeper than the
+    process's recursion limit: no RecursionError (it was a bare one)."""
+    store, deep = deep_store
+    code = (
+        "import numpy as np, xarray as xr\n"
+        "from sharding_store import open_draft\n"
+        "from sharding_store.xarray_backend import ShardingStoreBackendEntrypoint as E\n"
+        f"print(int(open_draft({str(store)!r}, {deep!r})[...].sum()))\n"
+        f"groups = E().open_groups_as_dict({str(store)!r})\n"
+        f"print(len(groups), groups[{'/' + deep.rpartition('/')[0]!r}]['x'].dims)\n"
+        f"print(len(list(xr.open_datatree({str(store)!r}, engine='sharding_store').subtree)))\n"
+    )
+    done = _limited(code)
+    assert done.returncode == 0, done.stderr[-800:]
+    total = 6 + (4 if "2023" in store.name else 0)
+    assert done.stdout.splitlines() == [str(total), f"{SHALLOWER + 1} ('t',)", str(SHALLOWER + 1)]

@@ -950,17 +950,29 @@ class LocalInner(BaseInner):
     def _walk(self, prefix: str, *, sizes: bool) -> Iterator[tuple[str, int | None]]:
         base = prefix.rpartition("/")[0]
         canon = self._canonical(base, prefix)
-        if canon is not None:
-            yield from self._walk_dir(canon, base + "/" if base else "", prefix, sizes, (canon,))
+        if canon is None:
+            return
+        # a stack of the directories being listed instead of recursion: any depth
+        stack = [self._walk_dir(canon, base + "/" if base else "", prefix, sizes, (canon,))]
+        while stack:
+            for item in stack[-1]:
+                if isinstance(item, tuple):
+                    yield item
+                else:
+                    stack.append(item)
+                    break
+            else:
+                stack.pop()
 
     def _walk_dir(
         self, canon: str, lead: str, prefix: str, sizes: bool, chain: tuple[str, ...]
-    ) -> Iterator[tuple[str, int | None]]:
+    ) -> Iterator[Any]:
         """Keys in sorted order: entries sorted by name, a directory's as ``name/`` (all its
         keys start so). ``canon``: the directory's canonical path; ``chain``: those being
         listed. A link that stays inside the store is followed (unless it leads to a directory
         being listed, or above one: a cycle, skipped); a link out of it is listed as a key of
-        its own, which refuses to be read."""
+        its own, which refuses to be read. Yields ``(key, size)``, or for a directory to list
+        in its place the iterator that lists it (:meth:`_walk` runs them as a stack)."""
         for name, kind, sub, size in self._entries(canon, lead, sizes):
             key = lead + name
             if kind == "d":
@@ -969,7 +981,7 @@ class LocalInner(BaseInner):
                     continue
                 below = key + "/"
                 if below.startswith(prefix) or prefix.startswith(below):
-                    yield from self._walk_dir(sub, below, prefix, sizes, chain + (sub,))
+                    yield self._walk_dir(sub, below, prefix, sizes, chain + (sub,))
             elif key.startswith(prefix) and not (sizes and kind == "f" and size is None):  # None: removed meanwhile
                 yield key, size if sizes else None
 
