@@ -8,6 +8,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SAMPLE := samples/zarr-2.18-sharded.zr3
 OUT    := demo-out/sample-v3.zarr
+# tests' temporary files: one folder of ours, emptied by rm -rf before each run (pytest's own
+# clean-up of old numbered folders recurses per level and fails on a tree deeper than 1000)
+TESTTMP := .pytest-tmp
 
 .PHONY: install demo test check lint bench legacy clean
 
@@ -42,10 +45,12 @@ lint: install
 # the fast loop: lint, then every test not marked slow (no oracle venvs, no S3 server,
 # no killed processes, no dask clusters, no installs); `make test` runs everything
 check: lint
-	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow" -p no:cacheprovider
+	rm -rf $(TESTTMP)
+	$(PY) -m pytest -n 2 --dist loadfile -q -m "not slow" -p no:cacheprovider --basetemp=$(TESTTMP)
 
 test: install legacy lint
-	$(PY) -m pytest -n 2 --dist loadfile -q
+	rm -rf $(TESTTMP)
+	$(PY) -m pytest -n 2 --dist loadfile -q --basetemp=$(TESTTMP)
 
 bench: install legacy
 	$(PY) benchmarks/run.py

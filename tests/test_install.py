@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 #: what a copy of the source tree for ``pip install`` leaves out (venvs, data, caches)
 COPY_IGNORE_NAMES = (".git", ".venv*", ".data", ".corpus", "__pycache__", "*.egg-info", "build", ".hypothesis",
-                     ".pytest_cache", "demo-out")
+                     ".pytest_cache", ".pytest-tmp", "demo-out")
 COPY_IGNORE = shutil.ignore_patterns(*COPY_IGNORE_NAMES)
 
 
