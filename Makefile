@@ -14,7 +14,7 @@ TESTTMP := .pytest-tmp
 
 .PHONY: install demo test check lint bench legacy clean
 
-$(STAMP): setup.cfg setup.py pyproject.toml sharding_store/_loops.c
+$(STAMP): setup.cfg setup.py pyproject.toml sharding_store/codec/_loops.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,bench]'

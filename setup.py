@@ -1,7 +1,7 @@
 """Build configuration beyond setup.cfg: one optional compiled helper.
 
-``sharding_store/_loops.c`` is a plain shared library (no Python API) that
-``sharding_store/_native.py`` loads with ctypes: it decodes a whole shard's chunks in one
+``sharding_store/codec/_loops.c`` is a plain shared library (no Python API) that
+``sharding_store/codec/_native.py`` loads with ctypes: it decodes a whole shard's chunks in one
 call, so the GIL is released once per shard. It is optional: without a C compiler the
 build goes on without it and reads take the per-chunk path (same bytes, slower on many
 small chunks).
@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - depends on the build environment
         bdist_wheel = None
 
 #: the compiled helpers that are plain shared libraries loaded with ctypes, not extension modules
-PLAIN_LIBRARIES = {"sharding_store._loops"}
+PLAIN_LIBRARIES = {"sharding_store.codec._loops"}
 #: their file suffix (what ``_native._loops_path`` looks for first)
 LIBRARY_SUFFIX = ".dll" if sys.platform == "win32" else ".so"
 
@@ -91,8 +91,8 @@ setup(
     cmdclass=commands,
     ext_modules=[
         Extension(
-            "sharding_store._loops",
-            sources=["sharding_store/_loops.c"],
+            "sharding_store.codec._loops",
+            sources=["sharding_store/codec/_loops.c"],
             optional=True,  # no compiler: installed without it (see _native.loops)
         )
     ],

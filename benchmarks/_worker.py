@@ -81,7 +81,7 @@ def write_zarr3_array(dst: str, x: np.ndarray, spec: dict) -> None:
 def _read_any(path: str) -> np.ndarray:
     """Read array 'a' of a store in whatever format it is (draft or v1.0)."""
     try:
-        from sharding_store.array import open_draft
+        from sharding_store.api.arrays import open_draft
 
         return open_draft(path, "a")[...]
     except Exception:  # noqa: BLE001 - not a draft store: try v1.0
@@ -94,7 +94,7 @@ def _read_any(path: str) -> np.ndarray:
 
 
 def task_write_ours(spec: dict) -> dict:
-    from sharding_store.array import create_draft_array
+    from sharding_store.api.arrays import create_draft_array
 
     x = _load(spec)
     dst = spec["dst"]
@@ -155,7 +155,7 @@ def task_write_ts(spec: dict) -> dict:
 
 
 def task_read_ours(spec: dict) -> dict:
-    from sharding_store.array import open_draft
+    from sharding_store.api.arrays import open_draft
 
     t0 = time.perf_counter()
     y = open_draft(spec["src"], "a")[...]
@@ -167,7 +167,7 @@ def task_read_ours(spec: dict) -> dict:
 
 
 def task_read_v3view(spec: dict) -> dict:
-    from sharding_store.v3view import open_v3
+    from sharding_store.api.v3view import open_v3
 
     t0 = time.perf_counter()
     y = open_v3(spec["src"], "a")[...]
@@ -238,7 +238,7 @@ def chunk_targets(spec: dict) -> list[tuple[tuple[int, int], tuple[int, int]]]:
 
 
 def task_chunk_ours(spec: dict) -> dict:
-    from sharding_store.array import open_draft
+    from sharding_store.api.arrays import open_draft
     from sharding_store.stores import as_inner
     from sharding_store.testing import CountingInner
 
@@ -262,7 +262,7 @@ def task_chunk_ours(spec: dict) -> dict:
 
 def task_reencode(spec: dict) -> dict:
     """Decode the draft array with open_draft, re-encode it as v1.0 sharded with zarr 3."""
-    from sharding_store.array import open_draft
+    from sharding_store.api.arrays import open_draft
 
     t0 = time.perf_counter()
     x = open_draft(spec["src"], "a")[...]
@@ -271,8 +271,8 @@ def task_reencode(spec: dict) -> dict:
 
 
 def task_migrate_fn(spec: dict) -> dict:
-    """sharding_store.migrate.migrate() alone, default jobs, verify as asked, timed in-process."""
-    from sharding_store.migrate import migrate
+    """sharding_store.ops.migration.migrate() alone, default jobs, verify as asked, timed in-process."""
+    from sharding_store.ops.migration import migrate
 
     _rm(spec["dst"])
     t0 = time.perf_counter()
@@ -294,10 +294,10 @@ def task_probe(spec: dict) -> dict:
     import inspect
 
     found = {}
-    for mod, names in (("sharding_store.array", ["open_draft", "create_draft_array"]),
-                       ("sharding_store.v3view", ["open_v3"]),
-                       ("sharding_store.migrate", ["migrate"]),
-                       ("sharding_store.reshard", ["reshard"]),
+    for mod, names in (("sharding_store.api.arrays", ["open_draft", "create_draft_array"]),
+                       ("sharding_store.api.v3view", ["open_v3"]),
+                       ("sharding_store.ops.migration", ["migrate"]),
+                       ("sharding_store.ops.resharding", ["reshard"]),
                        ("sharding_store.cli.migrate", ["register"]),
                        ("sharding_store.cli.reshard", ["register"])):
         try:
@@ -310,14 +310,14 @@ def task_probe(spec: dict) -> dict:
             found[f"{mod}.{n}"] = True if hasattr(m, n) else "missing attribute"
     jobs = None
     try:
-        from sharding_store.migrate import migrate
+        from sharding_store.ops.migration import migrate
 
         p = inspect.signature(migrate).parameters.get("jobs")
         jobs = None if p is None else p.default
     except Exception:  # noqa: BLE001
         pass
     try:
-        mm = importlib.import_module("sharding_store.migrate")
+        mm = importlib.import_module("sharding_store.ops.migration")
 
         jobs_default = getattr(mm, "DEFAULT_JOBS", None)
         if jobs_default is None and hasattr(mm, "default_jobs"):

@@ -15,8 +15,8 @@ import numcodecs
 import numpy as np
 import zstandard as zs
 
-from sharding_store import draft_metadata as dm
-from sharding_store.chunk_codec import encode_chunk_payload, span_decoder
+from sharding_store.codec.chunk_codec import encode_chunk_payload, span_decoder
+from sharding_store.formats import draft_metadata as dm
 
 REPEAT = 5
 

@@ -432,7 +432,7 @@ class Bench:
             return src, self._src_ok[case.key]
         self._src_ok = getattr(self, "_src_ok", {})
         how = None
-        if self.has("sharding_store.array.create_draft_array") is None:
+        if self.has("sharding_store.api.arrays.create_draft_array") is None:
             try:
                 r = run_task(self.spec(case, "write_ours", dst=str(src), verify=True))
                 if r.get("verified"):
@@ -481,7 +481,7 @@ class Bench:
     # -- scenarios ----------------------------------------------------------------------
     def s_write(self, case: Case) -> None:
         d = self.case_dir(case)
-        ours_skip = self.has("sharding_store.array.create_draft_array")
+        ours_skip = self.has("sharding_store.api.arrays.create_draft_array")
         legacy_skip = None
         if case.size_mib > LEGACY_WRITE_MAX_MIB_AT_HIGH_CPS and case.cps > 16:
             legacy_skip = (f"not run: 2.18 rewrites a whole shard per inner chunk; one write at {case.size_label}/"
@@ -518,9 +518,9 @@ class Bench:
         v1, v1how = self.v1_copy(case, src)
         comps = [
             Competitor("open_draft", lambda v: run_task(self.spec(case, "read_ours", src=str(src), verify=v)),
-                       skip=self.has("sharding_store.array.open_draft")),
+                       skip=self.has("sharding_store.api.arrays.open_draft")),
             Competitor("open_v3", lambda v: run_task(self.spec(case, "read_v3view", src=str(src), verify=v)),
-                       skip=self.has("sharding_store.v3view.open_v3"), budget=INFO_BUDGET_S),
+                       skip=self.has("sharding_store.api.v3view.open_v3"), budget=INFO_BUDGET_S),
             Competitor("zarr-python 2.18", lambda v: run_task(self.spec(case, "read", src=str(src), verify=v),
                                                               legacy=True), budget=INFO_BUDGET_S),
             Competitor("tensorstore", lambda v: run_task(self.spec(case, "read_ts", src=str(v1), verify=v))),
@@ -556,7 +556,7 @@ class Bench:
             return self._unavailable("3 one chunk", case, "no draft source")
         iters = 5 if self.args.quick else 50
         res: dict[str, dict | str] = {}
-        for name, legacy, task, skip in (("ours", False, "chunk_ours", self.has("sharding_store.array.open_draft")),
+        for name, legacy, task, skip in (("ours", False, "chunk_ours", self.has("sharding_store.api.arrays.open_draft")),
                                          ("zarr-python 2.18", True, "chunk", None)):
             if skip:
                 res[name] = skip
@@ -605,7 +605,7 @@ class Bench:
             return self._migrate_whole_command(case, src)
         d = self.case_dir(case)
         skip = self.has("sharding_store.cli.migrate.register")
-        skip_fn = self.has("sharding_store.migrate.migrate")
+        skip_fn = self.has("sharding_store.ops.migration.migrate")
         cli = str(VENV_BIN / "sharding-store")
 
         def cmd(argv: list[str], dst: Path, verify: bool) -> dict:
@@ -635,7 +635,7 @@ class Bench:
             Competitor("cp -r", lambda v: cmd(["cp", "-r", str(src), str(d / "m-cp")], d / "m-cp", False)),
             # the anchor of a target gets as many rounds as ours (not the default budget, which
             # cut it to 3 of 5 at 128 MiB): drift of this machine over a run then moves both medians
-            Competitor("re-encode", reencode, skip=self.has("sharding_store.array.open_draft"), budget=ANCHOR_BUDGET_S),
+            Competitor("re-encode", reencode, skip=self.has("sharding_store.api.arrays.open_draft"), budget=ANCHOR_BUDGET_S),
         ]
         m = measure(comps, self.reps(case), not self.args.quick, self.log)
         jobs = self.avail.get("migrate_jobs_default")
@@ -821,7 +821,8 @@ class Bench:
             try:
                 # what every migrate/verify/reshard command pays before its work: Python and the
                 # imports (numpy, numcodecs, ours); `--version` loads none of them
-                argv = [str(PY), "-c", "import sharding_store.migrate, sharding_store.verify, sharding_store.reshard"]
+                argv = [str(PY), "-c", "import sharding_store.ops.migration, sharding_store.ops.verification, "
+                                       "sharding_store.ops.resharding"]
                 self.startup = statistics.median(run_command(argv)["seconds"] for _ in range(3))
             except TaskError:
                 pass

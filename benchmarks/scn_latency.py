@@ -268,7 +268,7 @@ def _same(y: Any, spec: dict) -> bool:
 
 
 def _tune(spec: dict) -> None:
-    """Experiments: set module constants (``{"sharding_store.array.BATCH_BYTES": ...}``)."""
+    """Experiments: set module constants (``{"sharding_store.api.arrays.BATCH_BYTES": ...}``)."""
     import importlib
 
     for name, value in (spec.get("tune") or {}).items():
@@ -283,7 +283,7 @@ def task_read_ours(spec: dict) -> dict:
     if importlib.util.find_spec("obstore") is not None:
         import obstore  # noqa: F401 - the S3 read client, imported on first use (~10 ms)
 
-    from sharding_store.array import open_draft
+    from sharding_store.api.arrays import open_draft
 
     _tune(spec)
     sel = tuple(slice(a, b) for a, b in spec.get("region", [])) or ...

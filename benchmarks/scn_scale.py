@@ -163,7 +163,7 @@ def vmhwm_mb() -> float:
 def child(n: int) -> dict[str, Any]:
     """One migration of an ``n``-shard synthetic store into a sink, in this process."""
     import sharding_store
-    from sharding_store.migrate import migrate
+    from sharding_store.ops.migration import migrate
 
     src, dst = SyntheticDraft(n), Sink()
     before = vmhwm_mb()

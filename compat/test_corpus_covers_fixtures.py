@@ -13,7 +13,7 @@ shapes relate), computed from the store files alone, the same way for both colle
 - The ``twins`` case's pairs then stand in for zarr-js's sharded/unsharded twins: they read
   alike through ``open_draft`` and ``open_v3``, 2.18 returns the same payloads for both
   where the inner chunk shapes match, and ``unshard`` turns the sharded one into exactly the
-  unsharded twin's chunk objects (what tests/test_reshard.py checks on zarr-js's stores).
+  unsharded twin's chunk objects (what tests/unit/ops/test_reshard.py checks on zarr-js's stores).
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def test_2_18_gives_twins_with_the_same_chunks_the_same_payloads(legacy_corpus):
 
 
 def test_unshard_gives_the_unsharded_twins_chunk_objects(legacy_corpus, tmp_path):
-    """tests/test_reshard.py's zarr-js twin check, on the corpus pairs."""
+    """tests/unit/ops/test_reshard.py's zarr-js twin check, on the corpus pairs."""
     from sharding_store import unshard
 
     pairs = [(s, t) for s, t in _twin_pairs(legacy_corpus) if s.entry["chunks"] == t.entry["chunks"]]

@@ -19,7 +19,7 @@ import pytest
 from compat import oracle
 from compat.oracle import arrays_equal
 from sharding_store import DraftMetadataError, create_draft_array, open_draft
-from sharding_store.chunk_codec import decode_chunk_payload, encode_chunk_payload
+from sharding_store.codec.chunk_codec import decode_chunk_payload, encode_chunk_payload
 from tests.fixtures import ZARR_JS, require
 
 pytestmark = pytest.mark.legacy

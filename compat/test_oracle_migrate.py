@@ -11,7 +11,7 @@ import pytest
 from compat import oracle
 from compat.oracle import arrays_equal
 from sharding_store import DraftMetadataError
-from sharding_store.migrate import migrate
+from sharding_store.ops.migration import migrate
 
 pytestmark = [pytest.mark.legacy, pytest.mark.filterwarnings("ignore::UserWarning")]
 

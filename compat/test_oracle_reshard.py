@@ -14,7 +14,7 @@ from sharding_store import DraftMetadataError
 
 pytestmark = pytest.mark.legacy
 
-rs = importlib.import_module("sharding_store.reshard")
+rs = importlib.import_module("sharding_store.ops.resharding")
 
 # (name, operation): each applied to a fresh copy of every corpus store
 OPERATIONS = {

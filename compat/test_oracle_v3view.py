@@ -1,7 +1,7 @@
 """The zarr-3 view (``open_v3``) against zarr-python 2.18.7, the legacy oracle.
 
 Every array 2.18 reads from the legacy corpus and from the 47 zarr-js fixtures must
-read identically through zarr-python 3 over :class:`~sharding_store.v3view.DraftV3Store`
+read identically through zarr-python 3 over :class:`~sharding_store.api.v3view.DraftV3Store`
 (values and shape; byte order aside, since zarr 3 hands out native-endian arrays).
 An array the view cannot offer must fail with a DraftMetadataError that names it,
 never with other data; an array 2.18 itself cannot read must not read here either.
@@ -16,8 +16,8 @@ import pytest
 
 from compat import oracle
 from compat.oracle import arrays_equal
+from sharding_store.api.v3view import open_v3
 from sharding_store.errors import DraftMetadataError
-from sharding_store.v3view import open_v3
 from tests.fixtures import ZARR_JS, require
 
 pytestmark = [

@@ -27,7 +27,7 @@ import pytest
 from compat import oracle
 from compat.oracle import arrays_equal
 from sharding_store import DraftMetadataError, open_draft
-from sharding_store.migrate import MigrationReport, migrate
+from sharding_store.ops.migration import MigrationReport, migrate
 from tests import fixtures
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

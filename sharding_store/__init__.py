@@ -6,7 +6,9 @@ import types
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, see _EXPORTS
-    from .array import DraftArray, DraftGroup, create_draft_array, create_draft_group, open_draft
+    from .api.arrays import DraftArray, DraftGroup, create_draft_array, create_draft_group, open_draft
+    from .api.v3view import open_v3
+    from .engine.store import ShardingStore
     from .errors import (
         ChunkDecodeError,
         ChunkKeyError,
@@ -20,41 +22,36 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, see _EXPORTS
         UsageError,
         VerificationError,
     )
-    from .inplace import upgrade_in_place
-    from .migrate import migrate
-    from .options import MigrateOptions, ReshardOptions, RunOptions, StoreOptions, UpgradeOptions, VerifyOptions
-    from .reshard import reshard, shard, unshard
-    from .shard_index import ShardIndex, decode_chunk, decode_shard, encode_shard
-    from .store import ShardingStore
-    from .v3view import open_v3
-    from .verify import verify
+    from .formats.shard_index import ShardIndex, decode_chunk, decode_shard, encode_shard
+    from .ops.migration import migrate
+    from .ops.options import MigrateOptions, ReshardOptions, RunOptions, StoreOptions, UpgradeOptions, VerifyOptions
+    from .ops.resharding import reshard, shard, unshard
+    from .ops.upgrade import upgrade_in_place
+    from .ops.verification import verify
 
 __version__ = "0.1.0"
 
 #: public name -> the module that defines it, imported on first use: the CLI and
-#: ``from sharding_store.migrate import ...`` then load only what they need (zarr-python
+#: ``from sharding_store.ops.migration import ...`` then load only what they need (zarr-python
 #: 3, for ``open_v3``, is never loaded until asked for)
 _EXPORTS = {
-    **dict.fromkeys(["DraftArray", "DraftGroup", "create_draft_array", "create_draft_group", "open_draft"], "array"),
+    **dict.fromkeys(["DraftArray", "DraftGroup", "create_draft_array", "create_draft_group", "open_draft"], "api.arrays"),
     **dict.fromkeys(
         ["ChunkDecodeError", "ChunkKeyError", "DestinationExistsError", "DraftMetadataError", "MigrationError",
          "ReadOnlyError", "ShardCorruptError", "ShardingStoreError", "StoreNotFoundError", "UsageError",
          "VerificationError"],
         "errors",
     ),
-    **dict.fromkeys(["ShardIndex", "decode_chunk", "decode_shard", "encode_shard"], "shard_index"),
-    **dict.fromkeys(["reshard", "shard", "unshard"], "reshard"),
-    "migrate": "migrate",
-    "upgrade_in_place": "inplace",
+    **dict.fromkeys(["ShardIndex", "decode_chunk", "decode_shard", "encode_shard"], "formats.shard_index"),
+    **dict.fromkeys(["reshard", "shard", "unshard"], "ops.resharding"),
+    "migrate": "ops.migration",
+    "upgrade_in_place": "ops.upgrade",
     **dict.fromkeys(["MigrateOptions", "ReshardOptions", "RunOptions", "StoreOptions", "UpgradeOptions", "VerifyOptions"],
-                    "options"),
-    "verify": "verify",
-    "ShardingStore": "store",
-    "open_v3": "v3view",
+                    "ops.options"),
+    "verify": "ops.verification",
+    "ShardingStore": "engine.store",
+    "open_v3": "api.v3view",
 }
-#: functions named like the module that defines them: ``sharding_store.migrate`` is the
-#: function, even after the import system has loaded the submodule of that name
-_SHADOWED = frozenset({"migrate", "verify", "reshard"})
 
 
 class _Package(types.ModuleType):
@@ -65,11 +62,6 @@ class _Package(types.ModuleType):
         value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
         types.ModuleType.__setattr__(self, name, value)
         return value
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _SHADOWED and isinstance(value, types.ModuleType):
-            return  # the submodule stays reachable as sys.modules["sharding_store.<name>"]
-        super().__setattr__(name, value)
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(_EXPORTS))

@@ -8,7 +8,7 @@ Written against zarr 3.1 (setup.cfg: ``zarr>=3.1``). What zarr does not make pub
 ``_open()`` (the base opening a subclass extends) and ``_is_open`` (the flag a copy of a
 store must reset). Public names are used where zarr has them (``zarr.buffer``,
 ``zarr.abc.buffer``). Importing this module imports nothing of zarr: each function imports
-what it needs. ``tests/test_adapters.py`` fails when one of these changes.
+what it needs. ``tests/unit/stores/test_adapters.py`` fails when one of these changes.
 """
 
 from __future__ import annotations

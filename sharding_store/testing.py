@@ -203,7 +203,7 @@ class CountingInner:
 
 
 # ====================================================================== fault injection
-# Hooks for :func:`sharding_store.jobs.fault_point`, the points where a crash must be
+# Hooks for :func:`sharding_store.ops.jobs.fault_point`, the points where a crash must be
 # survivable (migrate: ``unit``, ``meta``; in-place reshard: ``stage``, ``hide``, ``clear``,
 # ``move``, ``commit``). The package never installs one; tests do, in process
 # (``with fault_hook(hook): ...``) or in a subprocess through ``python -m
@@ -214,7 +214,7 @@ class CountingInner:
 @contextlib.contextmanager
 def fault_hook(hook: Callable[[str], None] | None) -> Iterator[None]:
     """Install ``hook(phase)`` at every fault point for the block (the previous one after)."""
-    from .jobs import install_fault_hook
+    from .ops.jobs import install_fault_hook
 
     previous = install_fault_hook(hook)
     try:
@@ -293,11 +293,11 @@ SLOW_LINE = "sharding-store: test: work units slowed, the first one is running"
 
 @contextlib.contextmanager
 def slow_units(seconds: float) -> Iterator[None]:
-    """For the block, every work item run through :func:`sharding_store.jobs.run_bounded`
+    """For the block, every work item run through :func:`sharding_store.ops.jobs.run_bounded`
     (a unit of ``migrate`` or ``verify``, a task of ``reshard`` on threads) sleeps ``seconds``
     in its worker before it runs: a long job, for a test to interrupt it mid-way (prints
     :data:`SLOW_LINE` when the first one starts)."""
-    from . import jobs
+    from .ops import jobs
 
     real, started = jobs._run_batch, threading.Event()
 

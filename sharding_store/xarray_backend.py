@@ -61,12 +61,12 @@ except ImportError:  # pragma: no cover - older xarray: nothing of ours needs cl
 
         return DataTree.from_dict(groups_dict)
 
-from . import draft_metadata as dm
-from . import meta2023
-from .array import DraftArray, DraftGroup, open_draft
+from .api.arrays import DraftArray, DraftGroup, open_draft
+from .api.hierarchy import DraftHierarchy, reader_label
 from .errors import UsageError
-from .hierarchy import DraftHierarchy, reader_label
-from .jobs import StoreRef
+from .formats import draft_metadata as dm
+from .formats import gen2023
+from .ops.jobs import StoreRef
 
 __all__ = ["DraftBackendArray", "DraftDataStore", "ShardingStoreBackendEntrypoint"]
 
@@ -410,7 +410,7 @@ class ShardingStoreBackendEntrypoint(BackendEntrypoint):
         if "://" in path or "::" in path:
             return False
         raw = _read_small_file(os.path.join(os.path.expanduser(path), dm.ENTRY_POINT_KEY))
-        return raw is not None and meta2023.classify_node(raw, dm.ENTRY_POINT_KEY) in ("draft-2022", "2023")
+        return raw is not None and gen2023.classify_node(raw, dm.ENTRY_POINT_KEY) in ("draft-2022", "2023")
 
     def open_dataset(
         self,

@@ -11,7 +11,7 @@ import numpy as np
 import zarr
 
 from sharding_store import create_draft_array, create_draft_group
-from sharding_store.shard_index import ShardIndex, index_nbytes, read_index
+from sharding_store.formats.shard_index import ShardIndex, index_nbytes, read_index
 from sharding_store.stores import as_inner
 from tests.fixtures import ZARR_JS, require
 

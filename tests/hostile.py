@@ -18,7 +18,6 @@ import numcodecs
 import numpy as np
 
 from sharding_store import ShardingStore
-from sharding_store import draft_metadata as dm
 from sharding_store.errors import (
     ChunkDecodeError,
     DraftMetadataError,
@@ -26,7 +25,8 @@ from sharding_store.errors import (
     ShardingStoreError,
     StoreNotFoundError,
 )
-from sharding_store.shard_index import MAX_UINT64
+from sharding_store.formats import draft_metadata as dm
+from sharding_store.formats.shard_index import MAX_UINT64
 
 GOOD = "good"
 BAD = "bad"

@@ -17,7 +17,7 @@
 3. No environment-variable hook in the package: ``os.environ``/``getenv`` only where the
    allow-list below says why; no ``SHARDING_STORE_TEST_*`` name anywhere in it.
 4. ``counting`` is not in the package namespace; ``sharding_store.testing.CountingInner`` is.
-5. One module (``_native.py``) owns every ctypes binding and takes every raw address of an
+5. One module (``codec/_native.py``) owns every ctypes binding and takes every raw address of an
    array (``.ctypes.data``, ``__array_interface__``): other modules pass arrays to its
    functions (issue 23).
 6. No public function takes more than 8 parameters and no function (nested ones included)
@@ -46,16 +46,19 @@ ROOT = Path(importlib.util.find_spec(PACKAGE).origin).parent  # the package unde
 #: The module map of issue 13 (PLAN.md "Target layers"), bottom-up. A module may import its
 #: own layer or lower ones. ``stores.*`` / ``cli.*`` stand for every module of the package.
 LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
-    0: ("native bindings and the zarr adapter (no package import)", ("_native", "_zarr_adapter")),
+    0: ("native bindings and the zarr adapter (no package import)", ("codec", "codec._native", "_zarr_adapter")),
     1: ("format (pure, no I/O)",
-        ("errors", "keys", "shard_index", "fill_value", "draft_metadata", "v3_metadata", "meta2023", "v3_layout", "journal",
-         "upgrade_journal")),
-    2: ("stores", ("stores", "stores.*", "locks")),
-    3: ("codecs", ("chunk_codec", "buffers")),
-    4: ("shard engine", ("engine", "store")),
-    5: ("hierarchy and arrays", ("hierarchy", "array", "v3view", "inspect")),
-    6: ("jobs", ("jobs", "progress")),
-    7: ("drivers", ("options", "migrate", "node_plan", "migrate_units", "destination", "verify", "reshard", "inplace")),
+        ("errors", "formats", "formats.keys", "formats.shard_index", "formats.fill_value", "formats.draft_metadata",
+         "formats.v3_documents", "formats.gen2023", "formats.v3_layout", "formats.reshard_journal",
+         "formats.upgrade_journal")),
+    2: ("stores", ("stores", "stores.*", "stores.locks")),
+    3: ("codecs", ("codec.chunk_codec", "codec.buffers")),
+    4: ("shard engine", ("engine", "engine.shard_engine", "engine.store")),
+    5: ("hierarchy and arrays", ("api", "api.hierarchy", "api.arrays", "api.v3view", "api.evidence")),
+    6: ("jobs", ("ops", "ops.jobs", "ops.progress")),
+    7: ("drivers",
+        ("ops.options", "ops.migration", "ops.node_plan", "ops.units", "ops.destination", "ops.verification",
+         "ops.resharding", "ops.upgrade")),
     8: ("package facade (lazy re-exports of the public names)", ("",)),
     9: ("command line", ("cli", "cli.*", "__main__")),
     10: ("xarray backend (an entry point of xarray's; never imported by the package)", ("xarray_backend",)),
@@ -65,11 +68,11 @@ LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
 RETIRED = {
     "inner": "the stores/ package (stores/base.py, local.py, fsspec.py, mapping.py, zarr.py)",
     "counting": "sharding_store/testing.py (CountingInner, out of the package namespace)",
-    "retry": "jobs.py (run_bounded, retries, fault points: one of each)",
+    "retry": "ops/jobs.py (run_bounded, retries, fault points: one of each)",
 }
 #: modules the new map must have
-REQUIRED = ("stores", "stores.base", "stores.local", "stores.fsspec", "stores.mapping", "stores.zarr",
-            "testing", "journal", "chunk_codec", "_native", "engine", "store", "jobs")
+REQUIRED = ("stores", "stores.base", "stores.local", "stores.fsspec_store", "stores.mapping", "stores.zarr_store",
+            "testing", "formats.reshard_journal", "codec.chunk_codec", "codec._native", "engine.shard_engine", "engine.store", "ops.jobs")
 
 #: where a store's concrete classes and private attributes may be used (``inner``/``counting``:
 #: the old store layer, reported as retired by test_the_module_map_of_issue_13_exists)
@@ -92,7 +95,7 @@ ENV_ALLOWED = {
     ("stores._obstore", "AWS_ACCESS_KEY_ID"): "obstore: the credentials botocore's chain takes first",
     ("stores._obstore", "AWS_SECRET_ACCESS_KEY"): "obstore: the credentials botocore's chain takes first",
 }
-NATIVE = "_native"
+NATIVE = "codec._native"
 
 #: issue 23's limits: parameters of a public function, lines of any function
 MAX_PARAMETERS = 8
@@ -145,9 +148,13 @@ def parse(module: str) -> ast.Module:
 
 
 def layer_of(module: str) -> int | None:
+    """The layer that names ``module`` exactly, else the one whose ``folder.*`` holds it."""
+    for n, (_, members) in LAYERS.items():
+        if module in members:
+            return n
     for n, (_, members) in LAYERS.items():
         for m in members:
-            if module == m or (m.endswith(".*") and module.startswith(m[:-1])):
+            if m.endswith(".*") and module.startswith(m[:-1]):
                 return n
     return None
 
@@ -400,7 +407,7 @@ def test_a_lower_layer_never_imports_a_higher_one():
 def test_the_graph_builder_sees_function_level_relative_and_lazy_imports():
     """The checks above can fail: the graph holds the edges they are about."""
     graph = {m: {i.target for i in imps} for m, imps in import_graph(type_only=False).items()}
-    assert graph[""] >= {"array", "errors", "migrate", "verify", "v3view"}, graph[""]  # _EXPORTS
+    assert graph[""] >= {"api.arrays", "errors", "ops.migration", "ops.verification", "api.v3view"}, graph[""]  # _EXPORTS
     imps = [i for imps in import_graph(type_only=True).values() for i in imps]
     assert any(i.where.startswith("in function") for i in imps)
     assert any(i.type_only for i in imps) or not any(
@@ -589,7 +596,7 @@ def test_only_the_native_module_binds_compiled_libraries():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
             if any(n == "ctypes" or n.startswith("ctypes.") for n in names):
                 bad.append(f"  {path_of(m)}:{node.lineno} ({where})")
-    assert not bad, f"ctypes imported outside sharding_store/{NATIVE}.py:\n" + "\n".join(bad)
+    assert not bad, f"ctypes imported outside {path_of(NATIVE)}:\n" + "\n".join(bad)
 
 
 #: what takes a raw memory address from a numpy array (issue 23: only ``_native`` may)
@@ -602,11 +609,11 @@ def raw_address_uses(text: str) -> list[int]:
 
 
 def test_no_raw_address_outside_the_native_module():
-    """Raw addresses are taken in ``_native.py`` only (``data_address``, ``madvise_array``,
+    """Raw addresses are taken in ``codec/_native.py`` only (``data_address``, ``madvise_array``,
     ``same_bytes``, ``align_skip``): no ``arr.ctypes.data`` anywhere else in the package."""
     bad = [f"  {path_of(m)}:{n}" for m in modules() if m != NATIVE
            for n in raw_address_uses(modules()[m].read_text())]
-    assert not bad, f"raw addresses taken outside sharding_store/{NATIVE}.py:\n" + "\n".join(bad)
+    assert not bad, f"raw addresses taken outside {path_of(NATIVE)}:\n" + "\n".join(bad)
 
 
 def test_the_raw_address_scanner_sees_every_spelling():
@@ -756,11 +763,11 @@ GENERATION_NAMES = ("Generation.DRAFT_2023", "Generation.DRAFT_2022", "Hierarchy
                     "is_draft_2023", "migrate2023")
 #: the generation readers, where the generation is decided, each with its reason
 GENERATION_READERS = {
-    "hierarchy": "detect_generation and node_model pick the reader; the models say what their "
+    "api.hierarchy": "detect_generation and node_model pick the reader; the models say what their "
                                 "generation allows (writable, upgradable_in_place, era, label)",
-    "meta2023": "the 2023 generation's node documents",
-    "draft_metadata": "the 2022 generation's documents",
-    "v3_layout": "final/2023 array documents translated for the reader",
+    "formats.gen2023": "the 2023 generation's node documents",
+    "formats.draft_metadata": "the 2022 generation's documents",
+    "formats.v3_layout": "final/2023 array documents translated for the reader",
 }
 
 
@@ -775,3 +782,131 @@ def test_no_module_outside_the_generation_readers_names_the_generation() -> None
         offenders += [f"{path_of(module)}: {name}" for name in GENERATION_NAMES if name in text]
     assert not offenders, offenders
     assert set(GENERATION_READERS) <= set(modules())
+
+
+# --------------------------------------------------------------------------- 7. the layout shows the layers
+
+
+#: each folder of the package and the layers its modules are in (issue 23: a newcomer reads
+#: the layers from the folders); a module at the top level is one of its own
+FOLDERS: dict[str, set[int]] = {
+    "formats": {1}, "stores": {2}, "codec": {0, 3}, "engine": {4}, "api": {5}, "ops": {6, 7}, "cli": {9},
+}
+#: our dependencies' import names: a module named like one shadows it for a reader
+DEPENDENCIES = {"zarr", "fsspec", "numcodecs", "numpy", "crc32c", "tqdm", "s3fs", "obstore", "botocore", "dask",
+                "distributed", "xarray", "tensorstore", "zarrs", "psutil", "zstandard"}
+
+
+def test_every_folder_holds_the_layers_it_stands_for():
+    bad = []
+    for m in modules():
+        folder = m.split(".")[0] if "." in m or (m and is_package(m)) else None
+        if folder is None:
+            continue
+        assert folder in FOLDERS, f"{path_of(m)}: a new folder; add it to FOLDERS (and to the README table)"
+        if layer_of(m) not in FOLDERS[folder]:
+            bad.append(f"  {path_of(m)}: layer {layer_of(m)}, its folder {folder}/ holds layers {FOLDERS[folder]}")
+    assert not bad, "modules in a folder of another layer:\n" + "\n".join(bad)
+
+
+def _bound_names(module: str) -> set[str]:
+    """Names a package's ``__init__`` binds (defines, assigns, imports as something other than
+    its submodule), and for the facade its lazy public names."""
+    tree = parse(module)
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None:
+            continue  # ``from . import sub``: the submodule itself
+        elif isinstance(node, ast.ImportFrom):
+            names |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    if module == "":
+        names |= set(importlib.import_module(PACKAGE).__all__)
+    return names
+
+
+def test_no_module_shadows_a_function_the_standard_library_or_a_dependency():
+    """``sharding_store.migrate`` was a function and a module, ``inspect`` and ``array`` were
+    names of the standard library, ``stores/zarr.py`` of a dependency (issue 23)."""
+    bad = []
+    for m in modules():
+        if not m:
+            continue
+        parent, _, leaf = m.rpartition(".")
+        if leaf.startswith("__"):
+            continue
+        if leaf in sys.stdlib_module_names:
+            bad.append(f"  {path_of(m)}: '{leaf}' is a standard-library module")
+        if leaf in DEPENDENCIES:
+            bad.append(f"  {path_of(m)}: '{leaf}' is a dependency's package")
+        if leaf in _bound_names(parent):
+            bad.append(f"  {path_of(m)}: '{leaf}' is also a name its package {_name(parent)} binds")
+    assert not bad, "module names that shadow something:\n" + "\n".join(bad)
+
+
+def test_the_shadow_check_sees_a_shadow():
+    assert "inspect" in sys.stdlib_module_names and "array" in sys.stdlib_module_names
+    assert "migrate" in _bound_names("") and "verify" in _bound_names("")
+
+
+README = ROOT.parent / "README.md"
+
+
+def readme_module_table() -> list[tuple[int, str]]:
+    """(layer, module path under the package) for every row of the README's module table;
+    a row with an empty layer cell is in the layer of the row above."""
+    text = README.read_text()
+    m = re.search(r"\| layer \| module \| what it holds \|\n\|---\|---\|---\|\n((?:\|.*\|\n)+)", text)
+    assert m, "README.md: the module table (| layer | module | what it holds |) is missing"
+    rows, layer = [], None
+    for row in m.group(1).splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if cells[0]:
+            layer = int(cells[0].split()[0])
+        for name in re.findall(r"`([\w/]+\.py)`", cells[1]):
+            rows.append((layer, name))
+    return rows
+
+
+def _listed_modules() -> dict[str, str]:
+    """module path under the package -> module name, for every module the table must list
+    (a folder's ``__init__.py`` holding nothing but its docstring is the folder's title)."""
+    out = {}
+    for m, f in modules().items():
+        tree = parse(m)
+        trivial = all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in tree.body)
+        if f.name == "__init__.py" and m and trivial:
+            continue
+        out[f.relative_to(ROOT).as_posix()] = m
+    return out
+
+
+def test_the_readme_module_table_lists_exactly_the_modules_in_their_layers():
+    rows = readme_module_table()
+    listed = [name for _, name in rows]
+    expected = _listed_modules()
+    assert sorted(listed) == sorted(set(listed)), f"listed twice: {sorted({n for n in listed if listed.count(n) > 1})}"
+    missing, extra = sorted(set(expected) - set(listed)), sorted(set(listed) - set(expected))
+    assert not missing and not extra, f"README module table: missing {missing}, not in the package {extra}"
+    wrong = [f"  {name}: README says layer {n}, LAYERS says {layer_of(expected[name])}"
+             for n, name in rows if layer_of(expected[name]) != n]
+    assert not wrong, "README module table against LAYERS:\n" + "\n".join(wrong)
+
+
+#: tests of the package as a whole, at the top of tests/ (every other test is in a folder)
+PACKAGE_WIDE_TESTS = {"test_architecture", "test_package", "test_startup_imports", "test_install"}
+
+
+def test_the_tests_mirror_the_package_folders():
+    """``tests/unit/<folder>/`` for folders of the package only, ``tests/integration/``,
+    and no test module loose at the top but the package-wide ones."""
+    tests = Path(__file__).resolve().parent
+    unit = {p.name for p in (tests / "unit").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert unit <= set(FOLDERS), f"tests/unit/ folders that are no package folder: {sorted(unit - set(FOLDERS))}"
+    loose = sorted(p.name for p in tests.glob("test_*.py") if p.stem not in PACKAGE_WIDE_TESTS)
+    assert not loose, f"test modules at the top of tests/ (put them in tests/unit/<folder>/ or tests/integration/): {loose}"
+    for folder in [tests / "unit", tests / "integration", *(tests / "unit" / u for u in unit)]:
+        assert (folder / "__init__.py").is_file(), f"{folder} is no package (tests import each other as tests.x.y)"

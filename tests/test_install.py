@@ -213,7 +213,7 @@ def test_a_wheel_with_the_library_is_tagged_for_its_platform_only(tmp_path):
     assert (py, abi) == ("py3", "none") and plat != "any", wheel.name
     assert plat in {str(p) for p in tags.platform_tags()}, plat
     assert "Root-Is-Purelib: false" in meta and f"Tag: py3-none-{plat}" in meta, meta
-    assert [n for n in names if n.endswith((".so", ".dll", ".pyd"))] == ["sharding_store/_loops.so"], names
+    assert [n for n in names if n.endswith((".so", ".dll", ".pyd"))] == ["sharding_store/codec/_loops.so"], names
     for version in ((3, 11), (3, 12), (3, 13)):
         interp = f"cp{version[0]}{version[1]}"
         supported = {str(t) for t in tags.compatible_tags(python_version=version, interpreter=interp, platforms=[plat])}

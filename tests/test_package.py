@@ -12,9 +12,10 @@ def test_package_exports_load_on_first_use_and_functions_win_over_submodules():
     code = (
         "import sys, sharding_store as s\n"
         "heavy = [m for m in ('numpy', 'numcodecs', 'zarr', 'fsspec') if m in sys.modules]\n"
-        "import sharding_store.migrate, sharding_store.verify, sharding_store.reshard\n"
+        "import sharding_store.ops.migration, sharding_store.ops.verification, sharding_store.ops.resharding\n"
         "from sharding_store import migrate, verify, reshard\n"
-        "ok = all(callable(f) and f.__module__ == 'sharding_store.' + f.__name__ for f in (s.migrate, s.verify, s.reshard, migrate))\n"
+        "ok = all(callable(f) and f.__module__ == 'sharding_store.' + s._EXPORTS[f.__name__]"
+        "         for f in (s.migrate, s.verify, s.reshard, migrate))\n"
         "missing = [n for n in s.__all__ if getattr(s, n, None) is None]\n"
         "print(heavy, ok, missing, 'zarr' in sys.modules)\n"
     )

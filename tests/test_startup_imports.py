@@ -18,12 +18,12 @@ LIGHT_MODULES = [
     "sharding_store.cli.reshard",
     "sharding_store.cli.info",
     "sharding_store.errors",
-    "sharding_store.keys",
-    "sharding_store.draft_metadata",
-    "sharding_store.v3_metadata",
-    "sharding_store.shard_index",
-    "sharding_store.chunk_codec",
-    "sharding_store._native",
+    "sharding_store.formats.keys",
+    "sharding_store.formats.draft_metadata",
+    "sharding_store.formats.v3_documents",
+    "sharding_store.formats.shard_index",
+    "sharding_store.codec.chunk_codec",
+    "sharding_store.codec._native",
 ]
 
 
@@ -49,28 +49,28 @@ def test_metadata_index_and_codec_modules_import_numcodecs_only_when_a_codec_is_
         "shape": [4], "data_type": "<u2", "chunk_grid": {"type": "regular", "chunk_shape": [2], "separator": "/"},
         "chunk_memory_layout": "C", "fill_value": 0, "extensions": [], "attributes": {}, "compressor": None,
     }
-    parse = ("from sharding_store.draft_metadata import parse_array_metadata\n"
+    parse = ("from sharding_store.formats.draft_metadata import parse_array_metadata\n"
              f"parse_array_metadata({json.dumps(doc)!r}.encode(), 'meta/root/a.array.json')")
     assert _loaded_after(imports + "\n" + parse)["numcodecs"] is False
     # the control: a compressor is a numcodecs object, built on first use
     doc["compressor"] = {"codec": "https://purl.org/zarr/spec/codec/zstd/1.0", "configuration": {"level": 1}}
-    parse = ("from sharding_store.draft_metadata import parse_array_metadata\n"
+    parse = ("from sharding_store.formats.draft_metadata import parse_array_metadata\n"
              f"m = parse_array_metadata({json.dumps(doc)!r}.encode(), 'meta/root/a.array.json')")
     seen = _loaded_after(imports + "\n" + parse + "\nassert type(m.compressor).__name__ == 'Zstd'")
     assert seen["numcodecs"] is True and seen["numcodecs.zstd"] is True
 
 
 def test_opening_a_sharded_array_does_not_import_the_lost_transformer_check(tmp_path):
-    """``open_draft`` of a sharded array skips ``inspect`` (the lost-transformer check only
+    """``open_draft`` of a sharded array skips ``evidence`` (the lost-transformer check only
     concerns unsharded arrays; importing it cost ~3-5 ms of every open); an unsharded
     array, the control, loads it."""
-    from sharding_store.array import create_draft_array
+    from sharding_store.api.arrays import create_draft_array
 
     create_draft_array(str(tmp_path / "s"), "a", shape=(8,), chunks=(2,), dtype="<u2", chunks_per_shard=(2,))
     create_draft_array(str(tmp_path / "u"), "a", shape=(8,), chunks=(2,), dtype="<u2")
     probe = (
-        "import sys\nfrom sharding_store.array import open_draft\n"
-        "open_draft(sys.argv[1], 'a')\nprint('sharding_store.inspect' in sys.modules)\n"
+        "import sys\nfrom sharding_store.api.arrays import open_draft\n"
+        "open_draft(sys.argv[1], 'a')\nprint('sharding_store.api.evidence' in sys.modules)\n"
     )
 
     def loaded(path):

@@ -29,13 +29,13 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ShardingStoreError
-from ..progress import human_bytes, progress_bar
+from ..ops.progress import human_bytes, progress_bar
 from .options import add_assume_option, add_progress_option, assumed, storage_options
 
 if TYPE_CHECKING:  # the machinery loads when a command runs (numpy and numcodecs with it)
-    from ..hierarchy import DraftHierarchy, Node
-    from ..inspect import ArrayStats
-    from ..journal import Journal
+    from ..api.evidence import ArrayStats
+    from ..api.hierarchy import DraftHierarchy, Node
+    from ..formats.reshard_journal import Journal
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -74,8 +74,8 @@ MIGRATE_DOES = {
 
 def display_path(path: str) -> str:
     """A node path as printed: ``/a/b``; escaped when it holds what could forge a line
-    (:func:`~sharding_store.draft_metadata.escape_name`)."""
-    from ..draft_metadata import escape_name
+    (:func:`~sharding_store.formats.draft_metadata.escape_name`)."""
+    from ..formats.draft_metadata import escape_name
 
     return escape_name("/" + path)
 
@@ -130,8 +130,8 @@ def _nodes(h: DraftHierarchy, root: str) -> list[Node]:
 
 def format_array(s: ArrayStats) -> str:
     """A short human-readable block for one array."""
-    from ..draft_metadata import escape_name
-    from ..inspect import codec_chain_text
+    from ..api.evidence import codec_chain_text
+    from ..formats.draft_metadata import escape_name
 
     m = s.meta
     objects = ("shard" if m.is_sharded else "chunk object") + ("" if s.n_objects == 1 else "s")
@@ -173,7 +173,7 @@ def _damaged(h: DraftHierarchy, root: str) -> dict[str, ShardingStoreError]:
 def _interrupted(h: DraftHierarchy, root: str, unreadable: list[ShardingStoreError] | None = None) -> list[Journal]:
     """Interrupted in-place reshards of arrays at or below ``root`` (one listing); journals
     that cannot be read go to ``unreadable`` (reported; ``--strict`` fails on them)."""
-    from ..journal import interrupted_reshards
+    from ..formats.reshard_journal import interrupted_reshards
 
     bad: list[Any] = []
     found = [j for j in interrupted_reshards(h.inner, bad) if _in_subtree(j.path, root)]
@@ -183,7 +183,7 @@ def _interrupted(h: DraftHierarchy, root: str, unreadable: list[ShardingStoreErr
 
 
 def _interrupted_text(j: Journal, location: str) -> str:
-    from ..journal import resume_command
+    from ..formats.reshard_journal import resume_command
 
     return f"{display_path(j.path)}\n  interrupted reshard: {j.describe()}; complete it with `{resume_command(location)}`"
 
@@ -192,7 +192,7 @@ def info_document(
     location: str, h: DraftHierarchy, nodes: list[Node], stats: list[ArrayStats], root: str = "",
     reshards: list[Journal] | None = None, unreadable_journals: list[ShardingStoreError] | None = None,
 ) -> dict[str, Any]:
-    from ..journal import resume_command
+    from ..formats.reshard_journal import resume_command
 
     return {
         "store": location,
@@ -227,11 +227,11 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
     """``info`` of a store of the 2023 intermediate generation: the generation, every node and
     what ``migrate`` changes in it (the shard index decided from the shards' tails), damaged
     nodes; False (nothing printed) for any other generation."""
-    from ..draft_metadata import normalize_path
+    from ..api.hierarchy import inner_of, walked_model
     from ..errors import StoreNotFoundError, UsageError
-    from ..hierarchy import inner_of, walked_model
-    from ..inplace import upgrade_leftovers
-    from ..node_plan import plan_hierarchy
+    from ..formats.draft_metadata import normalize_path
+    from ..ops.node_plan import plan_hierarchy
+    from ..ops.upgrade import upgrade_leftovers
 
     inner = inner_of(args.store, opts)
     model = walked_model(inner)
@@ -293,9 +293,9 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
 def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool:
     """An interrupted in-place upgrade (``migrate --in-place``): its documents are a mix of
     old and new, so that is what ``info`` says (``--strict``: exit 10); False when none."""
-    from ..hierarchy import inner_of
-    from ..inplace import upgrade_status
-    from ..upgrade_journal import interrupted_upgrade, interrupted_upgrade_error
+    from ..api.hierarchy import inner_of
+    from ..formats.upgrade_journal import interrupted_upgrade, interrupted_upgrade_error
+    from ..ops.upgrade import upgrade_status
 
     inner = inner_of(args.store, opts)
     status = upgrade_status(inner, args.store)
@@ -320,11 +320,11 @@ def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from ..draft_metadata import normalize_path
-    from ..hierarchy import open_hierarchy
-    from ..inspect import hierarchy_stats, stats_nodes
-    from ..journal import interrupted_error, resume_command
-    from ..reshard import staging_leftovers
+    from ..api.evidence import hierarchy_stats, stats_nodes
+    from ..api.hierarchy import open_hierarchy
+    from ..formats.draft_metadata import normalize_path
+    from ..formats.reshard_journal import interrupted_error, resume_command
+    from ..ops.resharding import staging_leftovers
 
     opts = storage_options(args.storage_options)
     assume = assumed(args)
@@ -388,7 +388,7 @@ def ls_line(n: Node) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from ..hierarchy import open_hierarchy
+    from ..api.hierarchy import open_hierarchy
 
     h = open_hierarchy(args.store, storage_options=storage_options(args.storage_options), strict=False)
     for n in _nodes(h, args.path):

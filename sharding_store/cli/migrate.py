@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import UsageError
-from ..options import MigrateOptions, RunOptions, StoreOptions, UpgradeOptions, VerifyOptions
+from ..ops.options import MigrateOptions, RunOptions, StoreOptions, UpgradeOptions, VerifyOptions
 from .options import add_assume_option, add_progress_option, assumed, command_again, int_tuple, named_dimensions, storage_options
 
 
@@ -104,7 +104,7 @@ def interrupted_advice(args: argparse.Namespace, phase: str) -> str:
     same command with ``--resume`` (never with ``--overwrite``, which would throw the work
     away); after everything was written (``phase`` "verify"), the ``verify`` command; for an
     in-place upgrade its ``--resume``/``--undo`` pair; nothing after a dry run."""
-    from ..upgrade_journal import resume_upgrade_command, undo_upgrade_command
+    from ..formats.upgrade_journal import resume_upgrade_command, undo_upgrade_command
 
     if args.dry_run:
         return ""
@@ -158,7 +158,7 @@ def _executor(address: str | None) -> Iterator[Any]:
 
 def upgrade_options(args: argparse.Namespace) -> tuple[UpgradeOptions, RunOptions, StoreOptions]:
     """The one mapping of ``migrate PATH --in-place [--resume|--undo]``'s arguments onto
-    :func:`~sharding_store.inplace.upgrade_in_place`'s options; those that do not apply
+    :func:`~sharding_store.ops.upgrade.upgrade_in_place`'s options; those that do not apply
     are refused by name."""
     if not args.in_place:
         raise UsageError("--undo applies to an in-place upgrade: give --in-place")
@@ -179,7 +179,7 @@ def upgrade_options(args: argparse.Namespace) -> tuple[UpgradeOptions, RunOption
 
 def run_in_place(args: argparse.Namespace) -> int:
     """``migrate PATH --in-place [--resume|--undo]``."""
-    from ..inplace import upgrade_in_place
+    from ..ops.upgrade import upgrade_in_place
 
     options, run, stores = upgrade_options(args)
     report = upgrade_in_place(args.src, options, run=run, stores=stores)
@@ -188,7 +188,7 @@ def run_in_place(args: argparse.Namespace) -> int:
 
 
 def migrate_options(args: argparse.Namespace) -> tuple[MigrateOptions, RunOptions, StoreOptions]:
-    """The one mapping of ``migrate SRC DST``'s arguments onto :func:`~sharding_store.migrate.migrate`'s
+    """The one mapping of ``migrate SRC DST``'s arguments onto :func:`~sharding_store.ops.migration.migrate`'s
     options (``--scheduler`` adds the executor once it is connected)."""
     if args.dst is None:
         raise UsageError("migrate: give DST (or --in-place to upgrade a 2023-generation store where it is)")
@@ -204,7 +204,7 @@ def migrate_options(args: argparse.Namespace) -> tuple[MigrateOptions, RunOption
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from ..migrate import migrate
+    from ..ops.migration import migrate
 
     if args.in_place or args.undo:
         return run_in_place(args)
@@ -216,7 +216,7 @@ def run_migrate(args: argparse.Namespace) -> int:
 
 
 def verify_options(args: argparse.Namespace) -> tuple[VerifyOptions, RunOptions, StoreOptions]:
-    """The one mapping of ``verify``'s arguments onto :func:`~sharding_store.verify.verify`'s
+    """The one mapping of ``verify``'s arguments onto :func:`~sharding_store.ops.verification.verify`'s
     options (``--scheduler`` adds the executor once it is connected)."""
     if args.max_differences < 1:
         raise UsageError(f"--max-differences {args.max_differences}: must be >= 1")
@@ -231,7 +231,7 @@ def run_verify(args: argparse.Namespace) -> int:
     (exit 9); with ``--json`` the report (``ok: false``, the first ``--max-differences``
     differences in full) on stdout, exit 9 too."""
     from ..errors import VerificationError
-    from ..verify import verify
+    from ..ops.verification import verify
 
     options, run, stores = verify_options(args)
     with _executor(args.scheduler) as executor:

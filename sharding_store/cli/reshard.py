@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from ..errors import UsageError
-from ..options import ReshardOptions, RunOptions, StoreOptions
+from ..ops.options import ReshardOptions, RunOptions, StoreOptions
 from .options import add_progress_option, command_again, int_tuple, storage_options
 
 
@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
 
 
 def options(args: argparse.Namespace) -> tuple[ReshardOptions, RunOptions, StoreOptions]:
-    """The one mapping of ``reshard``'s arguments onto the typed options of :func:`~sharding_store.reshard.reshard`."""
+    """The one mapping of ``reshard``'s arguments onto the typed options of :func:`~sharding_store.ops.resharding.reshard`."""
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: must be >= 1")
     if args.only_unsharded and args.chunks_per_shard is None:
@@ -58,7 +58,7 @@ def options(args: argparse.Namespace) -> tuple[ReshardOptions, RunOptions, Store
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..reshard import complete_interrupted, reshard
+    from ..ops.resharding import complete_interrupted, reshard
 
     layout, run_options, stores = options(args)
     if args.chunks_per_shard is None and not args.unshard:
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 def interrupted_advice(args: argparse.Namespace, phase: str) -> str:
     """What ends an interrupted ``reshard``: in place, ``--resume`` completes it from its
     journal; a copy into DST is made again with ``--overwrite``."""
-    from ..journal import resume_command
+    from ..formats.reshard_journal import resume_command
 
     if args.dst is None:
         return f"complete it with `{resume_command(args.src)}` (nothing written so far is lost)"

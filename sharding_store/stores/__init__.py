@@ -31,11 +31,11 @@ from .base import (
     list_dir_from_keys,
     slice_range,
 )
-from .fsspec import FsspecInner
+from .fsspec_store import FsspecInner
 from .local import FILE_MODE, TEMP_MARKER, LocalInner, atomic_local_file, is_temp, write_all, write_local_atomic
 from .location import relation
 from .mapping import MappingInner
-from .zarr import ZarrStoreInner
+from .zarr_store import ZarrStoreInner
 
 __all__ = [
     "FILE_MODE",

@@ -4,7 +4,7 @@
 a URL or path into the filesystem's own path spelling; fsspec's public
 ``fsspec.core.strip_protocol(url)`` picks the filesystem class from the URL instead of
 taking ours (a bare ``bucket/key`` would become a local absolute path).
-``tests/test_adapters.py`` fails when it changes.
+``tests/unit/stores/test_adapters.py`` fails when it changes.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Creating the s3fs/aiobotocore client costs ~150 ms (botocore parses its service models) and
 s3fs reads bodies in Python; obstore's client starts in a few milliseconds and reads in
-native threads. :class:`ObstoreInner` is an :class:`~sharding_store.stores.fsspec.FsspecInner`
+native threads. :class:`ObstoreInner` is an :class:`~sharding_store.stores.fsspec_store.FsspecInner`
 whose *reads* — ``get``, ``get_ranges`` (with ``If-Match`` versions), ``get_tails``,
 ``read_into``, ``exists``, ``size`` — go through obstore; everything else (writes,
 conditional puts, listings, server-side copies, moves) is the s3fs code, on an s3fs
@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ObjectChangedError, StoreIOError, UsageError
 from .base import Location, RangeRequest, Tail, Version
-from .fsspec import FsspecInner
+from .fsspec_store import FsspecInner
 from .location import endpoint_location
 
 __all__ = ["ObstoreInner", "obstore_options", "CLIENT"]

@@ -22,7 +22,7 @@ from ._s3fs_adapter import call_s3, exists
 from .base import RangeRequest, Tail, Version
 
 if TYPE_CHECKING:
-    from .fsspec import FsspecInner
+    from .fsspec_store import FsspecInner
 
 #: concurrent requests of one call (s3fs's own default batch for cat_ranges is similar)
 MAX_CONCURRENT = 64

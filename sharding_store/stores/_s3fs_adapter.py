@@ -4,7 +4,7 @@ s3fs has no public asynchronous call of its own client, existence check or paged
 so the async S3 paths go through these, written against s3fs 2024.6 to 2026.x
 (``S3FileSystem._call_s3(method, *akwarglist, **kwargs)``, ``_exists(path)``,
 ``_iterdir(bucket, max_items=None, delimiter="/", prefix="", versions=False)``).
-``tests/test_adapters.py`` fails when one of them changes name or signature; a newer
+``tests/unit/stores/test_adapters.py`` fails when one of them changes name or signature; a newer
 s3fs that moves them needs only this module changed.
 """
 

@@ -42,7 +42,7 @@ import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
-from .. import _native
+from ..codec import _native
 from ..errors import LinkOutsideStoreError, MigrationError, ObjectChangedError
 from .base import (
     BaseInner,

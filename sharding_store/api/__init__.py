@@ -1,0 +1,2 @@
+"""Layer 5: what users open: hierarchies, numpy arrays, the ``ShardingStore`` mapping,
+the zarr-python 3 view, the per-array evidence ``info`` shows."""

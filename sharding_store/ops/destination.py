@@ -1,0 +1,271 @@
+"""A migration's destination: what claims it, what it remembers, what may be emptied or continued.
+
+Shared by the copy migration of every generation (:mod:`.migrate`) and
+by :mod:`.verify`, so the rules are one set:
+
+* the **marker** (:data:`MARKER_KEY`) exists while a migration writes into DST: created
+  exclusively before the first write, deleted after the root document;
+* the **record** (:data:`RECORD_KEY`) is written right after the marker and stays: what
+  DST was migrated from (the source as spelled and its canonical location) and with which
+  options (generation, chunks per shard, index checksum and location, portable,
+  dimension names, assumed layouts, consolidation). It is a small JSON object at DST's
+  root, beside ``zarr.json``: no Zarr reader lists a root object that is not a
+  directory as a node, and :func:`extra_nodes` never counts it;
+* ``--resume`` continues DST only when its marker and its record say the same source and
+  options as the run (:func:`check_resume`), else :class:`UsageError` (exit 2) naming
+  what differs; a DST holding neither is not ours to continue;
+* ``--overwrite`` empties DST only when it holds a Zarr hierarchy (a document of any
+  generation at its root) or one of our markers or records (:func:`check_overwrite`,
+  else :class:`DestinationExistsError`, exit 8, naming what is there); what identifies it
+  is deleted last, so an interrupted emptying can be run again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api.hierarchy import V2_ROOT_KEYS
+from ..errors import DestinationExistsError, UsageError
+from ..stores import Inner
+
+#: the object that marks a destination as a migration in progress (and records its options)
+MARKER_KEY = ".sharding-store-migration.json"
+#: the object that records, for good, what a destination was migrated from and how
+RECORD_KEY = ".sharding-store-record.json"
+#: root objects that make a directory a Zarr hierarchy (any generation) or a destination of ours
+RECOGNISED = ("zarr.json", *V2_ROOT_KEYS, MARKER_KEY, RECORD_KEY)
+#: what an option was when a marker written by an older version does not say it
+DEFAULTS: dict[str, Any] = {
+    "generation": "2022", "chunks_per_shard": None, "index_checksum": True, "index_location": "end",
+    "portable": False, "dimension_names": None, "assume_chunks_per_shard": None, "consolidate": True,
+}
+#: in-process stores are identified by ``id()``: no identity across runs, never compared
+IN_PROCESS = ("mapping", "zarr")
+NODE_DOCUMENT = "zarr.json"
+
+Retried = Callable[..., Any]
+
+
+def record(generation: str, src: str, source: Any, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The marker's and the record's content: ``source`` is the source store's
+    :class:`~sharding_store.stores.Location`, ``options`` those that shape DST."""
+    unknown = set(options) - set(DEFAULTS)
+    assert not unknown, unknown
+    return {"migration": "sharding-store", "generation": generation, "src": src,
+            "source": [source.kind, source.authority, source.path], **{k: options.get(k, DEFAULTS[k]) for k in DEFAULTS
+                                                                       if k != "generation"}}
+
+
+def _load(dst: Inner, key: str, retried: Retried) -> dict[str, Any] | None:
+    """The JSON object at ``key`` (None: absent). Anything else there: :class:`UsageError`."""
+    raw = retried(dst.get, key)
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        doc = None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{key}: not a record this tool wrote (not a JSON object); nothing to resume: "
+                         "start again with --overwrite", key=key)
+    return doc
+
+
+def read_record(dst: Inner) -> dict[str, Any] | None:
+    """DST's record (None: none, or not a JSON object: then nothing is taken from it)."""
+    try:
+        return _load(dst, RECORD_KEY, lambda fn, *a: fn(*a))
+    except UsageError:
+        return None
+
+
+def recorded_dimension_names(doc: Mapping[str, Any] | None) -> dict[str, tuple[Any, ...]]:
+    """The names ``--dimension-names`` gave, per array path, as the record keeps them."""
+    names = (doc or {}).get("dimension_names")
+    if not isinstance(names, dict):
+        return {}
+    return {p: tuple(n) for p, n in names.items() if isinstance(p, str) and isinstance(n, list)}
+
+
+def _differences(previous: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """In words: the source and the options in which ``previous`` differs from ``current``."""
+    out = []
+    before, now = previous.get("source"), current["source"]
+    if before is None:
+        pass  # a marker of a version before issue 12: it did not record the source's location
+    elif not (isinstance(before, list) and len(before) == 3):
+        out.append(f"source that cannot be told ({before!r}), not {current['src']!r}")
+    elif before[0] not in IN_PROCESS and now[0] not in IN_PROCESS and before != now:
+        out.append(f"read another source ({previous.get('src')!r}, at {':'.join(map(str, before))}), not "
+                   f"{current['src']!r}")
+    other = []
+    for k in current:
+        if k in ("src", "source", "migration"):
+            continue
+        was = previous.get(k, DEFAULTS.get(k))
+        if was != current[k] or type(was) is not type(current[k]):
+            other.append(f"{k}={was!r}, now {current[k]!r}")
+    if other:
+        out.append(f"used other options ({'; '.join(other)})")
+    return out
+
+
+def check_resume(dst: Inner, name: str, current: Mapping[str, Any], retried: Retried) -> bool:
+    """Under ``--resume``: True when DST holds a migration to continue with ``current``
+    (its marker and its record agree with it), False when DST is empty (a fresh start).
+    :class:`UsageError` naming what differs, or when DST holds something not ours."""
+    found = [(key, doc) for key in (MARKER_KEY, RECORD_KEY) if (doc := _load(dst, key, retried)) is not None]
+    if not found:
+        keys, prefixes = retried(dst.list_dir, "")
+        if not keys and not prefixes:
+            return False
+        raise UsageError(f"{name}: nothing to resume (no {MARKER_KEY} nor {RECORD_KEY}: this destination is not "
+                         "one of ours); start again with --overwrite", key=MARKER_KEY)
+    for key, doc in found:
+        diff = _differences(doc, current)
+        if diff:
+            what = "the interrupted migration" if key == MARKER_KEY else "the migration that wrote it"
+            raise UsageError(f"{name}: {what} ({key}) {' and '.join(diff)}: resuming would mix two migrations; "
+                             "resume with that source and those options, or start again with --overwrite", key=key)
+    return True
+
+
+# --------------------------------------------------------------------------- --overwrite
+
+
+@dataclass
+class Removal:
+    """What ``--overwrite`` removes (or would remove): DST's top-level entries, each with
+    its objects and bytes (a directory's name ends in ``/``)."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def objects(self) -> int:
+        return sum(e["objects"] for e in self.entries)
+
+    @property
+    def bytes(self) -> int:
+        return sum(e["bytes"] for e in self.entries)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"objects": self.objects, "bytes": self.bytes, "entries": list(self.entries)}
+
+
+def _names(keys: Iterable[str], prefixes: Iterable[str], limit: int = 8) -> str:
+    """Up to ``limit`` top-level names, escaped (``repr``), and how many more."""
+    names = sorted([*keys, *prefixes])
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f", … (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def check_overwrite(dst: Inner, name: str) -> tuple[list[str], list[str]]:
+    """DST's top-level keys and prefixes, when ``--overwrite`` may empty it: it holds a
+    Zarr hierarchy (a document of any generation at its root) or one of our markers or
+    records; :class:`DestinationExistsError` (exit 8) naming what is there otherwise."""
+    keys, prefixes = dst.list_dir("")
+    if (keys or prefixes) and not set(keys) & set(RECOGNISED):
+        raise DestinationExistsError(
+            f"{name}: --overwrite empties only a Zarr hierarchy or a destination of sharding-store, and this holds "
+            f"neither (no {', '.join(RECOGNISED)} at its root; found {_names(keys, prefixes)}): remove its contents "
+            "yourself, or choose another destination", key=name)
+    return keys, prefixes
+
+
+def removal(dst: Inner, keys: list[str], prefixes: list[str]) -> Removal:
+    """What emptying DST removes, per top-level entry (each listed as a stream, counted)."""
+    out = Removal()
+    for key in sorted(keys):
+        out.entries.append({"name": key, "objects": 1, "bytes": dst.size(key) or 0})
+    for prefix in sorted(prefixes):
+        n = size = 0
+        for _, s in dst.list_sized(prefix):
+            n, size = n + 1, size + (s or 0)
+        out.entries.append({"name": prefix, "objects": n, "bytes": size})
+    return out
+
+
+def empty(dst: Inner, keys: list[str], prefixes: list[str]) -> None:
+    """Empty DST, what identifies it (root documents, marker, record) last: an interrupted
+    emptying leaves a DST that ``--overwrite`` still recognises."""
+    for prefix in prefixes:
+        dst.delete_prefix(prefix)
+    for key in keys:
+        if key not in RECOGNISED:
+            dst.delete(key)
+    dst.delete_prefix("")
+
+
+def describe_removal(r: Removal, human_bytes: Callable[[int], str], limit: int = 20) -> list[str]:
+    """Lines for a dry run's report: what ``--overwrite`` would remove."""
+    lines = [f"  --overwrite would remove {r.objects} object(s), {human_bytes(r.bytes)}:"]
+    for e in r.entries[:limit]:
+        lines.append(f"    {e['name']!r}: {e['objects']} object(s), {human_bytes(e['bytes'])}")
+    if len(r.entries) > limit:
+        lines.append(f"    … (+{len(r.entries) - limit} more entries)")
+    return lines
+
+
+def prepare(dst: Inner, name: str, current: Mapping[str, Any], *, overwrite: bool, resume: bool, dry_run: bool,
+            retried: Retried) -> tuple[bool, Removal | None]:
+    """A destination to write into: empty, emptied (``overwrite``: recognised first), or
+    continued (``resume``: :func:`check_resume`). Returns (whether a migration is being
+    continued, what ``overwrite`` would remove under ``dry_run``: a dry run deletes nothing)."""
+    if resume:
+        return check_resume(dst, name, current, retried), None
+    keys, prefixes = dst.list_dir("")
+    if not keys and not prefixes:
+        return False, (Removal() if dry_run and overwrite else None)
+    if not overwrite:
+        raise DestinationExistsError(f"{name}: destination exists and is not empty (use --overwrite, or --resume "
+                                     "to finish an interrupted migration)", key=name)
+    keys, prefixes = check_overwrite(dst, name)
+    if dry_run:
+        return False, removal(dst, keys, prefixes)
+    empty(dst, keys, prefixes)
+    return False, None
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def extra_nodes(dst: Inner, groups: Iterable[str], nodes: Container[str]) -> Iterator[str]:
+    """The node documents in DST at paths that are no node of the source, outside the
+    source's arrays (``groups``: the source's group paths; ``nodes``: every source node
+    path, damaged ones included). An array's directory is not listed here: its own
+    listing reports what lies below it (:func:`extra_node_key`).
+
+    Walks DST's directories without recursion: a source group's directory is listed; an
+    unknown directory with a ``zarr.json`` is an extra node (not descended: what lies
+    below it belongs to it), one without is listed further. Root objects that are not
+    directories (the record, the marker) are no nodes."""
+    group_paths = set(groups)
+    stack = [""] if "" in group_paths else []  # a root array's own listing covers DST
+    while stack:
+        path = stack.pop()
+        _, subs = dst.list_dir(f"{path}/" if path else "")
+        for sub in sorted(subs, reverse=True):
+            child = sub.rstrip("/")
+            if child in group_paths:
+                stack.append(child)
+            elif child in nodes:
+                continue  # an array of the source: see extra_node_key
+            elif dst.exists(sub + NODE_DOCUMENT):
+                yield sub + NODE_DOCUMENT
+            else:
+                stack.append(child)
+
+
+def extra_node_key(key: str, prefix: str, nodes: Container[str]) -> bool:
+    """Whether ``key``, listed below an array's ``prefix``, is the document of a node the
+    source does not have (``nodes``: every source node path)."""
+    if not key.endswith("/" + NODE_DOCUMENT) or len(key) <= len(prefix) + len(NODE_DOCUMENT):
+        return False
+    return key[: -len(NODE_DOCUMENT) - 1] not in nodes
+
+
+__all__ = ["MARKER_KEY", "RECORD_KEY", "Removal", "check_resume", "check_overwrite", "extra_node_key", "extra_nodes", "prepare",
+           "read_record", "record", "recorded_dimension_names"]

@@ -1,0 +1,675 @@
+"""``migrate``: a draft-era hierarchy becomes a final Zarr v3 hierarchy.
+
+Every array gets the v1.0 ``zarr.json`` of the shared translation
+(:func:`~sharding_store.formats.v3_documents.v3_array_document`), every group (explicit or
+implicit) an explicit group document. Inner chunk payloads are copied verbatim; only
+shard indices are rebuilt (checksummed, compacted). See :mod:`.migrate_units` for the
+plan and the work units, :mod:`.jobs` for how they run.
+
+Claiming the destination: before anything is written a marker object records the
+options; it is created *exclusively* (``O_EXCL``-like locally, a conditional PUT on S3),
+so of two migrations started into one destination only one proceeds, the other refuses
+(:class:`DestinationExistsError`); then the record, which stays (:mod:`.destination`).
+``resume=True`` continues under an existing marker and record with the same source and
+options, skipping target shards whose index parses (and checksums); another source or
+other options are refused, also on a finished destination. Other fsspec backends have no
+atomic create: there two migrations started at the same instant can both claim it (a
+documented limit). ``overwrite`` empties a destination that holds a Zarr hierarchy or one
+of our markers or records before claiming it: it must not be given while another
+migration is writing there.
+
+Order of writes, so that a killed migration never leaves an array that reads wrong
+values: an array's shards, then its ``zarr.json`` (zarr cannot open it before); groups
+after all arrays; the root ``zarr.json`` last, then the marker is deleted.
+
+Damaged sources. An array whose metadata does not parse, or whose objects are shards
+under metadata that lost its storage transformer (zarr-python 2.x ``resize()``), is
+found while planning, as is one a v3 translation cannot express: the migration stops
+before writing anything, or with ``skip_damaged`` leaves it out and reports why. A
+damaged shard is found when its unit reads it: the array's ``zarr.json`` is then never
+written (other arrays may be complete), and with ``skip_damaged`` the rest goes on and
+the array's partial objects are removed. Payloads are copied verbatim, not decoded,
+so a chunk whose payload cannot be decoded is carried over as it is (and fails in the
+reader, as in the source). A source with an unfinished in-place reshard is refused
+(its array is hidden: migrating now would leave it out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import closing
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+from ..api.evidence import check_assumed_layouts
+from ..api.hierarchy import DraftHierarchy, node_model
+from ..errors import (
+    DestinationExistsError,
+    DraftMetadataError,
+    Interrupted,
+    MigrationError,
+    ShardingStoreError,
+    StoreIOError,
+    UsageError,
+)
+from ..formats import draft_metadata as dm
+from ..formats.gen2023 import classify_node
+from ..formats.reshard_journal import refuse_interrupted_reshards
+from ..formats.upgrade_journal import refuse_interrupted_upgrade
+from ..formats.v3_documents import consolidated_metadata, v3_group_document
+from ..stores import Inner
+from . import destination
+from .destination import RECORD_KEY, Removal, describe_removal
+from .jobs import (
+    StoreRef,
+    cancelling,
+    check_apart,
+    check_picklable,
+    copy_words,
+    damage_error,
+    default_jobs,
+    fault_point,
+    is_transient,
+    jobs_for,
+    lost_transformer,
+    other_prefixes,
+    run_bounded,
+    with_retries,
+)
+from .options import (
+    AssumeChunksPerShard,
+    MigrateOptions,
+    RunOptions,
+    StoreOptions,
+    UpgradeOptions,
+    VerifyOptions,
+    legacy_options,
+)
+from .progress import human_bytes, object_noun, progress_bar
+from .units import (
+    DAMAGE_ERRORS,
+    MARKER_KEY,
+    ArrayJob,
+    ArrayPlan,
+    ArrayReport,
+    Listed,
+    Options,
+    Present,
+    Unit,
+    UnitResult,
+    array_units,
+    decide_index,
+    json_bytes,
+    node_key,
+    plan_array,
+    run_unit,
+)
+from .verification import verify as run_verify
+
+if TYPE_CHECKING:
+    from .upgrade import InPlaceReport
+
+MiB = 1 << 20
+SKIP_HINT = "--skip-damaged migrates the other arrays and lists the damaged ones"
+
+__all__ = ["MARKER_KEY", "ArrayReport", "MigrationReport", "default_jobs", "jobs_for", "migrate"]
+
+
+def assume_marker(assume: AssumeChunksPerShard | None) -> dict[str, list[int]] | None:
+    """``assume_chunks_per_shard`` as the migration marker records it (None when empty)."""
+    if not assume:
+        return None
+    return {dm.normalize_path(p): [c] if isinstance(c, int) else list(c) for p, c in sorted(assume.items())}
+
+
+def incomplete(name: str, error: BaseException) -> ShardingStoreError:
+    """The error a migration stops with when a unit or a write gave up after its retries.
+    ``--resume`` is advised only where running again can help: after transient errors (and
+    a source that changed while read), not after a full disk, a permission or a file in
+    the way (:class:`StoreIOError`, exit 12, naming the cause)."""
+    if isinstance(error, ShardingStoreError):
+        again = ": run again with --resume" if isinstance(error, MigrationError) or error.exit_code == 12 else ""
+        return type(error)(f"{error}; the destination is incomplete{again}", key=error.key or name)
+    if isinstance(error, OSError) and not is_transient(error):
+        cause = error.strerror or str(error) or type(error).__name__
+        return StoreIOError(f"{name}: {type(error).__name__}: {cause}; the destination is incomplete "
+                            "(retrying cannot help until the cause is fixed)", key=name)
+    return MigrationError(
+        f"{name}: {type(error).__name__}: {error}; the destination is incomplete: run again with --resume", key=name
+    )
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class MigrationReport:
+    """What a migration did (or, in a dry run, would do)."""
+
+    src: str
+    dst: str
+    dry_run: bool = False
+    arrays: list[ArrayReport] = field(default_factory=list)
+    groups: int = 0
+    totals: UnitResult = field(default_factory=UnitResult)
+    seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+    #: arrays left out: ``{"path", "kind": "damaged" | "untranslatable", "error": class name, "reason"}``
+    skipped_arrays: list[dict[str, str]] = field(default_factory=list)
+    verification: Any = None  # a VerifyReport when verified
+    #: how objects counted as ``copied`` were copied, in words (:func:`copy_words`)
+    copied_by: str = ""
+    #: a dry run with ``overwrite``: what emptying DST would remove
+    removal: Removal | None = None
+
+    def skip(self, path: str, kind: str, error: ShardingStoreError) -> None:
+        self.skipped_arrays.append({"path": path, "kind": kind, "error": type(error).__name__, "reason": str(error)})
+        self.arrays = [a for a in self.arrays if a.path != path]
+
+    @property
+    def skipped_paths(self) -> dict[str, str]:
+        return {s["path"]: s["reason"] for s in self.skipped_arrays}
+
+    @property
+    def bytes(self) -> int:
+        return sum(a.bytes for a in self.arrays)
+
+    @property
+    def shards(self) -> int:
+        return sum(a.shards for a in self.arrays)
+
+    @property
+    def all_shards(self) -> bool:
+        """Whether every target object is a shard (no array is migrated unsharded): the
+        counts are then called shards, else objects."""
+        return all(a.chunks_per_shard is not None for a in self.arrays)
+
+    def throughput(self) -> float | None:
+        """MiB/s of the bytes this run wrote; None for a dry run or a run that wrote nothing."""
+        moved = self.totals.bytes_now
+        if self.dry_run or self.seconds <= 0 or not moved:
+            return None
+        return moved / MiB / self.seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        t = self.totals
+        rate = self.throughput()
+        return {
+            "src": self.src,
+            "dst": self.dst,
+            "dry_run": self.dry_run,
+            "arrays": [asdict(a) for a in self.arrays],
+            "groups": self.groups,
+            "shards": self.shards,
+            "bytes": self.bytes,
+            "written": t.written,
+            "copied": t.copied,
+            "empty": t.empty,
+            "chunks": t.chunks,
+            "bytes_read": t.bytes_read,
+            "bytes_written": t.bytes_written,
+            "bytes_copied": t.bytes_copied,
+            "dead_bytes_dropped": t.dead_bytes,
+            "seconds": round(self.seconds, 3),
+            "throughput_mib_s": None if rate is None else round(rate, 1),
+            "warnings": list(self.warnings),
+            "skipped": {"shards": t.skipped, "arrays": list(self.skipped_arrays)},
+            "verified": None if self.verification is None else self.verification.to_dict(),
+            **({"would_remove": self.removal.to_dict()} if self.removal is not None else {}),
+        }
+
+    def summary(self) -> str:
+        """A few human lines. What this run wrote ("written now") is told apart from what an
+        interrupted run had written ("already done"); a dry run shows no rate."""
+        sharded = self.all_shards
+        head = (f"{len(self.arrays)} arrays, {self.groups} groups: {self.shards} {object_noun(sharded, self.shards)}, "
+                f"{human_bytes(self.bytes)}")
+        if self.dry_run:
+            lines = [f"dry run: would migrate {head} from {self.src} to {self.dst}"]
+            for a in self.arrays:
+                cps = ("unsharded" if a.chunks_per_shard is None
+                       else ("x".join(map(str, a.chunks_per_shard)) or "1") + " chunks per shard")
+                extra = ", recompressed to zstd" if a.recompressed else ""
+                lines.append(f"  {a.path or '/'}: {a.shards} {object_noun(a.chunks_per_shard is not None, a.shards)}, "
+                             f"{human_bytes(a.bytes)}, {cps}{extra}")
+            if self.removal is not None:
+                lines += describe_removal(self.removal, human_bytes)
+        else:
+            t = self.totals
+            now = t.written + t.copied
+            done = f"  written now: {now} {object_noun(sharded, now)}, {human_bytes(t.bytes_now)}"
+            if t.copied:
+                done += f" ({t.copied} by {self.copied_by or 'copy'})"
+            if t.skipped:
+                done += f"; already done: {t.skipped} {object_noun(sharded, t.skipped)}"
+            if t.empty:
+                done += f"; {t.empty} without a live chunk, not written"
+            if t.dead_bytes:
+                done += f"; {human_bytes(t.dead_bytes)} dead bytes dropped"
+            rate = self.throughput()
+            speed = "" if rate is None else f" ({human_bytes(round(rate * MiB))}/s)"
+            lines = [f"migrated {head} in {self.seconds:.1f} s{speed}", done]
+            if self.verification is not None:
+                lines.append(f"  verified: {self.verification.summary()}")
+        lines += [f"warning: {w}" for w in self.warnings]
+        lines += [f"skipped {dm.escape_name(s['path']) or '/'} ({s['kind']}, {s['error']}): {s['reason']}" for s in self.skipped_arrays]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _run_with_retries(job: ArrayJob, unit: Unit, attempts: int, delay: float) -> UnitResult:
+    """The function every worker runs: one unit, retried on transient errors."""
+    return with_retries(run_unit, job, unit, attempts=attempts, base_delay=delay)
+
+
+def _unit_name(job: ArrayJob, unit: Unit) -> str:
+    return job.dst_key(unit.target) if unit.target is not None else unit.sources[0].key
+
+
+class _Driver:
+    """Feeds every array's units to the executor as its listing arrives, and writes an
+    array's metadata once its listing is exhausted and its last unit has finished.
+
+    Holds per array a few counters, never per shard: the units in flight are those of
+    :func:`~sharding_store.ops.jobs.run_bounded`'s window (plus the interleaving span of
+    :func:`~sharding_store.ops.units.job_units`), and under ``resume`` the
+    destination's listing is read as a stream beside the source's (:class:`Present`)."""
+
+    def __init__(self, h: DraftHierarchy, plans: list[ArrayPlan], src: Inner, dst: Inner, report: MigrationReport,
+                 *, resume: bool, attempts: int, delay: float, progress: bool | None, skip_damaged: bool) -> None:
+        self.h, self.plans, self.src, self.dst, self.report = h, plans, src, dst, report
+        self.resume, self.attempts, self.delay, self.skip_damaged = resume, attempts, delay, skip_damaged
+        self.damaged: dict[str, ShardingStoreError] = {}
+        self.remaining: dict[str, int] = {}  # units handed out and not finished, per array
+        self.listing: dict[str, Listed] = {}  # per array, while its units are planned
+        self.root_doc: dict[str, Any] | None = None
+        self.by_path = {p.node.path: p for p in plans}
+        self.bar = progress_bar(0, "migrate", object_noun(report.all_shards, 1), progress)
+
+    def present(self, plan: ArrayPlan) -> Present | None:
+        """Under ``resume``: what the destination holds for this array, as a sorted stream."""
+        if not self.resume:
+            return None
+        return Present(self.dst.list_sized(plan.job.dst_prefix), probe=self.dst.size)
+
+    def items(self) -> Iterator[tuple[Any, ...]]:
+        for plan in self.plans:
+            path = plan.node.path
+            units, listed = array_units(plan, self.h, self.src, self.present(plan))
+            self.listing[path] = listed
+            self.remaining[path] = 0
+            job, damaged, remaining, grow = plan.job, self.damaged, self.remaining, self.bar.grow
+            for unit in units:
+                if path in damaged:
+                    continue  # the listing still runs out: it counts the array's objects
+                remaining[path] += 1
+                grow(unit.objects)
+                yield job, unit, self.attempts, self.delay
+            self.report.warnings += listed.warnings(path)
+            self.done_if_complete(plan)
+
+    def done_if_complete(self, plan: ArrayPlan) -> None:
+        """Write an array's ``zarr.json`` once its units are all planned and finished."""
+        path = plan.node.path
+        listed = self.listing.get(path)
+        if listed is None or not listed.done or self.remaining[path] or path in self.damaged:
+            return
+        del self.listing[path]
+        self.finish(plan)
+
+    def retried(self, fn: Any, key: str, *args: Any) -> Any:
+        """``fn(key, *args)`` on the destination, retried like a unit; when the retries run
+        out, the error :func:`incomplete` gives."""
+        try:
+            return with_retries(fn, key, *args, attempts=self.attempts, base_delay=self.delay)
+        except Exception as e:
+            raise incomplete(key, e) from e
+
+    def set(self, key: str, value: bytes) -> None:
+        """A metadata write (as idempotent as a unit)."""
+        self.retried(self.dst.set, key, value)
+        fault_point("meta")
+
+    def claim(self, marker: bytes, name: str) -> None:
+        """Create the marker, exclusively: of two migrations into one destination only one
+        gets past this point. Under ``resume`` an existing marker (same source and options,
+        checked before) is ours to continue. Then the record, with the marker's content."""
+        try:
+            created = with_retries(self.dst.create_exclusive, MARKER_KEY, marker,
+                                   attempts=self.attempts, base_delay=self.delay)
+        except (NotADirectoryError, FileExistsError, IsADirectoryError) as e:
+            raise DestinationExistsError(
+                f"{name}: not a directory: a file is in the way of the destination ({e.strerror}); choose another destination",
+                key=name,
+            ) from e
+        except Exception as e:
+            raise incomplete(MARKER_KEY, e) from e
+        if not created and not self.resume:
+            raise DestinationExistsError(
+                f"{name}: another migration is writing into this destination (its {MARKER_KEY} appeared "
+                "after the destination was found empty); wait for it, or use another destination",
+                key=MARKER_KEY,
+            )
+        if not created:
+            self.set(MARKER_KEY, marker)
+        else:
+            fault_point("meta")
+        self.set(RECORD_KEY, marker)  # outlives the marker: what DST was migrated from, and how
+
+    def finish(self, plan: ArrayPlan) -> None:
+        if plan.node.path == "":
+            self.root_doc = plan.doc  # a root array's zarr.json is the hierarchy's: written last
+        else:
+            self.set(node_key(plan.node.path), json_bytes(plan.doc))
+
+    def failed(self, job: ArrayJob, unit: Unit, e: Exception) -> None:
+        """A unit gave up: its array is skipped as damaged (or named); anything else stops the run."""
+        name = _unit_name(job, unit)
+        if not isinstance(e, DAMAGE_ERRORS):
+            raise incomplete(name, e) from e
+        if not self.skip_damaged:
+            raise damage_error(e, job.path, f"its zarr.json was not written; {SKIP_HINT}") from e
+        if job.path not in self.damaged:
+            self.damaged[job.path] = e
+            self.report.skip(job.path, "damaged", e)
+
+    def remove_damaged(self) -> None:
+        """Delete what the completed units of damaged arrays wrote (their zarr.json never was)."""
+        for path in self.damaged:
+            job = self.by_path[path].job
+            for key, _ in self.dst.list_sized(job.dst_prefix):  # deletes keys listed already: safe
+                if job.is_dst_key(key[len(job.dst_prefix) :]):
+                    self.retried(self.dst.delete, key)
+
+    def run(self, executor: Executor, window: int) -> None:
+        """Every unit, the bar counting target objects and the bytes written so far."""
+        results = run_bounded(executor, _run_with_retries, self.items(), window=window)
+        # the same objects throughout the run (mutated, never replaced), looked up once
+        totals, advance, remaining, damaged = self.report.totals, self.bar.advance, self.remaining, self.damaged
+        with self.bar, closing(results):  # closed: pending units cancelled, on error or interruption
+            for item, future in results:
+                job, unit = item[0], item[1]
+                try:
+                    result = future.result()
+                except Exception as e:
+                    self.failed(job, unit, e)
+                    continue
+                path = job.path
+                if path in damaged:
+                    continue
+                totals.add(result)
+                advance(unit.objects, result.bytes_now)
+                remaining[path] -= 1
+                if remaining[path] == 0:
+                    self.done_if_complete(self.by_path[path])
+                fault_point("unit")
+
+
+# --------------------------------------------------------------------------- the API
+
+
+def _prepare(dst_ref: StoreRef, dst: Inner, current: Mapping[str, Any], report: MigrationReport, *, overwrite: bool,
+             resume: bool, dry_run: bool, retries: int, delay: float) -> bool:
+    """A destination to write into (:func:`destination.prepare`: empty, emptied by
+    ``overwrite`` when it is recognised, or continued under ``resume`` with the source and
+    options ``current`` records); a dry run deletes nothing and reports what ``overwrite``
+    would remove. Returns whether an earlier migration is being continued."""
+
+    def retried(fn: Any, *args: Any) -> Any:
+        return with_retries(fn, *args, attempts=retries, base_delay=delay)
+
+    continuing, report.removal = destination.prepare(dst, dst_ref.describe(), current, overwrite=overwrite,
+                                                     resume=resume, dry_run=dry_run, retried=retried)
+    return continuing
+
+
+def _plan_all(
+    h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, opts: Options, report: MigrationReport, *, skip_damaged: bool
+) -> list[ArrayPlan]:
+    """Every array's plan; damaged and untranslatable arrays raise (nothing is written yet)
+    or, with ``skip_damaged``, go into the report."""
+    for path, error in h.damaged.items():
+        if not skip_damaged:
+            raise damage_error(error, path, f"nothing was written; {SKIP_HINT}")
+        report.skip(path, "damaged", error)
+    plans = []
+    for node in h.arrays():
+        lost = lost_transformer(h, node)
+        if lost is None:
+            try:  # an array copied as it is (a codec chain we cannot decode), an undeclared index decided
+                node = replace(node, meta=decide_index(h.inner, h.copy_meta(node), other_prefixes(h, node.path)))
+            except DAMAGE_ERRORS as e:
+                lost = e
+        if lost is not None:
+            if not skip_damaged:
+                raise damage_error(lost, node.path, f"nothing was written; {SKIP_HINT}")
+            report.skip(node.path, "damaged", lost)
+            continue
+        try:
+            plan, warnings = plan_array(node, src_ref, dst_ref, opts)
+        except DraftMetadataError as e:
+            if not skip_damaged:
+                raise MigrationError(f"{e} (nothing was written; --skip-damaged leaves such arrays out)", key=e.key) from e
+            report.skip(node.path, "untranslatable", e)
+            continue
+        plans.append(plan)
+        report.warnings += warnings
+        report.arrays.append(plan.report)
+    return plans
+
+
+def _check_named_arrays(h: DraftHierarchy, names: Mapping[str, Any] | None) -> None:
+    """Every path given dimension names is an array of the source (before anything is written)."""
+    arrays = {n.path for n in h.arrays()}
+    unknown = sorted(set(names or ()) - arrays)
+    if unknown:
+        raise UsageError(f"--dimension-names: no array at {', '.join(repr('/' + p) for p in unknown)} in the source")
+
+
+@overload
+def migrate(
+    src: Any,
+    dst: Any,
+    options: MigrateOptions | None = None,
+    *,
+    run: RunOptions | None = None,
+    stores: StoreOptions | None = None,
+    in_place: Literal[False] = False,
+    **legacy: Any,
+) -> MigrationReport: ...
+
+
+@overload
+def migrate(
+    src: Any,
+    dst: None = None,
+    options: UpgradeOptions | None = None,
+    *,
+    run: RunOptions | None = None,
+    stores: StoreOptions | None = None,
+    in_place: Literal[True],
+    **legacy: Any,
+) -> InPlaceReport: ...
+
+
+def migrate(
+    src: Any,
+    dst: Any = None,
+    options: MigrateOptions | UpgradeOptions | None = None,
+    *,
+    run: RunOptions | None = None,
+    stores: StoreOptions | None = None,
+    in_place: bool = False,
+    **legacy: Any,
+) -> MigrationReport | InPlaceReport:
+    """Migrate the draft-era hierarchy at ``src`` into a new Zarr v3 hierarchy at ``dst``
+    (a copy; ``src`` is only read) and return its :class:`MigrationReport`.
+
+    ``src``/``dst`` are paths or fsspec URLs (or, without an executor, store objects).
+    ``options``: what is written (:class:`~sharding_store.ops.options.MigrateOptions`:
+    chunks per shard, shard index, ``portable``, ``overwrite``/``resume``, ``dry_run``,
+    ``verify``, ``skip_damaged``, ``assume_chunks_per_shard``, ``dimension_names``,
+    ``consolidate``); ``run``: jobs, retries, progress, an executor (e.g.
+    ``distributed.Client(...).get_executor()``) instead of a pool of threads;
+    ``stores``: each side's store options. The keywords of 0.1.0 (``resume=True,
+    jobs=4, storage_options={...}``, ``skip_untranslatable``) still work
+    (:func:`~sharding_store.ops.options.legacy_options`). Raises the damage's own error class
+    (e.g. :class:`ShardCorruptError`) naming the array, :class:`UsageError` (the
+    destination is the source, inside it or contains it), :class:`DestinationExistsError`
+    (not empty, or another migration claimed it), :class:`MigrationError` (untranslatable
+    array; an unfinished in-place reshard in the source; or a unit failed after retries:
+    rerun with ``resume=True``), :class:`StoreIOError` (a write failed in a way no retry
+    helps) or :class:`VerificationError` (``verify=True``, the default).
+
+    ``in_place=True`` (no ``dst``) is :func:`sharding_store.ops.upgrade.upgrade_in_place`
+    (``options``: :class:`~sharding_store.ops.options.UpgradeOptions`) and returns its
+    :class:`~sharding_store.ops.upgrade.InPlaceReport`, as the overloads say.
+    """
+    if in_place or legacy.get("undo"):
+        return _upgrade_instead(src, dst, options, run, stores, in_place, legacy)
+    legacy.pop("undo", None)  # undo=False: nothing to undo
+    if isinstance(options, UpgradeOptions):
+        raise UsageError("migrate: UpgradeOptions are for in_place=True (or upgrade_in_place)")
+    if isinstance(dst, (MigrateOptions, UpgradeOptions)):
+        raise TypeError("migrate(): the destination is an options record: pass it as options=...")
+    if dst is None:
+        raise UsageError("migrate: give a destination (or in_place=True for a 2023-generation store)")
+    options, run, stores = legacy_options("migrate", options or MigrateOptions(), legacy, run, stores)
+    return _copy(src, dst, options, run, stores)
+
+
+#: keywords of 0.1.0 that only a copy migration takes, and when a value asks for something
+#: (``migrate(path, in_place=True, index_location="end")`` asks for nothing and runs)
+_COPY_ONLY: dict[str, Callable[[Any], bool]] = {
+    "chunks_per_shard": lambda v: v is not None, "index_location": lambda v: v not in (None, "end"),
+    "portable": bool, "overwrite": bool, "assume_chunks_per_shard": bool, "dimension_names": bool,
+    "executor": lambda v: v is not None, "dst_storage_options": lambda v: v is not None,
+    "consolidate": lambda v: False,  # the upgrade adds no consolidated metadata either way
+}
+
+
+def _upgrade_instead(src: Any, dst: Any, options: Any, run: RunOptions | None, stores: StoreOptions | None,
+                     in_place: bool, legacy: dict[str, Any]) -> InPlaceReport:
+    """``migrate(path, in_place=True, ...)``: :func:`~sharding_store.ops.upgrade.upgrade_in_place`;
+    what only a copy takes is refused by name (the upgrade would silently not do it)."""
+    from .upgrade import upgrade_in_place
+
+    if not in_place:
+        raise UsageError("undo applies to an in-place upgrade only: give in_place=True")
+    if isinstance(options, MigrateOptions):
+        raise UsageError("in-place upgrade: not with MigrateOptions (give UpgradeOptions, or a destination)")
+    given = (["dst"] if dst is not None else []) + [k for k, asks in _COPY_ONLY.items() if k in legacy and asks(legacy[k])]
+    if given:
+        raise UsageError(f"in-place upgrade: not with {', '.join(given)} (it rewrites the documents of the store "
+                         "and nothing else)")
+    rest = {k: v for k, v in legacy.items() if k not in _COPY_ONLY}
+    return upgrade_in_place(src, options, run=run, stores=stores, **rest)
+
+
+@dataclass(frozen=True)
+class _Sides:
+    """The two stores of a copy migration, opened and checked apart."""
+
+    src_ref: StoreRef
+    dst_ref: StoreRef
+    src: Inner
+    dst: Inner
+
+    @classmethod
+    def open(cls, src: Any, dst: Any, run: RunOptions, stores: StoreOptions) -> _Sides:
+        src_ref, dst_ref = StoreRef.of(src, stores.src), StoreRef.of(dst, stores.dst)
+        if run.executor is not None:
+            check_picklable(src_ref, dst_ref)
+        sides = cls(src_ref, dst_ref, src_ref.open(), dst_ref.open())
+        check_apart(sides.src, sides.dst, src_ref.describe(), dst_ref.describe())
+        return sides
+
+
+def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreOptions) -> MigrationReport:
+    """The copy migration (:func:`migrate` without ``in_place``), on checked options."""
+    started = time.perf_counter()
+    sides = _Sides.open(src, dst, run, stores)
+    root_raw = sides.src.get(dm.ENTRY_POINT_KEY)
+    if root_raw is None or classify_node(root_raw, dm.ENTRY_POINT_KEY) != "draft-2022":
+        # an in-place upgrade (of a per-node store only) left half done: one get
+        refuse_interrupted_upgrade(sides.src, sides.src_ref.describe())
+    refuse_interrupted_reshards(sides.src, sides.src_ref.describe())
+    run = replace(run, jobs=jobs_for(run.jobs, sides.src, sides.dst, run.executor))
+    h = node_model(sides.src, root_raw, location=sides.src_ref.describe())
+    h.assume_sharded(o.assume_chunks_per_shard)
+    check_assumed_layouts(h, o.assume_chunks_per_shard)  # a guess the evidence contradicts is refused
+    report = MigrationReport(sides.src_ref.describe(), sides.dst_ref.describe(), dry_run=o.dry_run,
+                             copied_by=copy_words(sides.dst))
+    opts = Options(o.chunks_per_shard, o.index_checksum, o.index_location, o.portable, o.names)
+    plans = _plan_all(h, sides.src_ref, sides.dst_ref, opts, report, skip_damaged=o.skip_damaged)
+    _check_named_arrays(h, o.names)
+    report.groups = len(list(h.groups()))
+    current = destination.record(h.label, sides.src_ref.describe(), sides.src.location(), {
+        **opts.recorded(), "assume_chunks_per_shard": assume_marker(o.assume_chunks_per_shard),
+        "consolidate": o.consolidate})
+    _prepare(sides.dst_ref, sides.dst, current, report, overwrite=o.overwrite, resume=o.resume, dry_run=o.dry_run,
+             retries=run.retries, delay=run.retry_delay)
+    if o.dry_run:
+        _list_all(plans, h, sides.src, report)
+    else:
+        _write_all(h, plans, sides, report, o, run, json_bytes(current))
+    report.seconds = time.perf_counter() - started
+    if o.verify and not o.dry_run:
+        with _verifying():
+            report.verification = run_verify(
+                sides.src_ref, sides.dst_ref, VerifyOptions(assume_chunks_per_shard=o.assume_chunks_per_shard,
+                                                            skip_arrays=report.skipped_paths), run=run)
+        report.seconds = time.perf_counter() - started
+    return report
+
+
+def _list_all(plans: list[ArrayPlan], h: DraftHierarchy, src: Inner, report: MigrationReport) -> None:
+    """A dry run: every array's units counted as listed, never held."""
+    for plan in plans:
+        units, listed = array_units(plan, h, src)
+        for _ in units:
+            pass
+        report.warnings += listed.warnings(plan.node.path)
+
+
+def _write_all(h: DraftHierarchy, plans: list[ArrayPlan], sides: _Sides, report: MigrationReport, o: MigrateOptions,
+               run: RunOptions, marker: bytes) -> None:
+    """Claim the destination, copy every array's units, then the groups' documents (the
+    root last), then delete the marker: a killed run never leaves an array reading wrong."""
+    driver = _Driver(h, plans, sides.src, sides.dst, report, resume=o.resume, attempts=run.retries,
+                     delay=run.retry_delay, progress=run.progress, skip_damaged=o.skip_damaged)
+    if o.resume:
+        sides.dst.tidy()  # temporary files of writes the interrupted run left unfinished
+    fault_point("claim")  # the destination was found empty (or resumable); nothing written yet
+    driver.claim(marker, sides.dst_ref.describe())
+    jobs = run.jobs_or(1)
+    if run.executor is None:
+        with cancelling(ThreadPoolExecutor(jobs, thread_name_prefix="migrate")) as pool:
+            driver.run(pool, window=2 * jobs)
+    else:
+        driver.run(run.executor, window=4 * jobs)
+    driver.remove_damaged()
+    docs = {p.node.path: p.doc for p in plans if p.node.path not in driver.damaged}
+    for node in sorted(h.groups(), key=lambda n: (n.path == "", -n.path.count("/"))):  # the root last
+        doc = docs[node.path] = v3_group_document(node.attributes)
+        if node.path == "" and o.consolidate:
+            doc = {**doc, "consolidated_metadata": consolidated_metadata(docs)}
+        driver.set(node_key(node.path), json_bytes(doc))
+    if driver.root_doc is not None:
+        driver.set(node_key(""), json_bytes(driver.root_doc))
+    driver.retried(sides.dst.delete, MARKER_KEY)
+
+
+@contextlib.contextmanager
+def _verifying() -> Iterator[None]:
+    """The verification after a complete migration: an interruption there is
+    :class:`Interrupted` ``("verify")``: what remains is to verify, not to resume."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted("verify") from None

@@ -1,0 +1,175 @@
+"""The pure shard codec: round trips, both index locations, checksums, and damage."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import crc32c
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sharding_store.errors import ShardCorruptError, ShardingStoreError, UsageError
+from sharding_store.formats.shard_index import (
+    MAX_UINT64,
+    ShardIndex,
+    decode_chunk,
+    decode_shard,
+    encode_shard,
+    index_nbytes,
+    read_index,
+)
+
+
+@st.composite
+def shards(draw):
+    cps = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    all_coords = list(itertools.product(*(range(n) for n in cps)))
+    chosen = draw(st.lists(st.sampled_from(all_coords), unique=True, max_size=len(all_coords)))
+    chunks = {c: draw(st.binary(max_size=40)) for c in chosen}
+    return cps, chunks
+
+
+@settings(max_examples=200, deadline=None)
+@given(shards(), st.booleans(), st.sampled_from(["start", "end"]))
+def test_round_trip(shard, checksum, location):
+    cps, chunks = shard
+    blob = encode_shard(chunks, cps, checksum=checksum, index_location=location)
+    if not chunks:
+        assert blob == b""
+        return
+    assert decode_shard(blob, cps, checksum=checksum, index_location=location) == chunks
+    for coords in itertools.product(*(range(n) for n in cps)):
+        assert decode_chunk(blob, coords, cps, checksum=checksum, index_location=location) == chunks.get(coords)
+    # compact: payload bytes + index, nothing else
+    assert len(blob) == sum(map(len, chunks.values())) + index_nbytes(cps, checksum)
+    index = read_index(blob, cps, checksum=checksum, index_location=location)
+    assert index.is_compact(len(blob), checksum=checksum, index_location=location)
+    assert [c for c, _, _ in index.live()] == sorted(chunks)  # C order
+
+
+def test_draft_layout_matches_spec_bytes():
+    """The spec's example: 2x2 chunks, index of (offset, nbytes) LE uint64 pairs at the end."""
+    blob = encode_shard({(0, 1): b"abc", (1, 0): b"de"}, (2, 2))
+    idx = np.frombuffer(blob[-64:], "<u8").reshape(4, 2)
+    assert idx[0].tolist() == [MAX_UINT64, MAX_UINT64]
+    assert idx[1].tolist() == [0, 3]
+    assert idx[2].tolist() == [3, 2]
+    assert idx[3].tolist() == [MAX_UINT64, MAX_UINT64]
+    assert blob[:5] == b"abcde"
+
+
+def test_checksum_is_crc32c_of_index_and_detected():
+    blob = encode_shard({(0,): b"x" * 10}, (2,), checksum=True)
+    body, crc = blob[10:-4], blob[-4:]
+    assert int.from_bytes(crc, "little") == crc32c.crc32c(body)
+    damaged = blob[:-5] + bytes([blob[-5] ^ 1]) + blob[-4:]
+    with pytest.raises(ShardCorruptError, match="checksum"):
+        decode_shard(damaged, (2,), checksum=True, key="k")
+
+
+def _index(entries, cps):
+    return np.array(entries, dtype="<u8").reshape(*cps, 2).tobytes()
+
+
+@pytest.mark.parametrize(
+    "payload, entries, match",
+    [
+        (b"abcd", [[0, 4], [MAX_UINT64, 4]], "one sentinel"),
+        (b"abcd", [[0, 4], [2, MAX_UINT64]], "one sentinel"),
+        (b"abcd", [[0, 5], [MAX_UINT64, MAX_UINT64]], "outside the payload area"),
+        (b"abcd", [[3, 2], [MAX_UINT64, MAX_UINT64]], "outside the payload area"),
+        (b"abcd", [[MAX_UINT64 - 1, 2], [MAX_UINT64, MAX_UINT64]], "overflows"),
+    ],
+)
+def test_damaged_index_is_refused(payload, entries, match):
+    blob = payload + _index(entries, (2,))
+    with pytest.raises(ShardCorruptError, match=match) as info:
+        decode_shard(blob, (2,), key="data/root/a/c0")
+    assert "data/root/a/c0" in str(info.value)
+    assert isinstance(info.value, ShardingStoreError)
+
+
+def test_truncated_object_is_refused():
+    blob = encode_shard({(0,): b"abcd"}, (4,))
+    with pytest.raises(ShardCorruptError, match="shorter than its 64-byte shard index"):
+        decode_shard(blob[-20:], (4,), key="s")
+    with pytest.raises(ShardCorruptError, match="expected 64"):
+        ShardIndex.from_bytes(blob[-20:], (4,), key="s")
+
+
+def test_overlapping_entries_are_served_faithfully():
+    """Two entries sharing bytes are legal: each reads its own range."""
+    blob = b"abcdef" + _index([[0, 4], [2, 4]], (2,))
+    assert decode_shard(blob, (2,)) == {(0,): b"abcd", (1,): b"cdef"}
+
+
+def test_hostile_chunks_per_shard_does_not_allocate():
+    with pytest.raises(UsageError, match="exceeds the limit"):
+        ShardIndex.empty((10**6, 10**6))
+    with pytest.raises(UsageError):
+        index_nbytes((0, 3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.lists(st.integers(1, 3), min_size=1, max_size=2), st.booleans())
+def test_fuzz_only_our_errors(data, cps, checksum):
+    """Arbitrary bytes either decode into in-bounds chunks or raise ShardCorruptError."""
+    cps = tuple(cps)
+    try:
+        chunks = decode_shard(data, cps, checksum=checksum)
+    except ShardCorruptError:
+        return
+    limit = len(data) - index_nbytes(cps, checksum)
+    assert all(len(v) <= limit for v in chunks.values())
+    assert len(chunks) <= math.prod(cps)
+
+
+SENTINEL = 2**64 - 1
+_entry_value = st.one_of(
+    st.integers(0, 300), st.just(SENTINEL), st.integers(2**64 - 400, 2**64 - 2), st.integers(0, 2**64 - 1)
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    cps=st.sampled_from([(1,), (4,), (2, 2), (2, 3), (1, 4, 2)]),
+    data=st.data(),
+    checksum=st.booleans(),
+    limit=st.one_of(st.none(), st.integers(0, 400)),
+    start=st.integers(0, 20),
+    damage=st.sampled_from(["none", "crc", "short"]),
+)
+def test_live_entries_agrees_with_shard_index(cps, data, checksum, limit, start, damage):
+    """The plain-Python index check used by the copy fast paths accepts exactly what
+    ShardIndex.from_bytes accepts (same error otherwise), and ``tiles`` is ``is_compact``."""
+    from sharding_store.formats.shard_index import ShardIndex, live_entries, tiles
+
+    n = math.prod(cps)
+    pairs = []
+    for _ in range(n):
+        if data.draw(st.booleans()):
+            pairs.append((SENTINEL, SENTINEL))
+        else:
+            pairs.append((data.draw(_entry_value), data.draw(_entry_value)))
+    raw = b"".join(o.to_bytes(8, "little") + s.to_bytes(8, "little") for o, s in pairs)
+    if checksum:
+        raw += crc32c.crc32c(raw).to_bytes(4, "little")
+    if damage == "crc" and checksum:
+        raw = raw[:-1] + bytes([raw[-1] ^ 1])
+    if damage == "short":
+        raw = raw[:-1]
+    kw = dict(checksum=checksum, key="k", payload_limit=limit, payload_start=start)
+    try:
+        index = ShardIndex.from_bytes(raw, cps, **kw)
+    except ShardCorruptError as e:
+        with pytest.raises(ShardCorruptError) as got:
+            live_entries(raw, cps, **kw)
+        assert str(got.value) == str(e)
+        return
+    live = live_entries(raw, cps, **kw)
+    assert live == [(o, s) for _, o, s in index.live()]
+    if limit is not None:  # an object of limit + index bytes, index at the end
+        assert tiles(live, 0, limit) == index.is_compact(limit + len(raw), checksum=checksum)
