@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ShardingStoreError
 from ..ops.progress import human_bytes, progress_bar
 from .options import add_assume_option, add_progress_option, assumed, storage_options
+from .output import warn
 
 if TYPE_CHECKING:  # the machinery loads when a command runs (numpy and numcodecs with it)
     from ..api.evidence import ArrayStats
@@ -279,8 +280,7 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
         for p, e in damaged.items():
             print()
             print(f"{display_path(p)}\n  damaged ({type(e).__name__}): {e}")
-        for w in plan.warnings:
-            print(f"warning: {w}")
+        warn(plan.warnings)
         for key in leftovers:
             print(f"leftover: {key}: {LEFTOVER_TEXT}")
     if args.strict and damaged:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shlex
 from collections.abc import Iterator
 from dataclasses import replace
@@ -13,6 +12,7 @@ from typing import Any
 from ..errors import UsageError
 from ..ops.options import MigrateOptions, RunOptions, StoreOptions, UpgradeOptions, VerifyOptions
 from .options import add_assume_option, add_progress_option, assumed, command_again, int_tuple, named_dimensions, storage_options
+from .output import print_result
 
 
 def _store_options(p: argparse.ArgumentParser, dst_optional: bool = False) -> None:
@@ -183,7 +183,7 @@ def run_in_place(args: argparse.Namespace) -> int:
 
     options, run, stores = upgrade_options(args)
     report = upgrade_in_place(args.src, options, run=run, stores=stores)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
+    print_result(args, report.to_dict(), report.summary(), report.warnings)
     return 0
 
 
@@ -211,7 +211,7 @@ def run_migrate(args: argparse.Namespace) -> int:
     options, run, stores = migrate_options(args)
     with _executor(args.scheduler) as executor:
         report = migrate(args.src, args.dst, options, run=replace(run, executor=executor), stores=stores)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.summary())
+    print_result(args, report.to_dict(), report.summary(), report.warnings)
     return 0
 
 
@@ -236,5 +236,5 @@ def run_verify(args: argparse.Namespace) -> int:
     options, run, stores = verify_options(args)
     with _executor(args.scheduler) as executor:
         report = verify(args.src, args.dst, options, run=replace(run, executor=executor), stores=stores)
-    print(json.dumps(report.to_dict(), indent=2) if args.json else f"verified: {report.summary()}")
+    print_result(args, report.to_dict(), f"verified: {report.summary()}")
     return 0 if report.ok else VerificationError.exit_code

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from ..errors import UsageError
 from ..ops.options import ReshardOptions, RunOptions, StoreOptions
 from .options import add_progress_option, command_again, int_tuple, storage_options
+from .output import print_result
 
 
 def register(subparsers: Any) -> None:
@@ -67,10 +67,7 @@ def run(args: argparse.Namespace) -> int:
         report = complete_interrupted(args.src, run=run_options, stores=stores)
     else:
         report = reshard(args.src, args.dst, layout, run=run_options, stores=stores)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
-    else:
-        print(_summary(report))
+    print_result(args, report.to_dict(), _summary(report))
     return 0
 
 

@@ -223,7 +223,8 @@ class MigrationReport:
 
     def summary(self) -> str:
         """A few human lines. What this run wrote ("written now") is told apart from what an
-        interrupted run had written ("already done"); a dry run shows no rate."""
+        interrupted run had written ("already done"); a dry run shows no rate. The
+        ``warnings`` are not in it: the CLI prints them on stderr, apart from the result."""
         sharded = self.all_shards
         head = (f"{len(self.arrays)} arrays, {self.groups} groups: {self.shards} {object_noun(sharded, self.shards)}, "
                 f"{human_bytes(self.bytes)}")
@@ -254,7 +255,6 @@ class MigrationReport:
             lines = [f"migrated {head} in {self.seconds:.1f} s{speed}", done]
             if self.verification is not None:
                 lines.append(f"  verified: {self.verification.summary()}")
-        lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"skipped {dm.escape_name(s['path']) or '/'} ({s['kind']}, {s['error']}): {s['reason']}" for s in self.skipped_arrays]
         return "\n".join(lines)
 

@@ -129,6 +129,7 @@ class InPlaceReport:
                 "verified": self.verified, "seconds": round(self.seconds, 3)}
 
     def summary(self) -> str:
+        """A few human lines; the ``warnings`` are not in them (the CLI prints those on stderr)."""
         docs = f"{self.arrays} array and {self.groups} group documents ({self.created} created)"
         if self.action == "dry-run":
             lines = [f"dry run: would upgrade {self.location} in place: {docs}"]
@@ -145,7 +146,6 @@ class InPlaceReport:
                 lines.append(f"  verified: every document final v1.0, {self.shards_checked} shard indices checked")
         if self.leftovers_removed:
             lines.append(f"  removed {self.leftovers_removed} temporary files an interrupted run left")
-        lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"left as it was {escape_name(p) or '/'} (damaged): {r}" for p, r in self.skipped.items()]
         return "\n".join(lines)
 
