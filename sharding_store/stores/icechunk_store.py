@@ -1,0 +1,444 @@
+"""Icechunk destinations (issue 24): a migration written into one Icechunk session, committed once.
+
+:func:`open_icechunk` opens (or creates) an Icechunk repository at a local path or an
+``s3://`` URL and returns an :class:`IcechunkInner` over one writable session of a branch:
+
+* **materialised** (``virtual=False``): documents and shard/chunk bytes are ``set`` into the
+  session (the copy driver's verbatim copy); nothing is visible on the branch before
+  :meth:`IcechunkInner.commit`, so a run killed at any point leaves the branch at its
+  previous snapshot (bytes already written are unreferenced chunk objects Icechunk's
+  garbage collection removes). Icechunk keeps no uncommitted session across processes:
+  ``--resume`` starts a new session at the branch tip, i.e. it starts over.
+* **virtual** (``virtual=True``): :meth:`IcechunkInner.put_reference` records a reference to
+  bytes of the source object with a checksum Icechunk checks on every read: the ETag on
+  S3, and locally the ETag Rust ``object_store`` computes for a file (inode, modification
+  time in microseconds, size) -- not the last-modified date, which Icechunk keeps to the
+  second and compares as "not modified since" only (a rewrite in the same second, or one
+  that sets an older time, would pass). A virtual chunk container for the source's prefix is
+  added to the repository's configuration.
+
+Objects Icechunk has no key for (the migration's marker and record: root keys starting with
+``.``) are kept beside the session and committed in the snapshot's metadata under
+``"sharding-store"``; the record is read back from the branch tip's snapshot. Icechunk takes
+chunk keys of the ``default`` encoding with the ``/`` separator only: another spelling is
+refused with :class:`UsageError` before anything is committed.
+
+Icechunk is an optional dependency (the ``icechunk`` extra): this module imports it only in
+its functions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import DestinationExistsError, ObjectChangedError, StoreIOError, UsageError
+from .base import Location, RangeRequest, Tail, Version
+from .location import endpoint_location
+from .zarr_store import ZarrStoreInner
+
+__all__ = ["IcechunkInner", "container_prefix", "is_repository", "local_checksum", "open_icechunk"]
+
+#: the snapshot metadata key holding what the session kept beside the hierarchy
+METADATA_KEY = "sharding-store"
+#: keys Icechunk stores: a node document, or a chunk key of the default encoding with "/"
+ICECHUNK_KEY = re.compile(r"(?:.*/)?(?:zarr\.json|c(?:/\d+)*)")
+#: characters a path may hold for Icechunk 1.1 to find a virtual chunk (it percent-encodes
+#: the others when it parses a location, and then matches no container)
+URL_SAFE = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/]*")
+DEFAULT_BRANCH = "main"
+
+
+def _icechunk() -> Any:
+    try:
+        import icechunk
+    except ImportError as e:  # pragma: no cover - the extra is installed in the test environment
+        raise UsageError("an Icechunk destination needs the icechunk package: pip install 'sharding-store[icechunk]'") from e
+    return icechunk
+
+
+def is_side_key(key: str) -> bool:
+    """A root object that is no Zarr key (the migration's marker and record)."""
+    return "/" not in key and key.startswith(".")
+
+
+# --------------------------------------------------------------------------- storage and containers
+
+
+def _s3_settings(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """s3fs-style storage options as Icechunk's S3 settings (region, endpoint, credentials)."""
+    options = dict(options or {})
+    client = dict(options.get("client_kwargs") or {})
+    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
+    #: None: Icechunk's own default (the environment's region)
+    out: dict[str, Any] = {"region": client.get("region_name") or options.get("region_name")}
+    if endpoint:
+        out.update(endpoint_url=endpoint, allow_http=endpoint.startswith("http://"), force_path_style=True)
+    if options.get("anon"):
+        out["anonymous"] = True
+    elif options.get("key") and options.get("secret"):
+        out.update(access_key_id=options["key"], secret_access_key=options["secret"])
+        if options.get("token"):
+            out["session_token"] = options["token"]
+    return out
+
+
+def _split_s3(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.netloc, parts.path.strip("/")
+
+
+def _storage(dst: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, Location]:
+    """Icechunk's ``Storage`` for ``dst`` (a local path, ``file://`` or ``s3://`` URL) and its location."""
+    ic = _icechunk()
+    if dst.startswith(("s3://", "s3a://")):
+        bucket, prefix = _split_s3(dst)
+        settings = _s3_settings(storage_options)
+        if not settings.get("anonymous") and "access_key_id" not in settings:
+            settings["from_env"] = True
+        return (ic.s3_storage(bucket=bucket, prefix=prefix, **settings),
+                endpoint_location("s3", storage_options, f"{bucket}/{prefix}"))
+    if "://" in dst and not dst.startswith("file://"):
+        raise UsageError(f"{dst}: an Icechunk repository is a local path or an s3:// URL", key=dst)
+    path = os.path.realpath(os.path.expanduser(dst[len("file://"):] if dst.startswith("file://") else dst))
+    # Icechunk logs a warning on stderr for every local repository opened (local commits are not
+    # safe across processes); the command line prints one line per error: only errors are logged
+    ic.set_logs_filter("icechunk=error")
+    return ic.local_filesystem_storage(path), Location("file", "", path)
+
+
+def container_prefix(source: Location) -> str:
+    """The URL prefix of the virtual chunk container for a source store's objects."""
+    if source.kind == "file":
+        return f"file://{source.path.rstrip('/')}/"
+    if source.kind == "s3":
+        return f"s3://{source.path.strip('/')}/"
+    raise UsageError(f"{source}: an Icechunk repository can reference only local or s3:// sources "
+                     f"(this one is {source.kind})")
+
+
+def _container(source: Location, source_options: Mapping[str, Any] | None) -> tuple[Any, Any]:
+    """``(VirtualChunkContainer, credentials)`` for ``source`` (credentials None: from the environment)."""
+    ic = _icechunk()
+    prefix = container_prefix(source)
+    if not URL_SAFE.fullmatch(prefix[len("file://"):] if source.kind == "file" else prefix[len("s3://"):]):
+        raise UsageError(f"{source}: Icechunk 1.1 cannot address virtual chunks under a path with spaces, '%', '#', "
+                         "'?' or non-ASCII characters; migrate with a copy instead", key=str(source))
+    if source.kind == "file":
+        return ic.VirtualChunkContainer(prefix, ic.local_filesystem_store(source.path.rstrip("/") + "/")), None
+    settings = _s3_settings(source_options)
+    store = ic.s3_store(region=settings["region"], endpoint_url=settings.get("endpoint_url"),
+                        allow_http=settings.get("allow_http", False), anonymous=bool(settings.get("anonymous")),
+                        s3_compatible="endpoint_url" in settings, force_path_style=settings.get("force_path_style", False))
+    if settings.get("anonymous"):
+        credentials = ic.s3_anonymous_credentials()
+    elif "access_key_id" in settings:
+        credentials = ic.s3_static_credentials(access_key_id=settings["access_key_id"],
+                                               secret_access_key=settings["secret_access_key"],
+                                               session_token=settings.get("session_token"))
+    else:
+        credentials = None
+    return ic.VirtualChunkContainer(prefix, store), credentials
+
+
+def is_repository(dst: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``dst`` holds an Icechunk repository (False also when icechunk is not installed)."""
+    try:
+        storage, _ = _storage(dst, storage_options)
+        return bool(_icechunk().Repository.exists(storage))
+    except (UsageError, ValueError):
+        return False
+
+
+def _open_repository(storage: Any, location: Location, source: Location | None,
+                     source_options: Mapping[str, Any] | None) -> Any:
+    """The repository at ``storage`` (created when absent), the source's container added to its
+    configuration and every container authorised (the source's with ``source_options``)."""
+    ic = _icechunk()
+    exists = ic.Repository.exists(storage)
+    if not exists and location.kind == "file" and os.path.isdir(location.path) and os.listdir(location.path):
+        raise DestinationExistsError(f"{location.path}: not an Icechunk repository and not empty; choose another "
+                                     "destination", key=location.path)
+    config = (ic.Repository.fetch_config(storage) if exists else None) or ic.RepositoryConfig.default()
+    authorise: dict[str, Any] = {p: None for p in (config.virtual_chunk_containers or {})}
+    if source is not None:
+        container, credentials = _container(source, source_options)
+        config.set_virtual_chunk_container(container)
+        authorise[container.url_prefix] = credentials
+    if not exists:
+        return ic.Repository.create(storage, config=config, authorize_virtual_chunk_access=authorise or None)
+    repo = ic.Repository.open(storage, config=config, authorize_virtual_chunk_access=authorise or None)
+    if source is not None:
+        repo.save_config()
+    return repo
+
+
+def open_icechunk(dst: str, storage_options: Mapping[str, Any] | None = None, *, virtual: bool = False,
+                  source: Location | None = None, source_options: Mapping[str, Any] | None = None,
+                  branch: str = DEFAULT_BRANCH) -> IcechunkInner:
+    """An :class:`IcechunkInner` over a new writable session of ``branch`` of the repository at
+    ``dst`` (created when absent). ``source``: the location of the store whose objects virtual
+    references point into (its container is configured; ``source_options`` its storage options,
+    for the credentials); ``virtual``: whether the destination takes references."""
+    storage, location = _storage(dst, storage_options)
+    repo = _open_repository(storage, location, source, source_options)
+    try:
+        session = repo.writable_session(branch)
+    except _icechunk().IcechunkError as e:
+        raise UsageError(f"{dst}: no branch {branch!r} in this Icechunk repository ({_first_line(e)})", key=dst) from e
+    return IcechunkInner(repo, session, url=dst, location=location, virtual=virtual)
+
+
+# --------------------------------------------------------------------------- checksums
+
+
+def _url_path(url: str) -> str:
+    return url[len("file://"):] if url.startswith("file://") else url
+
+
+def local_checksum(url: str, size: int, modified: datetime | None) -> str:
+    """Icechunk's checksum of a local file: the ETag Rust ``object_store`` gives it
+    (``{inode:x}-{mtime in µs:x}-{size:x}``), which it compares on every read. Refuses
+    (:class:`ObjectChangedError`) a file whose size or modification time is no longer what the
+    reference was taken with."""
+    path = _url_path(url)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError as e:
+        raise ObjectChangedError(f"{url}: gone since its reference was taken", key=url) from e
+    mtime_us = st.st_mtime_ns // 1000
+    if st.st_size != size or (modified is not None and _micros(modified) != mtime_us):
+        raise ObjectChangedError(f"{url}: changed since its reference was taken (size {st.st_size}, was {size})",
+                                 key=url)
+    return f"{st.st_ino:x}-{mtime_us:x}-{st.st_size:x}"
+
+
+def _micros(when: datetime) -> int:
+    """Microseconds since the epoch of an aware datetime, exactly (no float rounding)."""
+    delta = when - datetime.fromtimestamp(0, when.tzinfo)
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _first_line(error: BaseException) -> str:
+    for line in str(error).splitlines():
+        line = line.strip().lstrip("x").strip()
+        if line:
+            return line
+    return type(error).__name__
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class IcechunkInner(ZarrStoreInner):
+    """One writable Icechunk session as a migration's destination (see the module docstring)."""
+
+    def __init__(self, repo: Any, session: Any, *, url: str, location: Location, virtual: bool) -> None:
+        super().__init__(session.store)
+        self.repo, self.session, self.url, self._location, self.virtual = repo, session, url, location, virtual
+        self.branch = session.branch or DEFAULT_BRANCH
+        self._lock = threading.RLock()
+        #: objects kept beside the session (None: deleted in this session)
+        self._side: dict[str, bytes | None] = {}
+        self._snapshot_objects: tuple[str, dict[str, str]] | None = None
+
+    def __repr__(self) -> str:
+        return f"IcechunkInner({self.url!r}, virtual={self.virtual})"
+
+    # ------------------------------------------------------------------ errors
+    def _call(self, key: str, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on the session; Icechunk's errors as ours, naming ``key``."""
+        ic = _icechunk()
+        try:
+            return fn(*args)
+        except ic.IcechunkError as e:
+            raise self._error(key, e) from e
+
+    def _error(self, key: str, e: BaseException) -> Exception:
+        text = str(e)
+        what = _first_line(e)
+        if "invalid zarr key" in text or "invalid chunk location" in text or "no virtual chunk container" in text:
+            return UsageError(f"{key}: Icechunk cannot store this ({what}); Icechunk takes chunk keys of the default "
+                              "encoding with '/' only: migrate into a directory instead", key=key)
+        if "checksum of the object" in text or "virtual" in text or "not enough data" in text:
+            return ObjectChangedError(f"{key}: the source object of this virtual chunk changed, shrank or is gone since "
+                                      f"the migration ({what})", key=key)
+        return StoreIOError(f"{key}: Icechunk: {what}", key=key)
+
+    # ------------------------------------------------------------------ side objects
+    def _recorded(self) -> dict[str, str]:
+        """The side objects the session's snapshot recorded (looked up once per snapshot)."""
+        snapshot = self.session.snapshot_id
+        cached = self._snapshot_objects
+        if cached is not None and cached[0] == snapshot:
+            return cached[1]
+        info = self.repo.lookup_snapshot(snapshot)
+        kept = (info.metadata or {}).get(METADATA_KEY) or {}
+        objects = kept.get("objects") if isinstance(kept, dict) else None
+        found = {k: v for k, v in (objects or {}).items() if isinstance(k, str) and isinstance(v, str)}
+        self._snapshot_objects = (snapshot, found)
+        return found
+
+    def _side_get(self, key: str) -> bytes | None:
+        with self._lock:
+            if key in self._side:
+                return self._side[key]
+        value = self._recorded().get(key)
+        return None if value is None else value.encode()
+
+    def _side_keys(self) -> list[str]:
+        keys = set(self._recorded())
+        with self._lock:
+            keys |= {k for k, v in self._side.items() if v is not None}
+            keys -= {k for k, v in self._side.items() if v is None}
+        return sorted(keys)
+
+    def _check_key(self, key: str) -> None:
+        if not ICECHUNK_KEY.fullmatch(key):
+            raise UsageError(f"{key}: Icechunk takes node documents and chunk keys of the default encoding with "
+                             "separator '/' only (…/c/0/1); this key is spelled otherwise: migrate into a directory "
+                             "instead", key=key)
+
+    # ------------------------------------------------------------------ core
+    def get(self, key: str) -> bytes | None:
+        if is_side_key(key):
+            return self._side_get(key)
+        if not ICECHUNK_KEY.fullmatch(key):
+            return None
+        return self._call(key, super().get, key)
+
+    def get_ranges(
+        self, requests: Sequence[RangeRequest], versions: Sequence[Version | None] | None = None
+    ) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for key, start, end in requests:  # one at a time: each error names its key
+            if is_side_key(key) or not ICECHUNK_KEY.fullmatch(key):
+                whole = self.get(key)
+                out.append(None if whole is None else (whole[start:end] if start >= 0 else whole[start:]))
+            else:
+                out.append(self._call(key, super().get_ranges, [(key, start, end)])[0])
+        return out
+
+    def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        tails: list[Tail | None] = []
+        for key, n in requests:
+            size = self.size(key)
+            if size is None:
+                tails.append(None)
+                continue
+            data = self.get_ranges([(key, max(0, size - n), None)])[0] if n > 0 else b""
+            tails.append(None if data is None else Tail(data, size, None))
+        return tails
+
+    def set(self, key: str, value: bytes) -> None:
+        if is_side_key(key):
+            with self._lock:
+                self._side[key] = bytes(value)
+            return
+        self._check_key(key)
+        self._call(key, super().set, key, value)
+
+    def create_exclusive(self, key: str, value: bytes) -> bool:
+        """Atomic within this process (one session); across processes Icechunk's commit refuses
+        the second of two sessions of one branch (:meth:`commit`)."""
+        with self._lock:
+            if self.exists(key):
+                return False
+            self.set(key, value)
+            return True
+
+    def delete(self, key: str) -> None:
+        if is_side_key(key):
+            with self._lock:
+                self._side[key] = None
+            return
+        if ICECHUNK_KEY.fullmatch(key):
+            self._call(key, super().delete, key)
+
+    def list_prefix(self, prefix: str) -> Iterator[str]:
+        keys = list(self._call(prefix, lambda: list(super(IcechunkInner, self).list_prefix(prefix))))
+        keys += [k for k in self._side_keys() if k.startswith(prefix)]
+        return iter(sorted(keys))
+
+    def exists(self, key: str) -> bool:
+        if is_side_key(key):
+            return self._side_get(key) is not None
+        if not ICECHUNK_KEY.fullmatch(key):
+            return False
+        return bool(self._call(key, super().exists, key))
+
+    def size(self, key: str) -> int | None:
+        if is_side_key(key) or not ICECHUNK_KEY.fullmatch(key):
+            value = self.get(key)
+            return None if value is None else len(value)
+        if not self.exists(key):
+            return None
+        return int(self._call(key, self._sync, self.store.getsize(key)))
+
+    def location(self) -> Location:
+        return self._location
+
+    def describe(self) -> str:
+        kind = "virtual" if self.virtual else "materialised"
+        return f"Icechunk repository {self.url} (branch {self.branch}, {kind})"
+
+    def kind(self) -> str:
+        """Which kind of destination this is, in the report's words."""
+        return "Icechunk virtual" if self.virtual else "Icechunk materialised"
+
+    # ------------------------------------------------------------------ references and commit
+    def takes_references(self) -> bool:
+        return self.virtual
+
+    def put_reference(self, key: str, ref: Any) -> None:
+        """A virtual chunk: bytes ``[ref.offset, ref.offset + ref.length)`` of ``ref.url``, with the
+        checksum Icechunk checks on every read (the ETag; locally :func:`local_checksum`)."""
+        if not self.virtual:
+            raise NotImplementedError("a materialised Icechunk destination takes bytes, not references")
+        self._check_key(key)
+        if ref.url.startswith("file://"):
+            checksum: str | datetime | None = local_checksum(ref.url, ref.object_size, ref.modified)
+        else:
+            checksum = ref.etag if ref.etag is not None else ref.modified
+        if checksum is None:
+            raise UsageError(f"{ref.url}: a reference without an ETag or a modification time cannot be checked by "
+                             "Icechunk; refused", key=key)
+        self._call(key, lambda: self.store.set_virtual_ref(key, ref.url, offset=ref.offset, length=ref.length,
+                                                           checksum=checksum))
+
+    def commit(self, message: str) -> str:
+        """Commit the session as one snapshot with ``message``; the side objects still present
+        go into its metadata. Another writer's commit on the branch since this session began
+        is :class:`DestinationExistsError` (nothing of this session is committed). A session that
+        changed nothing commits nothing (Icechunk has no empty commit): the tip's id is returned."""
+        ic = _icechunk()
+        objects = {k: v.decode("utf-8", "replace") for k in self._side_keys() if (v := self._side_get(k)) is not None}
+        if not self.session.has_uncommitted_changes:  # Icechunk commits no empty snapshot
+            return str(self.session.snapshot_id)  # the tip already holds this hierarchy
+        try:
+            snapshot = str(self.session.commit(message, metadata={METADATA_KEY: {"objects": objects}}))
+        except ic.ConflictError as e:
+            raise DestinationExistsError(f"{self.url}: another writer committed to branch {self.branch!r} while this "
+                                         f"migration ran ({_first_line(e)}); nothing of it was committed: run it again",
+                                         key=self.url) from e
+        except ic.IcechunkError as e:
+            raise StoreIOError(f"{self.url}: Icechunk commit failed: {_first_line(e)}", key=self.url) from e
+        with self._lock:
+            self._side.clear()  # now the snapshot's
+        return snapshot
+
+    def record(self) -> dict[str, Any] | None:
+        """What the branch tip's snapshot recorded beside the hierarchy (parsed JSON objects), if anything."""
+        out = {}
+        for k, v in self._recorded().items():
+            try:
+                out[k] = json.loads(v)
+            except ValueError:
+                out[k] = v
+        return out or None

@@ -1,0 +1,268 @@
+"""stores/icechunk_store.py: one Icechunk session as a migration's destination (issue 24).
+
+Local repositories only (the S3 cases are in tests/integration/test_icechunk_s3.py). What
+Icechunk checks of a virtual chunk's source object is shown by reading through zarr-python 3
+after rewriting, truncating, replacing and deleting the object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ic = pytest.importorskip("icechunk")
+zarr = pytest.importorskip("zarr")
+
+from sharding_store.errors import DestinationExistsError, ObjectChangedError, UsageError  # noqa: E402
+from sharding_store.stores.base import Location  # noqa: E402
+from sharding_store.stores.icechunk_store import (  # noqa: E402
+    is_repository,
+    local_checksum,
+    open_icechunk,
+)
+
+try:
+    from sharding_store.stores.base import ChunkRef  # type: ignore[attr-defined]
+except ImportError:  # until the shared interface lands: the same fields
+    @dataclass(frozen=True)
+    class ChunkRef:  # type: ignore[no-redef]
+        url: str
+        offset: int
+        length: int
+        object_size: int
+        etag: str | None = None
+        modified: datetime | None = None
+
+MARKER, RECORD = ".sharding-store-migration.json", ".sharding-store-record.json"
+DATA = np.arange(16, dtype="u1")
+
+
+def array_doc(shape: tuple[int, ...] = (16,), chunks: tuple[int, ...] = (16,)) -> bytes:
+    arr = zarr.create_array(zarr.storage.MemoryStore(), shape=shape, chunks=chunks, dtype="u1", compressors=None,
+                            fill_value=0)
+    return json.dumps(arr.metadata.to_dict()).encode()
+
+
+GROUP = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}).encode()
+
+
+def ref_of(path: Path, offset: int = 0, length: int = 16) -> ChunkRef:
+    st = os.stat(path)
+    modified = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=st.st_mtime_ns // 1000)
+    return ChunkRef(f"file://{path}", offset, length, st.st_size, modified=modified)
+
+
+def read(repo: Path, path: str = "a", authorise: str | None = None) -> np.ndarray:
+    """The array at ``path`` of the branch tip, read by zarr-python 3 as the README says."""
+    grants = {authorise: None} if authorise else None
+    repository = ic.Repository.open(ic.local_filesystem_storage(str(repo)), authorize_virtual_chunk_access=grants)
+    return zarr.open_array(repository.readonly_session("main").store, path=path, mode="r")[...]
+
+
+@pytest.fixture
+def virtual_repo(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A committed repository whose array ``a`` is one virtual chunk: bytes 2..18 of ``src/obj``."""
+    src = tmp_path / "src"
+    src.mkdir()
+    obj = src / "obj"
+    obj.write_bytes(b"XX" + DATA.tobytes() + b"YY")
+    dst = open_icechunk(str(tmp_path / "repo"), virtual=True, source=Location("file", "", str(src)))
+    dst.set("zarr.json", GROUP)
+    dst.set("a/zarr.json", array_doc())
+    dst.put_reference("a/c/0", ref_of(obj, 2, 16))
+    dst.commit("virtual")
+    return tmp_path / "repo", obj, f"file://{src}/"
+
+
+def test_virtual_chunk_reads_through_zarr_python_3(virtual_repo):
+    repo, _, prefix = virtual_repo
+    assert np.array_equal(read(repo, authorise=prefix), DATA)
+
+
+def test_a_reader_that_does_not_authorise_the_container_is_refused(virtual_repo):
+    repo, _, _ = virtual_repo
+    with pytest.raises(ic.IcechunkError):
+        read(repo)
+
+
+def _rewrite_same_size(obj: Path) -> None:
+    obj.write_bytes(b"XX" + bytes(16) + b"YY")
+
+
+def _rewrite_keeping_mtime_by_rename(obj: Path) -> None:
+    st = os.stat(obj)
+    new = obj.with_name("new")
+    new.write_bytes(b"XX" + bytes(16) + b"YY")
+    os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(new, obj)
+
+
+def _rewrite_with_older_mtime(obj: Path) -> None:
+    st = os.stat(obj)
+    obj.write_bytes(b"XX" + bytes(16) + b"YY")
+    os.utime(obj, ns=(st.st_atime_ns, st.st_mtime_ns - 5 * 10**9))
+
+
+@pytest.mark.parametrize("change", [
+    _rewrite_same_size,
+    _rewrite_keeping_mtime_by_rename,
+    _rewrite_with_older_mtime,
+    lambda obj: obj.write_bytes(b"XX" + DATA.tobytes()[:4]),
+    lambda obj: obj.unlink(),
+], ids=["rewritten", "replaced-same-mtime", "older-mtime", "truncated", "deleted"])
+def test_a_changed_source_object_makes_the_read_raise(virtual_repo, change):
+    """Icechunk compares the file's ETag (inode, mtime in µs, size) on every read: each change
+    raises in zarr-python 3 and in our store, never returns other bytes."""
+    repo, obj, prefix = virtual_repo
+    change(obj)
+    with pytest.raises(ic.IcechunkError):
+        read(repo, authorise=prefix)
+    dst = open_icechunk(str(repo))
+    with pytest.raises(ObjectChangedError, match="a/c/0"):
+        dst.get("a/c/0")
+
+
+def test_the_same_bytes_rewritten_in_place_with_the_old_mtime_is_not_seen(virtual_repo):
+    """The one change Icechunk cannot see locally (documented): the same inode, size and
+    modification time. Here the bytes are the same, so the read is right."""
+    repo, obj, prefix = virtual_repo
+    st = os.stat(obj)
+    with open(obj, "r+b") as f:
+        f.write(b"XX" + DATA.tobytes() + b"YY")
+    os.utime(obj, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert np.array_equal(read(repo, authorise=prefix), DATA)
+
+
+def test_a_reference_to_an_object_changed_since_it_was_taken_is_refused(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    obj = src / "obj"
+    obj.write_bytes(DATA.tobytes())
+    ref = ref_of(obj)
+    obj.write_bytes(DATA.tobytes() * 2)
+    dst = open_icechunk(str(tmp_path / "repo"), virtual=True, source=Location("file", "", str(src)))
+    dst.set("a/zarr.json", array_doc())
+    with pytest.raises(ObjectChangedError, match="changed since its reference"):
+        dst.put_reference("a/c/0", ref)
+
+
+def test_local_checksum_is_object_stores_etag(tmp_path):
+    obj = tmp_path / "obj"
+    obj.write_bytes(b"abc")
+    st = os.stat(obj)
+    assert local_checksum(f"file://{obj}", 3, None) == f"{st.st_ino:x}-{st.st_mtime_ns // 1000:x}-3"
+    with pytest.raises(ObjectChangedError):
+        local_checksum(f"file://{obj}", 4, None)
+
+
+def test_materialised_writes_are_invisible_until_the_commit(tmp_path):
+    repo = tmp_path / "repo"
+    first = open_icechunk(str(repo))
+    first.set("zarr.json", GROUP)
+    first.set("a/zarr.json", array_doc())
+    first.set("a/c/0", DATA.tobytes())
+    first.commit("first")
+    second = open_icechunk(str(repo))
+    assert not second.takes_references()
+    second.set("a/c/0", bytes(16))
+    second.set("b/zarr.json", array_doc())
+    assert second.get("a/c/0") == bytes(16)  # the session sees its own writes
+    assert np.array_equal(read(repo), DATA)  # the branch does not
+    with pytest.raises(FileNotFoundError):
+        read(repo, "b")
+    snapshot = second.commit("second")
+    assert np.array_equal(read(repo), np.zeros(16, "u1"))
+    repository = ic.Repository.open(ic.local_filesystem_storage(str(repo)))
+    assert repository.lookup_branch("main") == snapshot
+    assert repository.lookup_snapshot(snapshot).message == "second"
+
+
+def test_marker_and_record_live_beside_the_hierarchy(tmp_path):
+    repo = tmp_path / "repo"
+    dst = open_icechunk(str(repo))
+    assert dst.create_exclusive(MARKER, b'{"m": 1}')
+    assert not dst.create_exclusive(MARKER, b'{"m": 1}')
+    dst.set(RECORD, b'{"src": "x"}')
+    dst.set("zarr.json", GROUP)
+    assert dst.list_dir("") == ([MARKER, RECORD, "zarr.json"], [])
+    dst.delete(MARKER)
+    dst.commit("with a record")
+    again = open_icechunk(str(repo))
+    assert again.get(RECORD) == b'{"src": "x"}' and again.exists(RECORD)
+    assert not again.exists(MARKER) and again.get(MARKER) is None
+    assert again.record() == {RECORD: {"src": "x"}}
+    session = ic.Repository.open(ic.local_filesystem_storage(str(repo))).readonly_session("main")
+    assert sorted(zarr.open_group(session.store, mode="r").keys()) == []  # no node of ours in the hierarchy
+    again.delete(RECORD)  # --overwrite empties it: the next snapshot has none
+    again.set("zarr.json", GROUP.replace(b"{}", b'{"x": 1}'))
+    again.commit("without")
+    assert open_icechunk(str(repo)).get(RECORD) is None
+
+
+def test_keys_icechunk_cannot_hold_are_refused_by_name(tmp_path):
+    dst = open_icechunk(str(tmp_path / "repo"))
+    dst.set("a/zarr.json", array_doc())
+    for key in ("a/c.0", "a/0", "a/notes.txt"):
+        with pytest.raises(UsageError, match=f"{key}: Icechunk takes"):
+            dst.set(key, b"x")
+        assert dst.get(key) is None and not dst.exists(key)
+
+
+def test_put_reference_only_on_a_virtual_destination(tmp_path):
+    dst = open_icechunk(str(tmp_path / "repo"))
+    with pytest.raises(NotImplementedError):
+        dst.put_reference("a/c/0", ChunkRef("file:///x", 0, 1, 1))
+
+
+def test_two_sessions_of_one_branch_the_second_commit_is_refused(tmp_path):
+    repo = tmp_path / "repo"
+    a, b = open_icechunk(str(repo)), open_icechunk(str(repo))
+    a.set("zarr.json", GROUP)
+    b.set("zarr.json", GROUP)
+    a.commit("a")
+    with pytest.raises(DestinationExistsError, match="another writer committed"):
+        b.commit("b")
+
+
+def test_a_source_path_icechunk_cannot_address_is_refused(tmp_path):
+    src = tmp_path / "with space"
+    src.mkdir()
+    with pytest.raises(UsageError, match="cannot address"):
+        open_icechunk(str(tmp_path / "repo"), virtual=True, source=Location("file", "", str(src)))
+
+
+def test_a_non_empty_directory_is_no_repository_to_write(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x").write_bytes(b"x")
+    assert not is_repository(str(tmp_path / "d"))
+    with pytest.raises(DestinationExistsError, match="not an Icechunk repository"):
+        open_icechunk(str(tmp_path / "d"))
+    open_icechunk(str(tmp_path / "new"))
+    assert is_repository(str(tmp_path / "new"))
+
+
+def test_a_session_that_changed_nothing_commits_nothing(tmp_path):
+    repo = tmp_path / "repo"
+    first = open_icechunk(str(repo))
+    first.set("zarr.json", GROUP)
+    snapshot = first.commit("first")
+    again = open_icechunk(str(repo))
+    again.set("zarr.json", GROUP)
+    assert again.commit("same") == snapshot
+
+
+def test_tails_and_sizes_of_chunks(tmp_path):
+    dst = open_icechunk(str(tmp_path / "repo"))
+    dst.set("a/zarr.json", array_doc((4096,), (4096,)))
+    blob = bytes(range(256)) * 16
+    dst.set("a/c/0", blob)
+    assert dst.size("a/c/0") == 4096 and dst.size("a/c/1") is None
+    tail = dst.get_tails([("a/c/0", 8)])[0]
+    assert tail is not None and tail.data == blob[-8:] and tail.size == 4096
+    assert dst.get_ranges([("a/c/0", 10, 20), ("a/c/0", -4, None)]) == [blob[10:20], blob[-4:]]
