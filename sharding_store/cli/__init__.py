@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -32,6 +34,7 @@ from typing import Any, NoReturn
 from ..errors import Interrupted, ShardingStoreError, UsageError
 from .options import add_assume_option, assume_item, assumed, int_tuple, storage_options  # noqa: F401 - re-exported
 
+PROG = "sharding-store"
 COMMAND_MODULES = ("info", "migrate", "reshard")
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -60,16 +63,48 @@ BACKEND_INSTALL = {
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, exit 2, like every other usage error
-        raise UsageError(f"{self.prog}: {message}")
+    """argparse's parser with our error policy: one line (``sharding-store: error: migrate:
+    ...``, the program named once), exit 2, and a "did you mean" for a mistyped option or
+    command (the closest spelling, :func:`difflib.get_close_matches`), as git does."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix(PROG).strip()
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if choice:
+            message = message.replace("argument COMMAND: invalid choice:", "unknown command") + _did_you_mean(
+                choice[1], re.findall(r"'([^']*)'", choice[2]))
+        raise UsageError(f"{command}: {message}" if command else message)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """As argparse's, with the unrecognized words reported by the command they were given to."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._command_parser(getattr(parsed, "command", None))
+            spellings = list(command._option_string_actions)
+            first = next((w.partition("=")[0] for w in extras if w.startswith("-")), "")
+            command.error(f"unrecognized arguments: {' '.join(extras)}" + (_did_you_mean(first, spellings) if first else ""))
+        return parsed
+
+    def _command_parser(self, name: str | None) -> argparse.ArgumentParser:
+        """The parser of the subcommand ``name`` (this one when there is none)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+                return action.choices[name]
+        return self
+
+
+def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    """`` (did you mean X?)`` for the candidate closest to a mistyped ``word``; "" when none is close."""
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
-    parser = _Parser(prog="sharding-store", description="Read, migrate and reshard draft-era sharded Zarr v3 data.")
+    parser = _Parser(prog=PROG, description="Read, migrate and reshard draft-era sharded Zarr v3 data.")
     parser.add_argument("--version", action="version", version=f"sharding-store {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(f"{__name__}.{name}")

@@ -61,3 +61,37 @@ def test_progress_goes_to_stderr(draft, tmp_path):
     assert proc.returncode == 0, proc.stderr
     json.loads(proc.stdout)
     assert "migrate" in proc.stderr
+
+
+# --------------------------------------------------------------------------- item 8: argparse errors
+
+
+def one_error_line(proc: subprocess.CompletedProcess[str], code: int = 2) -> str:
+    """The one line on stderr of a failed command, after its one program-name prefix."""
+    assert proc.returncode == code and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("sharding-store: error: ") and line.count("sharding-store") == 1, line
+    return line.removeprefix("sharding-store: error: ")
+
+
+@pytest.mark.parametrize("words, expected", [
+    (["migrate", "A", "B", "--overwite"], "migrate: unrecognized arguments: --overwite (did you mean --overwrite?)"),
+    (["reshard", "A", "--chunks-per-shad", "2"], "reshard: unrecognized arguments: --chunks-per-shad 2 "
+                                                 "(did you mean --chunks-per-shard?)"),
+    (["info", "A", "--jsn"], "info: unrecognized arguments: --jsn (did you mean --json?)"),
+    (["verify", "A", "B", "--max-diferences=3"], "(did you mean --max-differences?)"),
+    (["migrat", "A", "B"], "unknown command 'migrat' (choose from 'info', 'ls', 'migrate', 'verify', 'reshard') "
+                           "(did you mean migrate?)"),
+    (["verfy", "A", "B"], "(did you mean verify?)"),
+    (["migrate", "A", "B", "--index-location", "ends"], "(did you mean end?)"),
+    (["info"], "info: the following arguments are required: PATH_OR_URL"),
+])
+def test_usage_errors_have_one_prefix_and_suggest(words, expected):
+    line = one_error_line(cli(*words))
+    assert line == expected or (expected.startswith("(") and line.endswith(expected)), line
+
+
+def test_no_suggestion_when_nothing_is_close():
+    line = one_error_line(cli("migrate", "A", "B", "--zzzzzz"))
+    assert line == "migrate: unrecognized arguments: --zzzzzz"
+    assert "did you mean" not in one_error_line(cli("xyzzy"))
