@@ -104,6 +104,15 @@ class LinkOutsideStoreError(ShardingStoreError, PermissionError):
     exit_code = 13
 
 
+class SourceChangedError(ShardingStoreError):
+    """A virtual destination (a reference file, an Icechunk repository of virtual chunks) refers
+    to a source object that changed, shrank or was deleted since the references were taken:
+    the read is refused rather than return other bytes. The message names the object's URL
+    and what changed. Exit 14."""
+
+    exit_code = 14
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C, or SIGTERM (the CLI's handler raises it), with what was running when it came:
     ``phase`` is ``"verify"`` once a migration had written everything and was verifying it

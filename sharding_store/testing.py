@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .stores import BaseInner, Inner, Location, Part, RangeRequest, Tail, Version, as_inner
+from .stores import BaseInner, ChunkRef, Inner, Location, Part, RangeRequest, Tail, Version, as_inner
 
 __all__ = ["PAUSE_LINE", "CountingInner", "fault_hook", "kill_at", "pause_after", "rendezvous"]
 
@@ -200,6 +200,22 @@ class CountingInner:
 
     def describe(self) -> str:
         return self.inner.describe()
+
+    def reference_to(self, key: str, offset: int, length: int, version: Version | None = None) -> ChunkRef | None:
+        """Counted as ``reference_to`` (a HEAD or an ``fstat``, never the object's bytes)."""
+        self._count("reference_to", key)
+        return self.inner.reference_to(key, offset, length, version)
+
+    def takes_references(self) -> bool:
+        return self.inner.takes_references()
+
+    def put_reference(self, key: str, ref: ChunkRef) -> None:
+        self.inner.put_reference(key, ref)
+        self._count("put_reference", key)
+
+    def commit(self, message: str) -> str:
+        self._count("commit", message)
+        return self.inner.commit(message)
 
 
 # ====================================================================== fault injection

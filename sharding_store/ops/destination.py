@@ -41,6 +41,7 @@ RECOGNISED = ("zarr.json", *V2_ROOT_KEYS, MARKER_KEY, RECORD_KEY)
 DEFAULTS: dict[str, Any] = {
     "generation": "2022", "chunks_per_shard": None, "index_checksum": True, "index_location": "end",
     "portable": False, "dimension_names": None, "assume_chunks_per_shard": None, "consolidate": True,
+    "target": "zarr", "virtual": False,
 }
 #: in-process stores are identified by ``id()``: no identity across runs, never compared
 IN_PROCESS = ("mapping", "zarr")

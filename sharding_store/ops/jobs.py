@@ -78,7 +78,7 @@ class StoreRef:
 
     @property
     def picklable(self) -> bool:
-        return self.url is not None
+        return self.url is not None and self.obj is None
 
     def describe(self) -> str:
         return self.url if self.url is not None else type(self.obj).__name__
@@ -89,7 +89,8 @@ class StoreRef:
         is keyed by process id, so a forked child never uses its parent's connections, and
         holds at most :data:`MAX_OPENED` stores. No lock: two threads opening the same URL
         at once both open it and one adapter is kept."""
-        if self.url is None:  # adapted once: a unit of a small shard costs less than adapting a mapping
+        if self.obj is not None or self.url is None:  # adapted once: a unit of a small shard costs less than adapting a mapping
+            # (a URL beside an object: the destination opened by kind, e.g. a reference file, named by its URL)
             inner = self.__dict__.get("_inner")
             if inner is None:
                 inner = as_inner(self.obj)

@@ -37,6 +37,8 @@ reader, as in the source). A source with an unfinished in-place reshard is refus
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -164,6 +166,8 @@ class MigrationReport:
     copied_by: str = ""
     #: a dry run with ``overwrite``: what emptying DST would remove
     removal: Removal | None = None
+    #: what DST is: "copy", "Icechunk virtual", "Icechunk materialised", "reference file"
+    destination: str = "copy"
 
     def skip(self, path: str, kind: str, error: ShardingStoreError) -> None:
         self.skipped_arrays.append({"path": path, "kind": kind, "error": type(error).__name__, "reason": str(error)})
@@ -201,6 +205,7 @@ class MigrationReport:
             "src": self.src,
             "dst": self.dst,
             "dry_run": self.dry_run,
+            "destination": self.destination,
             "arrays": [asdict(a) for a in self.arrays],
             "groups": self.groups,
             "shards": self.shards,
@@ -252,7 +257,8 @@ class MigrationReport:
                 done += f"; {human_bytes(t.dead_bytes)} dead bytes dropped"
             rate = self.throughput()
             speed = "" if rate is None else f" ({human_bytes(round(rate * MiB))}/s)"
-            lines = [f"migrated {head} in {self.seconds:.1f} s{speed}", done]
+            into = "" if self.destination == "copy" else f" (destination: {self.destination})"
+            lines = [f"migrated {head}{into} in {self.seconds:.1f} s{speed}", done]
             if self.verification is not None:
                 lines.append(f"  verified: {self.verification.summary()}")
         lines += [f"skipped {dm.escape_name(s['path']) or '/'} ({s['kind']}, {s['error']}): {s['reason']}" for s in self.skipped_arrays]
@@ -571,21 +577,114 @@ def _upgrade_instead(src: Any, dst: Any, options: Any, run: RunOptions | None, s
     return upgrade_in_place(src, options, run=run, stores=stores, **rest)
 
 
+#: what reports call each kind of destination, by (target, virtual)
+DESTINATION_KINDS = {("zarr", False): "copy", ("icechunk", True): "Icechunk virtual",
+                     ("icechunk", False): "Icechunk materialised", ("references", True): "reference file"}
+#: objects every Icechunk repository holds (its first snapshot; the main branch's ref)
+ICECHUNK_MARKS = ("snapshots/1CECHNKREP0F1RSTCMT0", "refs/branch.main/ref.json")
+ICECHUNK_HINT = "pip install 'sharding-store[icechunk]'"
+
+
+def resolve_target(dst: Any, target: str | None, virtual: bool) -> str:
+    """What DST is (``MigrateOptions.target``) when not given: a name ending ``.json`` (not an
+    existing directory) is a reference file; with ``virtual``, or a local directory holding an Icechunk repository,
+    an Icechunk repository; a store object that takes references is its own kind
+    (``references``); anything else a Zarr store."""
+    if target is not None:
+        return target
+    if not isinstance(dst, (str, os.PathLike)):
+        return "references" if callable(getattr(dst, "takes_references", None)) and dst.takes_references() else "zarr"
+    name = os.fspath(dst).rstrip("/")
+    local = name[len("file://"):] if name.startswith("file://") else name
+    local = os.path.expanduser(local) if "://" not in local and "::" not in local else ""
+    if name.endswith(".json") and not (local and os.path.isdir(local)):  # a directory is no reference file
+        return "references"
+    if virtual:
+        return "icechunk"
+    if local and any(os.path.isfile(os.path.join(local, mark)) for mark in ICECHUNK_MARKS):
+        return "icechunk"
+    return "zarr"
+
+
+def open_destination(dst: Any, target: str, virtual: bool, stores: StoreOptions, message: str = "") -> Inner:
+    """The destination store of a migration, by ``target``: a Zarr store (the store DST
+    names), a reference file (:class:`~sharding_store.stores.references.ReferenceFileSink`)
+    or an Icechunk repository (``stores/icechunk_store.open_icechunk``, which needs the
+    ``icechunk`` extra). Whatever it is, the driver writes it through the one store
+    interface and finishes it with :meth:`Inner.commit` after a complete run."""
+    if target == "zarr" or (not isinstance(dst, (str, os.PathLike)) and target != "icechunk"):
+        return StoreRef.of(dst, stores.dst).open()
+    if target == "references":
+        sink: Inner = importlib.import_module("sharding_store.stores.references").ReferenceFileSink(
+            os.fspath(dst), storage_options=stores.dst)
+        return sink
+    try:
+        module = importlib.import_module("sharding_store.stores.icechunk_store")
+    except ImportError as e:
+        missing = "" if e.name == "icechunk" else " (this version of sharding-store has no Icechunk support)"
+        raise UsageError(f"{dst}: an Icechunk destination needs the icechunk package{missing}: {ICECHUNK_HINT}",
+                         key=str(dst)) from None
+    try:
+        opened: Inner = module.open_icechunk(os.fspath(dst), stores.dst, virtual=virtual, message=message)
+    except ImportError:
+        raise UsageError(f"{dst}: an Icechunk destination needs the icechunk package: {ICECHUNK_HINT}",
+                         key=str(dst)) from None
+    return opened
+
+
+def _check_addressable(src: Inner, name: str) -> None:
+    """A virtual migration refers to the source's objects by URL: a source without URLs (a
+    mapping, a memory store) is refused (:class:`UsageError`) before anything is written."""
+    key = dm.ENTRY_POINT_KEY
+    if src.reference_to(key, 0, 0) is None and src.exists(key):
+        raise UsageError(f"{name}: --virtual needs a source another process can read by URL (a local directory or "
+                         "s3://); this store has no URL for its objects", key=name)
+
+
+def commit_message(src: str, kind: str) -> str:
+    """The message of the commit that finishes a destination: the source and this tool."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("sharding-store")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        ours = "(not installed)"
+    return f"sharding-store {ours}: {kind} migration of {src}"
+
+
 @dataclass(frozen=True)
 class _Sides:
-    """The two stores of a copy migration, opened and checked apart."""
+    """The two stores of a migration, opened (DST by what it is) and checked apart."""
 
     src_ref: StoreRef
     dst_ref: StoreRef
     src: Inner
     dst: Inner
+    kind: str = "copy"
+    target: str = "zarr"
+    virtual: bool = False
 
     @classmethod
-    def open(cls, src: Any, dst: Any, run: RunOptions, stores: StoreOptions) -> _Sides:
+    def open(cls, src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreOptions) -> _Sides:
         src_ref, dst_ref = StoreRef.of(src, stores.src), StoreRef.of(dst, stores.dst)
+        target = resolve_target(dst, o.target, o.virtual)
+        virtual = o.virtual or target == "references"
+        kind = DESTINATION_KINDS.get((target, virtual))
+        if kind is None:
+            raise UsageError(f"--virtual: a Zarr store holds bytes, not references ({dst_ref.describe()}); give an "
+                             "Icechunk repository or a reference file (DST ending .json)")
+        if run.executor is not None and virtual:
+            raise UsageError("--virtual with --scheduler/an executor: references are collected in this process "
+                             "(they are small: no cluster is needed)")
+        src_inner = src_ref.open()
+        if virtual and not o.dry_run:
+            _check_addressable(src_inner, src_ref.describe())
+        if target != "zarr":  # opened once the source is known to qualify: opening may create it
+            opened = open_destination(dst, target, virtual, stores, commit_message(src_ref.describe(), kind))
+            dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options, opened)
         if run.executor is not None:
             check_picklable(src_ref, dst_ref)
-        sides = cls(src_ref, dst_ref, src_ref.open(), dst_ref.open())
+        sides = cls(src_ref, dst_ref, src_inner, dst_ref.open(), kind, target, virtual)
         check_apart(sides.src, sides.dst, src_ref.describe(), dst_ref.describe())
         return sides
 
@@ -593,7 +692,7 @@ class _Sides:
 def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreOptions) -> MigrationReport:
     """The copy migration (:func:`migrate` without ``in_place``), on checked options."""
     started = time.perf_counter()
-    sides = _Sides.open(src, dst, run, stores)
+    sides = _Sides.open(src, dst, o, run, stores)
     root_raw = sides.src.get(dm.ENTRY_POINT_KEY)
     if root_raw is None or classify_node(root_raw, dm.ENTRY_POINT_KEY) != "draft-2022":
         # an in-place upgrade (of a per-node store only) left half done: one get
@@ -604,14 +703,14 @@ def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreO
     h.assume_sharded(o.assume_chunks_per_shard)
     check_assumed_layouts(h, o.assume_chunks_per_shard)  # a guess the evidence contradicts is refused
     report = MigrationReport(sides.src_ref.describe(), sides.dst_ref.describe(), dry_run=o.dry_run,
-                             copied_by=copy_words(sides.dst))
+                             copied_by=copy_words(sides.dst), destination=sides.kind)
     opts = Options(o.chunks_per_shard, o.index_checksum, o.index_location, o.portable, o.names)
     plans = _plan_all(h, sides.src_ref, sides.dst_ref, opts, report, skip_damaged=o.skip_damaged)
     _check_named_arrays(h, o.names)
     report.groups = len(list(h.groups()))
     current = destination.record(h.label, sides.src_ref.describe(), sides.src.location(), {
         **opts.recorded(), "assume_chunks_per_shard": assume_marker(o.assume_chunks_per_shard),
-        "consolidate": o.consolidate})
+        "consolidate": o.consolidate, "target": sides.target, "virtual": sides.virtual})
     _prepare(sides.dst_ref, sides.dst, current, report, overwrite=o.overwrite, resume=o.resume, dry_run=o.dry_run,
              retries=run.retries, delay=run.retry_delay)
     if o.dry_run:
@@ -663,6 +762,7 @@ def _write_all(h: DraftHierarchy, plans: list[ArrayPlan], sides: _Sides, report:
     if driver.root_doc is not None:
         driver.set(node_key(""), json_bytes(driver.root_doc))
     driver.retried(sides.dst.delete, MARKER_KEY)
+    driver.retried(sides.dst.commit, commit_message(sides.src_ref.describe(), sides.kind))
 
 
 @contextlib.contextmanager

@@ -180,6 +180,11 @@ class RunOptions:
 # --------------------------------------------------------------------------- one record per operation
 
 
+#: what a migration's destination is (``MigrateOptions.target``)
+Target = Literal["zarr", "icechunk", "references"]
+TARGETS: tuple[str, ...] = ("zarr", "icechunk", "references")
+
+
 @dataclass(frozen=True)
 class MigrateOptions:
     """What a copy migration writes (:func:`sharding_store.ops.migration.migrate`).
@@ -194,7 +199,12 @@ class MigrateOptions:
     ``assume_chunks_per_shard`` (path -> chunks per shard) migrates arrays whose metadata
     lost its storage transformer as the shards they are; ``dimension_names`` (path ->
     names) names the dimensions of arrays without; ``consolidate``: zarr-python 3's
-    inline consolidated metadata in the root group.
+    inline consolidated metadata in the root group. ``virtual`` (issue 24): the destination
+    refers to the source's objects instead of holding copies of them; ``target`` what DST
+    is: ``"zarr"`` (a store of bytes), ``"icechunk"`` (a repository: virtual references, or
+    the bytes in one transaction), ``"references"`` (an fsspec reference file, always
+    virtual); None: decided from DST (a name ending ``.json``: a reference file; an
+    existing Icechunk repository; else Zarr).
     """
 
     chunks_per_shard: int | tuple[int, ...] | None = None
@@ -209,10 +219,13 @@ class MigrateOptions:
     assume_chunks_per_shard: AssumeChunksPerShard | None = None
     dimension_names: Mapping[str, Sequence[str | None]] | None = None
     consolidate: bool = True
+    virtual: bool = False
+    target: Target | None = None
 
     def __post_init__(self) -> None:
         _check_bools(self, "index_checksum", "portable", "overwrite", "resume", "dry_run", "verify", "skip_damaged",
-                     "consolidate")
+                     "consolidate", "virtual")
+        _check_target(self)
         if self.overwrite and self.resume:
             raise UsageError("overwrite and resume contradict each other: resume keeps what the destination holds")
         if self.index_location not in (None, "start", "end"):
@@ -226,6 +239,21 @@ class MigrateOptions:
     def names(self) -> dict[str, tuple[str | None, ...]] | None:
         """``dimension_names`` as ``__post_init__`` normalised them (paths, tuples)."""
         return cast("dict[str, tuple[str | None, ...]] | None", self.dimension_names)
+
+
+def _check_target(o: MigrateOptions) -> None:
+    """``target`` is one of :data:`TARGETS`; a reference file is always virtual; a Zarr store
+    holds no references; ``portable`` re-encodes chunks, which a virtual copy cannot."""
+    if o.target not in (None, *TARGETS):
+        raise UsageError(f"MigrateOptions.target: one of {', '.join(TARGETS)} or None, got {o.target!r}")
+    if o.target == "references":
+        _set(o, "virtual", True)
+    if o.virtual and o.target == "zarr":
+        raise UsageError("--virtual: a Zarr store holds bytes, not references; give an Icechunk repository "
+                         "(--virtual=icechunk) or a reference file (DST ending .json)")
+    if o.virtual and o.portable:
+        raise UsageError("--portable with --virtual: re-encoding chunks writes new bytes, and a virtual "
+                         "migration refers to the source's bytes as they are")
 
 
 @dataclass(frozen=True)

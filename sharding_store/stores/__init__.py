@@ -19,6 +19,7 @@ from ..errors import LinkOutsideStoreError, ObjectChangedError, StoreIOError, Us
 from ._obstore import ObstoreInner, obstore_options
 from .base import (
     BaseInner,
+    ChunkRef,
     CompletedInner,
     CoreInner,
     Inner,
@@ -41,6 +42,7 @@ __all__ = [
     "FILE_MODE",
     "TEMP_MARKER",
     "BaseInner",
+    "ChunkRef",
     "CoreInner",
     "FsspecInner",
     "Inner",

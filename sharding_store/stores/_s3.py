@@ -223,6 +223,22 @@ def s3_whole(inner: FsspecInner, key: str) -> tuple[bytes, Version] | None:
     return value
 
 
+def s3_head(inner: FsspecInner, key: str) -> tuple[int, str | None, Any] | None:
+    """``(size, ETag, LastModified)`` of an object from one HEAD (None when missing)."""
+
+    async def one() -> tuple[int, str | None, Any] | None:
+        try:
+            head = await _head(inner, key, None)
+        except FileNotFoundError:
+            return None
+        return int(head["ContentLength"]), head.get("ETag"), head.get("LastModified")
+
+    value = _run(inner, [one()])[0]
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
 def precondition_failed(error: BaseException) -> bool:
     """An s3fs/botocore error that says HTTP 412 (a conditional request did not hold)."""
     seen: BaseException | None = error

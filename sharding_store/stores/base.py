@@ -29,12 +29,14 @@ import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ..errors import LinkOutsideStoreError, ObjectChangedError, StoreIOError
 
 __all__ = [
     "BaseInner",
+    "ChunkRef",
     "CoreInner",
     "Inner",
     "LinkOutsideStoreError",
@@ -69,6 +71,27 @@ class Tail(NamedTuple):
     size: int | None
     #: the object's version at read time (local: device, inode, mtime, size; S3: ETag), or None
     version: Version | None = None
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """Where the bytes of one destination object are: bytes ``[offset, offset+length)`` of a
+    source object, with what that object was when the reference was taken (issue 24: a
+    virtual migration writes these instead of bytes; a reader checks them before trusting
+    the bytes it reads)."""
+
+    #: absolute fsspec URL: ``file:///abs/path/in/store`` or ``s3://bucket/key``
+    url: str
+    offset: int
+    length: int
+    #: the source object's whole size at reference time
+    object_size: int
+    #: object stores: the ETag as the server sent it
+    etag: str | None = None
+    #: aware UTC last-modified (local: from ``st_mtime_ns``)
+    modified: datetime | None = None
+    #: local: the exact ``st_mtime_ns`` (``modified`` keeps microseconds only)
+    modified_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +226,10 @@ class Inner(Protocol):
     def tidy(self, prefix: str = "", *, keep_top: bool = True) -> None: ...
     def location(self) -> Location: ...
     def describe(self) -> str: ...
+    def reference_to(self, key: str, offset: int, length: int, version: Version | None = None) -> ChunkRef | None: ...
+    def takes_references(self) -> bool: ...
+    def put_reference(self, key: str, ref: ChunkRef) -> None: ...
+    def commit(self, message: str) -> str: ...
 
 
 def slice_range(data: bytes, start: int, end: int | None) -> bytes:
@@ -425,6 +452,30 @@ class BaseInner:
     def describe(self) -> str:
         return type(self).__name__
 
+    # ------------------------------------------------------------------ virtual copies (issue 24)
+    def reference_to(self, key: str, offset: int, length: int, version: Version | None = None) -> ChunkRef | None:
+        """SOURCE side: a :class:`ChunkRef` to bytes ``[offset, offset+length)`` of ``key``, with
+        what the object is now (``version``: one from :meth:`get_tails`; the reference is of
+        that version or :class:`ObjectChangedError` is raised). None: this store's objects
+        have no URL another process can read (a dict, a memory store), so a virtual
+        migration from it is refused; also None when the key is missing."""
+        return None
+
+    def takes_references(self) -> bool:
+        """DESTINATION side: whether :meth:`put_reference` stores references instead of bytes
+        (a reference file, an Icechunk repository written virtually)."""
+        return False
+
+    def put_reference(self, key: str, ref: ChunkRef) -> None:
+        """Make ``key`` a reference to ``ref``'s bytes (only where :meth:`takes_references`)."""
+        raise NotImplementedError(f"{self.describe()}: this store takes bytes, not references")
+
+    def commit(self, message: str) -> str:
+        """Make what was written visible as one unit, after a complete migration (a
+        reference file written at once, an Icechunk snapshot); returns its id ("" here:
+        a plain store's writes are visible as they are made)."""
+        return ""
+
 
 class CompletedInner(BaseInner):
     """A store object with the core methods only (a hand-written wrapper), given the
@@ -482,6 +533,10 @@ class CompletedInner(BaseInner):
     def describe(self) -> str:
         own = getattr(self.store, "describe", None)
         return own() if own is not None else type(self.store).__name__
+
+    def reference_to(self, key: str, offset: int, length: int, version: Version | None = None) -> ChunkRef | None:
+        own = getattr(self.store, "reference_to", None)
+        return own(key, offset, length, version) if own is not None else None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)

@@ -19,8 +19,8 @@ from typing import Any
 from ..errors import ObjectChangedError, StoreIOError, UsageError
 from . import _s3fs_adapter
 from ._fsspec_adapter import strip_protocol
-from ._s3 import precondition_failed, s3_create_exclusive, s3_put_if_unchanged, s3_ranges, s3_tails, s3_whole
-from .base import BaseInner, Inner, Location, RangeRequest, Tail, Version
+from ._s3 import precondition_failed, s3_create_exclusive, s3_head, s3_put_if_unchanged, s3_ranges, s3_tails, s3_whole
+from .base import BaseInner, ChunkRef, Inner, Location, RangeRequest, Tail, Version
 from .local import is_temp
 from .location import fs_location, is_local_fs, protocol_of
 
@@ -408,6 +408,23 @@ class FsspecInner(BaseInner):
     # ------------------------------------------------------------------ identity
     def location(self) -> Location:
         return fs_location(self.fs, self.root)
+
+    @_translate
+    def reference_to(self, key: str, offset: int, length: int, version: Version | None = None) -> ChunkRef | None:
+        """S3: an ``s3://bucket/key`` reference with the object's ETag. Given a ``version``
+        (the ETag a tail read returned, which also told the object's size), no request: the
+        reference is to the object up to its end (its size ``offset + length``); else one
+        HEAD. Other fsspec backends (memory, ...): None, no URL another process reads."""
+        if not self._s3:
+            return None
+        url = f"s3://{self._path(key)}"
+        if version is not None:
+            return ChunkRef(url, offset, length, offset + length, etag=str(version))
+        head = s3_head(self, key)
+        if head is None:
+            return None
+        size, etag, modified = head
+        return ChunkRef(url, offset, length, size, etag=etag, modified=modified)
 
     def describe(self) -> str:
         return self.url or f"{protocol_of(self.fs)}://{self.root}"

@@ -40,12 +40,14 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from ..codec import _native
 from ..errors import LinkOutsideStoreError, MigrationError, ObjectChangedError
 from .base import (
     BaseInner,
+    ChunkRef,
     ForkSafeLock,
     Inner,
     Location,
@@ -1070,8 +1072,50 @@ class LocalInner(BaseInner):
     def location(self) -> Location:
         return Location("file", "", self.real_root())
 
+    def reference_to(self, key: str, offset: int, length: int, version: Version | None = None) -> ChunkRef | None:
+        """A ``file://`` reference to the key's file by its resolved path (links inside the
+        store followed, never out), with its size and ``st_mtime_ns`` from ``fstat`` of the
+        descriptor opened inside the root; the path is checked to lead to that very file.
+        ``version``: from :meth:`get_tails`, else :class:`ObjectChangedError`. None: missing."""
+        fd = self._open(key)
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            if version is not None:
+                _check(key, version, fd, st)
+            real = _resolved(fd, self._path(key))
+        finally:
+            os.close(fd)
+        if not self._inside(real):
+            raise self._refuse(key, real)
+        try:
+            now = os.stat(real)
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise ObjectChangedError(f"{key}: the file was replaced while a reference to it was taken", key=key)
+        ns = st.st_mtime_ns
+        modified = datetime.fromtimestamp(ns // 10**9, tz=UTC).replace(microsecond=ns % 10**9 // 1000)
+        return ChunkRef(f"file://{real}", offset, length, st.st_size, modified=modified, modified_ns=st.st_mtime_ns)
+
     def describe(self) -> str:
         return self.root
+
+
+def _resolved(fd: int, path: str) -> str:
+    """The path of the file open as ``fd``, every link resolved: from ``/proc`` where there
+    is one (what was opened, whatever was swapped since), else ``realpath`` of ``path``
+    (the caller checks it leads to the same file)."""
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        if real.startswith("/") and not real.endswith(" (deleted)"):
+            return real
+    except OSError:
+        pass
+    return os.path.realpath(path)
 
 
 def _compose_into(out: int, parts: Sequence[Part], fds: Mapping[str, tuple[int, os.stat_result]]) -> int:

@@ -1,0 +1,97 @@
+"""``reference_to`` (issue 24): where a source object's bytes are, by URL, with what the object was.
+
+Local: a ``file://`` URL of the resolved path inside the store, size and ``st_mtime_ns`` from
+``fstat``; never a link out; a version that no longer holds refuses. In-process stores
+(mappings, memory): None. Destinations: ``takes_references``/``put_reference``/``commit``
+defaults. S3: ``tests/integration/test_references_s3.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC
+
+import pytest
+
+from sharding_store.errors import LinkOutsideStoreError, ObjectChangedError
+from sharding_store.stores import BaseInner, ChunkRef, LocalInner, as_inner
+from sharding_store.testing import CountingInner
+
+
+def test_a_local_reference_is_the_resolved_path_with_size_and_mtime(tmp_path):
+    store = tmp_path / "store"
+    (store / "a").mkdir(parents=True)
+    (store / "a" / "obj").write_bytes(b"0123456789")
+    inner = LocalInner(str(store))
+    ref = inner.reference_to("a/obj", 2, 5)
+    st = os.stat(store / "a" / "obj")
+    assert ref == ChunkRef(f"file://{os.path.realpath(store / 'a' / 'obj')}", 2, 5, 10,
+                           modified=ref.modified, modified_ns=st.st_mtime_ns)
+    assert ref.modified.tzinfo == UTC
+    assert int(ref.modified.timestamp()) == st.st_mtime_ns // 10**9
+    assert ref.modified.microsecond == st.st_mtime_ns % 10**9 // 1000
+
+
+def test_a_link_inside_the_store_is_followed_to_its_target(tmp_path):
+    store = tmp_path / "store"
+    (store / "real").mkdir(parents=True)
+    (store / "real" / "obj").write_bytes(b"xyz")
+    os.symlink("real", store / "alias")
+    ref = LocalInner(str(store)).reference_to("alias/obj", 0, 3)
+    assert ref is not None and ref.url == f"file://{os.path.realpath(store / 'real' / 'obj')}"
+
+
+def test_a_link_out_of_the_store_is_refused(tmp_path):
+    (tmp_path / "outside").write_bytes(b"secret")
+    store = tmp_path / "store"
+    store.mkdir()
+    os.symlink(tmp_path / "outside", store / "obj")
+    with pytest.raises(LinkOutsideStoreError):
+        LocalInner(str(store)).reference_to("obj", 0, 6)
+
+
+def test_a_version_that_no_longer_holds_is_refused(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "obj").write_bytes(b"0123456789")
+    inner = LocalInner(str(store))
+    tail = inner.get_tails([("obj", 4)])[0]
+    assert inner.reference_to("obj", 0, 10, tail.version) is not None
+    (store / "obj").write_bytes(b"0123456789abc")
+    with pytest.raises(ObjectChangedError):
+        inner.reference_to("obj", 0, 10, tail.version)
+
+
+def test_missing_objects_and_directories_have_no_reference(tmp_path):
+    (tmp_path / "d").mkdir()
+    inner = LocalInner(str(tmp_path))
+    assert inner.reference_to("missing", 0, 1) is None
+    assert inner.reference_to("d", 0, 1) is None
+
+
+def test_in_process_stores_have_no_url():
+    assert as_inner({"a": b"1"}).reference_to("a", 0, 1) is None
+    import fsspec
+
+    memory = as_inner("memory://refs-test")
+    memory.set("a", b"1")
+    assert memory.reference_to("a", 0, 1) is None
+    fsspec.filesystem("memory").rm("/refs-test", recursive=True)
+
+
+def test_store_defaults_take_bytes_not_references():
+    inner = as_inner({})
+    assert isinstance(inner, BaseInner)
+    assert inner.takes_references() is False
+    with pytest.raises(NotImplementedError, match="takes bytes, not references"):
+        inner.put_reference("k", ChunkRef("file:///x", 0, 1, 1))
+    assert inner.commit("message") == ""
+
+
+def test_the_counting_wrapper_delegates_and_counts_the_new_capabilities(tmp_path):
+    (tmp_path / "obj").write_bytes(b"abc")
+    counting = CountingInner(str(tmp_path))
+    assert counting.reference_to("obj", 0, 3).object_size == 3
+    assert counting.takes_references() is False
+    assert counting.commit("m") == ""
+    assert counting.calls["reference_to"] == 1 and counting.calls["commit"] == 1 and counting.reads == 0
