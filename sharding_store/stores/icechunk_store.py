@@ -53,6 +53,9 @@ ICECHUNK_KEY = re.compile(r"(?:.*/)?(?:zarr\.json|c(?:/\d+)*)")
 #: the others when it parses a location, and then matches no container)
 URL_SAFE = re.compile(r"[A-Za-z0-9\-._~!$&'()*+,;=:@/]*")
 DEFAULT_BRANCH = "main"
+_RAISE = object()
+#: Icechunk's words for a chunk key without an array node
+NO_ARRAY = ("there is not an array at", "node not found")
 
 
 def _icechunk() -> Any:
@@ -171,9 +174,10 @@ def _open_repository(storage: Any, location: Location, source: Location | None,
         container, credentials = _container(source, source_options)
         config.set_virtual_chunk_container(container)
         authorise[container.url_prefix] = credentials
+    grants = ic.containers_credentials(authorise) if authorise else None
     if not exists:
-        return ic.Repository.create(storage, config=config, authorize_virtual_chunk_access=authorise or None)
-    repo = ic.Repository.open(storage, config=config, authorize_virtual_chunk_access=authorise or None)
+        return ic.Repository.create(storage, config=config, authorize_virtual_chunk_access=grants)
+    repo = ic.Repository.open(storage, config=config, authorize_virtual_chunk_access=grants)
     if source is not None:
         repo.save_config()
     return repo
@@ -252,17 +256,28 @@ class IcechunkInner(ZarrStoreInner):
         return f"IcechunkInner({self.url!r}, virtual={self.virtual})"
 
     # ------------------------------------------------------------------ errors
-    def _call(self, key: str, fn: Any, *args: Any) -> Any:
-        """``fn(*args)`` on the session; Icechunk's errors as ours, naming ``key``."""
+    def _call(self, key: str, fn: Any, *args: Any, missing: Any = _RAISE) -> Any:
+        """``fn(*args)`` on the session; Icechunk's errors as ours, naming ``key``. Icechunk
+        raises ``KeyError`` for a key of a node the session does not hold: ``missing`` is
+        returned then (by default it is an error: a chunk needs its array's document first)."""
         ic = _icechunk()
         try:
             return fn(*args)
+        except KeyError as e:
+            if missing is not _RAISE:
+                return missing
+            raise UsageError(f"{key}: no array holds this chunk in the session (Icechunk needs an array's zarr.json "
+                             "before its chunks)", key=key) from e
         except ic.IcechunkError as e:
+            if any(m in str(e) for m in NO_ARRAY) and missing is not _RAISE:
+                return missing  # a chunk key of no node, or below a group
             raise self._error(key, e) from e
 
     def _error(self, key: str, e: BaseException) -> Exception:
         text = str(e)
         what = _first_line(e)
+        if any(m in text for m in NO_ARRAY):
+            return UsageError(f"{key}: no array holds this chunk in the session ({what})", key=key)
         if "invalid zarr key" in text or "invalid chunk location" in text or "no virtual chunk container" in text:
             return UsageError(f"{key}: Icechunk cannot store this ({what}); Icechunk takes chunk keys of the default "
                               "encoding with '/' only: migrate into a directory instead", key=key)
@@ -311,7 +326,7 @@ class IcechunkInner(ZarrStoreInner):
             return self._side_get(key)
         if not ICECHUNK_KEY.fullmatch(key):
             return None
-        return self._call(key, super().get, key)
+        return self._call(key, super().get, key, missing=None)
 
     def get_ranges(
         self, requests: Sequence[RangeRequest], versions: Sequence[Version | None] | None = None
@@ -322,7 +337,7 @@ class IcechunkInner(ZarrStoreInner):
                 whole = self.get(key)
                 out.append(None if whole is None else (whole[start:end] if start >= 0 else whole[start:]))
             else:
-                out.append(self._call(key, super().get_ranges, [(key, start, end)])[0])
+                out.append(self._call(key, super().get_ranges, [(key, start, end)], missing=[None])[0])
         return out
 
     def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
@@ -342,7 +357,13 @@ class IcechunkInner(ZarrStoreInner):
                 self._side[key] = bytes(value)
             return
         self._check_key(key)
-        self._call(key, super().set, key, value)
+        try:
+            self._call(key, super().set, key, value)
+        except StoreIOError as e:
+            if not (key.endswith("zarr.json") and "node already exists" in str(e.__cause__)):
+                raise
+            self.delete(key)  # a node of the other type (array <-> group) is replaced, as a file would be
+            self._call(key, super().set, key, value)
 
     def create_exclusive(self, key: str, value: bytes) -> bool:
         """Atomic within this process (one session); across processes Icechunk's commit refuses
@@ -359,7 +380,14 @@ class IcechunkInner(ZarrStoreInner):
                 self._side[key] = None
             return
         if ICECHUNK_KEY.fullmatch(key):
-            self._call(key, super().delete, key)
+            self._call(key, super().delete, key, missing=None)  # a chunk of a deleted node: gone with it
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Every node and chunk under ``prefix`` (Icechunk's ``delete_dir``), and the side objects there."""
+        self._call(prefix, self._sync, self.store.delete_dir(prefix), missing=None)
+        for key in self._side_keys():
+            if key.startswith(prefix):
+                self.delete(key)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         keys = list(self._call(prefix, lambda: list(super(IcechunkInner, self).list_prefix(prefix))))
@@ -371,7 +399,7 @@ class IcechunkInner(ZarrStoreInner):
             return self._side_get(key) is not None
         if not ICECHUNK_KEY.fullmatch(key):
             return False
-        return bool(self._call(key, super().exists, key))
+        return bool(self._call(key, super().exists, key, missing=False))
 
     def size(self, key: str) -> int | None:
         if is_side_key(key) or not ICECHUNK_KEY.fullmatch(key):
@@ -379,7 +407,7 @@ class IcechunkInner(ZarrStoreInner):
             return None if value is None else len(value)
         if not self.exists(key):
             return None
-        return int(self._call(key, self._sync, self.store.getsize(key)))
+        return int(self._call(key, lambda: self._sync(self.store.getsize(key))))
 
     def location(self) -> Location:
         return self._location

@@ -257,6 +257,30 @@ def test_a_session_that_changed_nothing_commits_nothing(tmp_path):
     assert again.commit("same") == snapshot
 
 
+def test_a_node_replaced_by_one_of_the_other_type_and_emptied(tmp_path):
+    """What ``--overwrite`` does to a repository: everything deleted in the session, then written
+    again (an array where a group was: Icechunk refuses that unless the node is deleted first)."""
+    repo = tmp_path / "repo"
+    first = open_icechunk(str(repo))
+    first.set("zarr.json", GROUP)
+    first.set("a/zarr.json", array_doc((4,), (2,)))
+    first.set("a/c/0", b"xx")
+    first.set(RECORD, b"{}")
+    first.commit("first")
+    again = open_icechunk(str(repo))
+    again.set("a/zarr.json", GROUP)  # the array becomes a group: its chunks go with it
+    assert list(again.list_prefix("a/")) == ["a/zarr.json"]
+    again.delete("a/c/1")  # a chunk of a node gone: nothing to delete
+    with pytest.raises(UsageError, match="b/c/0: no array holds this chunk"):
+        again.set("b/c/0", b"x")
+    assert again.get("b/c/0") is None and not again.exists("b/c/0")
+    again.delete_prefix("")
+    assert list(again.list_prefix("")) == []
+    again.set("zarr.json", GROUP)
+    again.commit("emptied")
+    assert list(open_icechunk(str(repo)).list_prefix("")) == ["zarr.json"]
+
+
 def test_tails_and_sizes_of_chunks(tmp_path):
     dst = open_icechunk(str(tmp_path / "repo"))
     dst.set("a/zarr.json", array_doc((4096,), (4096,)))
