@@ -852,7 +852,7 @@ def test_the_shadow_check_sees_a_shadow():
     assert "migrate" in _bound_names("") and "verify" in _bound_names("")
 
 
-README = ROOT.parent / "README.md"
+README = ROOT.parent / "docs" / "architecture.md"  # the module table (README links it)
 
 
 def readme_module_table() -> list[tuple[int, str]]:
@@ -860,7 +860,7 @@ def readme_module_table() -> list[tuple[int, str]]:
     a row with an empty layer cell is in the layer of the row above."""
     text = README.read_text()
     m = re.search(r"\| layer \| module \| what it holds \|\n\|---\|---\|---\|\n((?:\|.*\|\n)+)", text)
-    assert m, "README.md: the module table (| layer | module | what it holds |) is missing"
+    assert m, "docs/architecture.md: the module table (| layer | module | what it holds |) is missing"
     rows, layer = [], None
     for row in m.group(1).splitlines():
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
@@ -890,14 +890,14 @@ def test_the_readme_module_table_lists_exactly_the_modules_in_their_layers():
     expected = _listed_modules()
     assert sorted(listed) == sorted(set(listed)), f"listed twice: {sorted({n for n in listed if listed.count(n) > 1})}"
     missing, extra = sorted(set(expected) - set(listed)), sorted(set(listed) - set(expected))
-    assert not missing and not extra, f"README module table: missing {missing}, not in the package {extra}"
-    wrong = [f"  {name}: README says layer {n}, LAYERS says {layer_of(expected[name])}"
+    assert not missing and not extra, f"docs/architecture.md module table: missing {missing}, not in the package {extra}"
+    wrong = [f"  {name}: docs/architecture.md says layer {n}, LAYERS says {layer_of(expected[name])}"
              for n, name in rows if layer_of(expected[name]) != n]
-    assert not wrong, "README module table against LAYERS:\n" + "\n".join(wrong)
+    assert not wrong, "docs/architecture.md module table against LAYERS:\n" + "\n".join(wrong)
 
 
 #: tests of the package as a whole, at the top of tests/ (every other test is in a folder)
-PACKAGE_WIDE_TESTS = {"test_architecture", "test_package", "test_startup_imports", "test_install"}
+PACKAGE_WIDE_TESTS = {"test_architecture", "test_package", "test_startup_imports", "test_install", "test_readme"}
 
 
 def test_the_tests_mirror_the_package_folders():
