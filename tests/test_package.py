@@ -75,3 +75,16 @@ def test_executable_flushes_everything_and_keeps_exit_codes_without_interpreter_
     proc.stdout.close()  # gone long before the child has started up and printed
     err = proc.stderr.read().decode()
     assert proc.wait() == EXIT_BROKEN_PIPE and "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_setup_cfg_declares_each_option_once():
+    """pip refuses a setup.cfg with an option given twice (two helpers once both added the
+    ``icechunk`` extra): read it as setuptools does, strictly."""
+    import configparser
+    from pathlib import Path
+
+    parser = configparser.ConfigParser(strict=True, interpolation=None)
+    parser.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    extras = parser["options.extras_require"]
+    assert {"s3", "dask", "xarray", "icechunk", "test"} <= set(extras)
+    assert "icechunk" in extras["test"], "CI installs only the test extra: it must hold icechunk"
