@@ -41,7 +41,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from ..codec import _native
 from ..errors import LinkOutsideStoreError, MigrationError, ObjectChangedError
@@ -78,6 +78,7 @@ _O_READ_NOFOLLOW = _O_READ | getattr(os, "O_NOFOLLOW", 0)
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 #: final key components that name a directory
 _DIR_NAMES = frozenset(("", ".", ".."))
+_T = TypeVar("_T")
 
 
 def local_root(path: str) -> str:
@@ -215,6 +216,27 @@ class LocalInner(BaseInner):
             if held is not None:
                 self._dirs.release(held)
 
+    def _walked(self, key: str, step: Callable[[DirFd, str, str], _T | None]) -> _T | None:
+        """What ``step(directory, name, key)`` finds at the key's file, its directory walked
+        by descriptors (:meth:`_at`) and held during the step (which follows links, inside
+        only); None when the file is missing. The reads' way when the key's directory is not
+        cached (or the hot path could not decide): where ``step`` finds the file missing (one
+        of ``_MISSING``) because its directory was removed (and perhaps made again)
+        meanwhile, the walk is tried again, three times at most."""
+        for _ in range(3):
+            at = self._at(key)
+            if at is None:
+                return None
+            d = at[0]
+            try:
+                return step(d, at[1], key)
+            except _MISSING:
+                if not self._dirs.stale(d):
+                    return None
+            finally:
+                self._dirs.release(d)
+        return None
+
     def _open(self, key: str) -> int | None:
         """A read descriptor of the key's file (None when missing), never outside the store:
         opened ``O_NOFOLLOW`` in its directory's descriptor (a link is followed only inside)."""
@@ -231,24 +253,16 @@ class LocalInner(BaseInner):
                 pass  # removed, a link, ``..``: the general way below decides
             finally:
                 dirs.release(d)
-        for _ in range(3):
-            at = self._at(key)
-            if at is None:
-                return None
-            d = at[0]
-            try:
-                return os.open(at[1], _O_READ_NOFOLLOW, dir_fd=d.fd)
-            except _MISSING:
-                if not self._dirs.stale(d):
-                    return None
-                continue  # its directory was removed (and made again?): walk again
-            except OSError as e:
-                if e.errno != errno.ELOOP:
-                    raise
-                return self._open_link(d, at[1], key)
-            finally:
-                self._dirs.release(d)
-        return None
+        return self._walked(key, self._open_at)
+
+    def _open_at(self, d: DirFd, name: str, key: str) -> int | None:
+        """:meth:`_open`'s walked step: ``O_NOFOLLOW`` fails on a link, which is then followed."""
+        try:
+            return os.open(name, _O_READ_NOFOLLOW, dir_fd=d.fd)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+        return self._open_link(d, name, key)
 
     def _open_link(self, d: DirFd, name: str, key: str) -> int | None:
         got = self._through_link(d, name, key)
@@ -407,29 +421,20 @@ class LocalInner(BaseInner):
                 pass  # removed, ``..``: the general way below decides
             finally:
                 dirs.release(d0)
-        for _ in range(3):
-            at = self._at(key)
-            if at is None:
+        return self._walked(key, self._stat_at)
+
+    def _stat_at(self, d: DirFd, name: str, key: str) -> os.stat_result | None:
+        """:meth:`_stat`'s walked step: a link is followed (inside only); not a file: None."""
+        st = os.stat(name, dir_fd=d.fd, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            got = self._through_link(d, name, key)
+            if got is None:
                 return None
-            d = at[0]
             try:
-                st = os.stat(at[1], dir_fd=d.fd, follow_symlinks=False)
-                if stat.S_ISLNK(st.st_mode):
-                    got = self._through_link(d, at[1], key)
-                    if got is None:
-                        return None
-                    try:
-                        st = os.stat(got[1], dir_fd=got[0].fd, follow_symlinks=False)
-                    finally:
-                        self._dirs.release(got[0])
-            except _MISSING:
-                if not self._dirs.stale(d):
-                    return None
-                continue
+                st = os.stat(got[1], dir_fd=got[0].fd, follow_symlinks=False)
             finally:
-                self._dirs.release(d)
-            return st if stat.S_ISREG(st.st_mode) else None
-        return None
+                self._dirs.release(got[0])
+        return st if stat.S_ISREG(st.st_mode) else None
 
     def exists(self, key: str) -> bool:
         return self._stat(key) is not None
