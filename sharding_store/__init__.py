@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, see _EXPORTS
     from .ops.resharding import reshard, shard, unshard
     from .ops.upgrade import upgrade_in_place
     from .ops.verification import verify
+    from .stores.references import open_references
 
 __version__ = "0.1.0"
 
@@ -52,6 +53,7 @@ _EXPORTS = {
     "verify": "ops.verification",
     "ShardingStore": "engine.store",
     "open_v3": "api.v3view",
+    "open_references": "stores.references",
 }
 
 
@@ -96,6 +98,7 @@ __all__ = [
     "migrate",
     "MigrateOptions",
     "open_draft",
+    "open_references",
     "open_v3",
     "reshard",
     "shard",

@@ -22,7 +22,9 @@ by :mod:`.verify`, so the rules are one set:
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +32,8 @@ from typing import Any
 from ..api.hierarchy import V2_ROOT_KEYS
 from ..errors import DestinationExistsError, UsageError
 from ..stores import Inner
+from .jobs import StoreRef
+from .options import StoreOptions
 
 #: the object that marks a destination as a migration in progress (and records its options)
 MARKER_KEY = ".sharding-store-migration.json"
@@ -230,6 +234,70 @@ def prepare(dst: Inner, name: str, current: Mapping[str, Any], *, overwrite: boo
     return False, None
 
 
+# --------------------------------------------------------------------------- what DST is (issue 24)
+
+
+#: what reports call each kind of destination, by (target, virtual)
+DESTINATION_KINDS = {("zarr", False): "copy", ("icechunk", True): "Icechunk virtual",
+                     ("icechunk", False): "Icechunk materialised", ("references", True): "reference file"}
+#: objects every Icechunk repository holds (its first snapshot; the main branch's ref)
+ICECHUNK_MARKS = ("snapshots/1CECHNKREP0F1RSTCMT0", "refs/branch.main/ref.json")
+ICECHUNK_HINT = "pip install 'sharding-store[icechunk]'"
+
+
+def resolve_target(dst: Any, target: str | None, virtual: bool) -> str:
+    """What DST is (``MigrateOptions.target``) when not given: a name ending ``.json`` (not an
+    existing directory) is a reference file; with ``virtual``, or a local directory holding an Icechunk repository,
+    an Icechunk repository; a store object that takes references is its own kind
+    (``references``); anything else a Zarr store."""
+    if target is not None:
+        return target
+    if not isinstance(dst, (str, os.PathLike)):
+        return "references" if callable(getattr(dst, "takes_references", None)) and dst.takes_references() else "zarr"
+    name = os.fspath(dst).rstrip("/")
+    local = name[len("file://"):] if name.startswith("file://") else name
+    local = os.path.expanduser(local) if "://" not in local and "::" not in local else ""
+    if name.endswith(".json") and not (local and os.path.isdir(local)):  # a directory is no reference file
+        return "references"
+    if virtual:
+        return "icechunk"
+    if local and any(os.path.isfile(os.path.join(local, mark)) for mark in ICECHUNK_MARKS):
+        return "icechunk"
+    return "zarr"
+
+
+def open_destination(dst: Any, target: str, virtual: bool, stores: StoreOptions, source: Inner | None = None, *,
+                     read_only: bool = False) -> Inner:
+    """The destination store of a migration, by ``target``: a Zarr store (the store DST
+    names), a reference file (:class:`~sharding_store.stores.references.ReferenceFileSink`)
+    or an Icechunk repository (``stores/icechunk_store.open_icechunk``, which needs the
+    ``icechunk`` extra). ``source``: the store references point into (its location configures
+    an Icechunk repository's virtual chunk container). Whatever DST is, the driver writes
+    it through the one store interface and finishes it with :meth:`Inner.commit` after a
+    complete run. ``read_only``: to read it (``verify``): a reference file is not written."""
+    if target == "zarr" or (not isinstance(dst, (str, os.PathLike)) and target != "icechunk"):
+        return StoreRef.of(dst, stores.dst).open()
+    if target == "references":
+        sink: Inner = importlib.import_module("sharding_store.stores.references").ReferenceFileSink(
+            os.fspath(dst), stores.dst, source="" if source is None else source.describe(), source_options=stores.src,
+            read_only=read_only)
+        return sink
+    try:
+        module = importlib.import_module("sharding_store.stores.icechunk_store")
+    except ImportError as e:
+        missing = "" if e.name == "icechunk" else " (this version of sharding-store has no Icechunk support)"
+        raise UsageError(f"{dst}: an Icechunk destination needs the icechunk package{missing}: {ICECHUNK_HINT}",
+                         key=str(dst)) from None
+    try:
+        opened: Inner = module.open_icechunk(os.fspath(dst), stores.dst, virtual=virtual,
+                                             source=None if source is None else source.location(),
+                                             source_options=stores.src)
+    except ImportError:
+        raise UsageError(f"{dst}: an Icechunk destination needs the icechunk package: {ICECHUNK_HINT}",
+                         key=str(dst)) from None
+    return opened
+
+
 # --------------------------------------------------------------------------- verify
 
 
@@ -268,5 +336,6 @@ def extra_node_key(key: str, prefix: str, nodes: Container[str]) -> bool:
     return key[: -len(NODE_DOCUMENT) - 1] not in nodes
 
 
-__all__ = ["MARKER_KEY", "RECORD_KEY", "Removal", "check_resume", "check_overwrite", "extra_node_key", "extra_nodes", "prepare",
-           "read_record", "record", "recorded_dimension_names"]
+__all__ = ["DESTINATION_KINDS", "ICECHUNK_HINT", "MARKER_KEY", "RECORD_KEY", "Removal", "check_overwrite",
+           "check_resume", "extra_node_key", "extra_nodes", "open_destination", "prepare", "read_record", "record",
+           "recorded_dimension_names", "resolve_target"]

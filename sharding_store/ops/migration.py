@@ -37,8 +37,6 @@ reader, as in the source). A source with an unfinished in-place reshard is refus
 from __future__ import annotations
 
 import contextlib
-import importlib
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -64,7 +62,15 @@ from ..formats.upgrade_journal import refuse_interrupted_upgrade
 from ..formats.v3_documents import consolidated_metadata, v3_group_document
 from ..stores import Inner
 from . import destination
-from .destination import RECORD_KEY, Removal, describe_removal
+from .destination import (
+    DESTINATION_KINDS,
+    ICECHUNK_HINT,
+    RECORD_KEY,
+    Removal,
+    describe_removal,
+    open_destination,
+    resolve_target,
+)
 from .jobs import (
     StoreRef,
     cancelling,
@@ -108,6 +114,7 @@ from .units import (
     node_key,
     plan_array,
     run_unit,
+    virtual_refusal,
 )
 from .verification import verify as run_verify
 
@@ -117,7 +124,8 @@ if TYPE_CHECKING:
 MiB = 1 << 20
 SKIP_HINT = "--skip-damaged migrates the other arrays and lists the damaged ones"
 
-__all__ = ["MARKER_KEY", "ArrayReport", "MigrationReport", "default_jobs", "jobs_for", "migrate"]
+__all__ = ["ICECHUNK_HINT", "MARKER_KEY", "ArrayReport", "MigrationReport", "default_jobs", "jobs_for", "migrate",
+           "open_destination", "resolve_target"]
 
 
 def assume_marker(assume: AssumeChunksPerShard | None) -> dict[str, list[int]] | None:
@@ -212,6 +220,7 @@ class MigrationReport:
             "bytes": self.bytes,
             "written": t.written,
             "copied": t.copied,
+            "referenced": t.referenced,
             "empty": t.empty,
             "chunks": t.chunks,
             "bytes_read": t.bytes_read,
@@ -249,6 +258,8 @@ class MigrationReport:
             done = f"  written now: {now} {object_noun(sharded, now)}, {human_bytes(t.bytes_now)}"
             if t.copied:
                 done += f" ({t.copied} by {self.copied_by or 'copy'})"
+            if t.referenced:
+                done += f"; referenced: {t.referenced} {object_noun(sharded, t.referenced)} of the source (no byte copied)"
             if t.skipped:
                 done += f"; already done: {t.skipped} {object_noun(sharded, t.skipped)}"
             if t.empty:
@@ -577,61 +588,6 @@ def _upgrade_instead(src: Any, dst: Any, options: Any, run: RunOptions | None, s
     return upgrade_in_place(src, options, run=run, stores=stores, **rest)
 
 
-#: what reports call each kind of destination, by (target, virtual)
-DESTINATION_KINDS = {("zarr", False): "copy", ("icechunk", True): "Icechunk virtual",
-                     ("icechunk", False): "Icechunk materialised", ("references", True): "reference file"}
-#: objects every Icechunk repository holds (its first snapshot; the main branch's ref)
-ICECHUNK_MARKS = ("snapshots/1CECHNKREP0F1RSTCMT0", "refs/branch.main/ref.json")
-ICECHUNK_HINT = "pip install 'sharding-store[icechunk]'"
-
-
-def resolve_target(dst: Any, target: str | None, virtual: bool) -> str:
-    """What DST is (``MigrateOptions.target``) when not given: a name ending ``.json`` (not an
-    existing directory) is a reference file; with ``virtual``, or a local directory holding an Icechunk repository,
-    an Icechunk repository; a store object that takes references is its own kind
-    (``references``); anything else a Zarr store."""
-    if target is not None:
-        return target
-    if not isinstance(dst, (str, os.PathLike)):
-        return "references" if callable(getattr(dst, "takes_references", None)) and dst.takes_references() else "zarr"
-    name = os.fspath(dst).rstrip("/")
-    local = name[len("file://"):] if name.startswith("file://") else name
-    local = os.path.expanduser(local) if "://" not in local and "::" not in local else ""
-    if name.endswith(".json") and not (local and os.path.isdir(local)):  # a directory is no reference file
-        return "references"
-    if virtual:
-        return "icechunk"
-    if local and any(os.path.isfile(os.path.join(local, mark)) for mark in ICECHUNK_MARKS):
-        return "icechunk"
-    return "zarr"
-
-
-def open_destination(dst: Any, target: str, virtual: bool, stores: StoreOptions, message: str = "") -> Inner:
-    """The destination store of a migration, by ``target``: a Zarr store (the store DST
-    names), a reference file (:class:`~sharding_store.stores.references.ReferenceFileSink`)
-    or an Icechunk repository (``stores/icechunk_store.open_icechunk``, which needs the
-    ``icechunk`` extra). Whatever it is, the driver writes it through the one store
-    interface and finishes it with :meth:`Inner.commit` after a complete run."""
-    if target == "zarr" or (not isinstance(dst, (str, os.PathLike)) and target != "icechunk"):
-        return StoreRef.of(dst, stores.dst).open()
-    if target == "references":
-        sink: Inner = importlib.import_module("sharding_store.stores.references").ReferenceFileSink(
-            os.fspath(dst), storage_options=stores.dst)
-        return sink
-    try:
-        module = importlib.import_module("sharding_store.stores.icechunk_store")
-    except ImportError as e:
-        missing = "" if e.name == "icechunk" else " (this version of sharding-store has no Icechunk support)"
-        raise UsageError(f"{dst}: an Icechunk destination needs the icechunk package{missing}: {ICECHUNK_HINT}",
-                         key=str(dst)) from None
-    try:
-        opened: Inner = module.open_icechunk(os.fspath(dst), stores.dst, virtual=virtual, message=message)
-    except ImportError:
-        raise UsageError(f"{dst}: an Icechunk destination needs the icechunk package: {ICECHUNK_HINT}",
-                         key=str(dst)) from None
-    return opened
-
-
 def _check_addressable(src: Inner, name: str) -> None:
     """A virtual migration refers to the source's objects by URL: a source without URLs (a
     mapping, a memory store) is refused (:class:`UsageError`) before anything is written."""
@@ -680,7 +636,7 @@ class _Sides:
         if virtual and not o.dry_run:
             _check_addressable(src_inner, src_ref.describe())
         if target != "zarr":  # opened once the source is known to qualify: opening may create it
-            opened = open_destination(dst, target, virtual, stores, commit_message(src_ref.describe(), kind))
+            opened = open_destination(dst, target, virtual, stores, src_inner)
             dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options, opened)
         if run.executor is not None:
             check_picklable(src_ref, dst_ref)
@@ -704,8 +660,11 @@ def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreO
     check_assumed_layouts(h, o.assume_chunks_per_shard)  # a guess the evidence contradicts is refused
     report = MigrationReport(sides.src_ref.describe(), sides.dst_ref.describe(), dry_run=o.dry_run,
                              copied_by=copy_words(sides.dst), destination=sides.kind)
-    opts = Options(o.chunks_per_shard, o.index_checksum, o.index_location, o.portable, o.names)
+    # a virtual destination keeps the source's index as it is: no checksum added
+    opts = Options(o.chunks_per_shard, o.index_checksum and not sides.virtual, o.index_location, o.portable, o.names)
     plans = _plan_all(h, sides.src_ref, sides.dst_ref, opts, report, skip_damaged=o.skip_damaged)
+    if sides.virtual:
+        _refuse_new_bytes(plans)
     _check_named_arrays(h, o.names)
     report.groups = len(list(h.groups()))
     current = destination.record(h.label, sides.src_ref.describe(), sides.src.location(), {
@@ -725,6 +684,15 @@ def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreO
                                                             skip_arrays=report.skipped_paths), run=run)
         report.seconds = time.perf_counter() - started
     return report
+
+
+def _refuse_new_bytes(plans: list[ArrayPlan]) -> None:
+    """A virtual migration whose options would need new bytes for an array: :class:`UsageError`
+    (one line, naming the option and why), before anything is written."""
+    for plan in plans:
+        reason = virtual_refusal(plan.job)
+        if reason is not None:
+            raise UsageError(reason, key=plan.node.path)
 
 
 def _list_all(plans: list[ArrayPlan], h: DraftHierarchy, src: Inner, report: MigrationReport) -> None:

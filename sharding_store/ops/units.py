@@ -342,6 +342,7 @@ class UnitResult:
     bytes_written: int = 0
     bytes_copied: int = 0
     dead_bytes: int = 0  # unreferenced source bytes dropped by compaction
+    referenced: int = 0  # objects a virtual destination refers to in the source (no byte copied)
 
     def add(self, other: UnitResult) -> None:
         """Add ``other``'s counts (once per unit: spelled out, a loop over the fields cost
@@ -356,10 +357,11 @@ class UnitResult:
         self.bytes_written += other.bytes_written
         self.bytes_copied += other.bytes_copied
         self.dead_bytes += other.dead_bytes
+        self.referenced += other.referenced
 
     @property
     def objects(self) -> int:
-        return self.written + self.copied + self.skipped
+        return self.written + self.copied + self.skipped + self.referenced
 
     @property
     def bytes_now(self) -> int:
@@ -586,8 +588,11 @@ def recompress(job: ArrayJob, payload: bytes | memoryview, key: str) -> bytes:
 
 
 def run_unit(job: ArrayJob, unit: Unit) -> UnitResult:
-    """Write one unit's target objects (idempotent: every write replaces a whole object)."""
+    """Write one unit's target objects (idempotent: every write replaces a whole object);
+    into a destination that takes references, references to the source's objects."""
     src, dst = job.src.open(), job.dst.open()
+    if dst.takes_references():
+        return _refer_chunks(unit, src, dst, job) if unit.target is None else _refer_shard(job, unit, src, dst)
     if unit.target is None:
         return _copy_chunks(job, unit, src, dst)
     key = job.dst_key(unit.target)
@@ -691,6 +696,96 @@ def _try_pass_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str)
     return UnitResult(written=1, chunks=n_live, bytes_read=size, bytes_written=len(out))
 
 
+def virtual_refusal(job: ArrayJob) -> str | None:
+    """Why a virtual destination cannot hold this array's objects as the source's (its
+    objects would need new bytes), in words naming the option; None when it can: the same
+    shards (chunks per shard), the index where the source has it, with the source's
+    checksum, payloads as they are."""
+    layout, where = job.src_layout, job.path or "/"
+    if job.dst_cps != layout.chunks_per_shard:
+        cps = "unsharded" if layout.chunks_per_shard is None else "x".join(map(str, layout.chunks_per_shard)) or "1"
+        return (f"--chunks-per-shard with --virtual: regrouping chunks writes new shards, and a virtual destination "
+                f"refers to the source's objects as they are ({where}: {cps} chunks per shard in the source)")
+    if job.dst_cps is not None and job.index_location != layout.index_location:
+        return (f"--index-location {job.index_location} with --virtual: moving the shard index writes new shards "
+                f"({where}: the index is at the {layout.index_location} in the source)")
+    if job.dst_cps is not None and job.checksum != bool(layout.index_checksum):
+        return (f"an index checksum with --virtual: adding one writes new shards ({where}: the source's index "
+                f"has {'one' if layout.index_checksum else 'none'})")
+    if job.recompress:
+        return f"--portable with --virtual: re-encoding chunks writes new bytes ({where})"
+    return None
+
+
+def _source_index(job: ArrayJob, src: Inner, key: str, listed: int | None) -> tuple[bytes, int, Any] | None:
+    """The encoded index of source shard ``key`` with the shard's size and version: its last
+    bytes (one tail read), or its first ones (index at the start: the tail read then only
+    learns the size and version). None when the object is gone."""
+    n = job.src_index_nbytes
+    at_end = job.src_layout.index_location == "end"
+    tail = src.get_tails([(key, n if at_end else 0)])[0]
+    if tail is None:
+        return None
+    size = tail.size if tail.size is not None else listed
+    if size is None:
+        size = src.size(key) or 0
+    if size < n:
+        raise ShardCorruptError(f"{key}: {size} bytes, shorter than its shard index ({n} bytes)", key=key)
+    if at_end:
+        return bytes(tail.data), size, tail.version
+    head = src.get_ranges([(key, 0, n)], versions=[tail.version] if tail.version is not None else None)[0]
+    return (None if head is None else (bytes(head), size, tail.version))
+
+
+def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner) -> UnitResult:
+    """A virtual destination: a source shard becomes a reference to the whole object after
+    only its index was read and found sound (every live entry inside the object; a bad
+    index is the damage error the copy raises). A shard without a live chunk gets no
+    reference (it reads as the fill value); dead bytes stay where they are (offsets are
+    absolute in the shard)."""
+    assert job.dst_cps is not None
+    (_, src_key, listed), = unit.sources
+    key = job.dst_key(unit.target)  # type: ignore[arg-type]  # a sharded unit has a target
+    if unit.dst_size is not None:
+        return UnitResult(skipped=1)
+    got = _source_index(job, src, src_key, listed)
+    if got is None:
+        return UnitResult(empty=1)  # deleted since it was listed: nothing to refer to
+    raw, size, version = got
+    n = job.src_index_nbytes
+    at_end = job.src_layout.index_location == "end"
+    live = live_entries(raw, job.dst_cps, checksum=bool(job.src_layout.index_checksum), key=src_key,
+                        payload_limit=size - n if at_end else size, payload_start=0 if at_end else n)
+    if not live:
+        return UnitResult(empty=1, bytes_read=len(raw))
+    ref = src.reference_to(src_key, 0, size, version)
+    if ref is None:
+        return UnitResult(empty=1, bytes_read=len(raw))  # deleted since its index was read
+    dst.put_reference(key, ref)
+    return UnitResult(referenced=1, chunks=len(live), bytes_read=len(raw))
+
+
+def _refer_chunks(unit: Unit, src: Inner, dst: Inner, job: ArrayJob) -> UnitResult:
+    """A virtual destination, unsharded target: one reference per chunk object, its length
+    from the listing (no byte read)."""
+    result = UnitResult()
+    present = unit.dst_sizes or (None,) * len(unit.sources)
+    for (coords, src_key, size), dst_size in zip(unit.sources, present):
+        if dst_size is not None:
+            result.skipped += 1
+            continue
+        if size is None or size < 0:
+            size = src.size(src_key)
+        ref = None if size is None else src.reference_to(src_key, 0, size)
+        if ref is None:
+            continue  # deleted since listed
+        if ref.object_size != size:  # rewritten since listed: refer to what it is now
+            ref = replace(ref, length=ref.object_size)
+        dst.put_reference(job.dst_key(coords), ref)
+        result.add(UnitResult(referenced=1, chunks=1))
+    return result
+
+
 def _copy_chunks(job: ArrayJob, unit: Unit, src: Inner, dst: Inner) -> UnitResult:
     """Unsharded target: each chunk object copied verbatim (or recompressed) under its v3 key."""
     result = UnitResult()
@@ -731,4 +826,5 @@ __all__ = [
     "read_source_chunks",
     "read_whole",
     "run_unit",
+    "virtual_refusal",
 ]

@@ -54,7 +54,14 @@ from ..formats.reshard_journal import refuse_interrupted_reshards
 from ..formats.shard_index import CHECKSUM_NBYTES, encode_shard, index_nbytes, live_entries, read_index
 from ..formats.v3_documents import consolidated_metadata, document_difference, same_json
 from ..stores import Inner
-from .destination import extra_node_key, extra_nodes, read_record, recorded_dimension_names
+from .destination import (
+    extra_node_key,
+    extra_nodes,
+    open_destination,
+    read_record,
+    recorded_dimension_names,
+    resolve_target,
+)
 from .jobs import (
     StoreRef,
     cancelling,
@@ -473,9 +480,14 @@ def verify(
     options, run, stores = legacy_options("verify", options or VerifyOptions(), legacy, run, stores)
     started = time.perf_counter()
     src_ref, dst_ref = StoreRef.of(src, stores.src), StoreRef.of(dst, stores.dst)
+    src_inner = src_ref.open()
+    target = resolve_target(dst, None, False)
+    if target != "zarr":  # a reference file, an Icechunk repository: read through what it is
+        opened = open_destination(dst, target, False, stores, src_inner, read_only=True)
+        dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options, opened)
     if run.executor is not None:
         check_picklable(src_ref, dst_ref)
-    src_inner, dst_inner = src_ref.open(), dst_ref.open()
+    dst_inner = dst_ref.open()
     check_apart(src_inner, dst_inner, src_ref.describe(), dst_ref.describe(), allow_nested=True)
     refuse_interrupted_reshards(src_inner, src_ref.describe())
     _check_destination(dst_inner, dst_ref.describe())

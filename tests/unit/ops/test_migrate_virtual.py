@@ -6,17 +6,40 @@ The driver branch and the reference file: further below and in
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import types
 from concurrent.futures import ThreadPoolExecutor
 
+import fsspec
+import numpy as np
 import pytest
+import zarr
 
-from sharding_store import MigrateOptions, UsageError
+from sharding_store import (
+    DestinationExistsError,
+    MigrateOptions,
+    MigrationError,
+    ShardCorruptError,
+    ShardingStoreError,
+    SourceChangedError,
+    UsageError,
+    create_draft_array,
+    open_references,
+    verify,
+)
+from sharding_store.formats import draft_metadata as dm
 from sharding_store.ops.migration import ICECHUNK_HINT, migrate, open_destination, resolve_target
 from sharding_store.ops.options import RunOptions, StoreOptions
+from sharding_store.stores import as_inner
 from sharding_store.testing import CountingInner
-from tests.draft_factory import make_hierarchy, tree_bytes
+from tests.draft_factory import add_dead_bytes, make_big_array, make_hierarchy, tree_bytes, tree_hash
+from tests.unit.ops.test_gen2023_migrate import _same
+from tests.unit.ops.test_gen2023_migrate_options import STORES, draft_2023_source, zarrita_2021_source
+from tests.unit.ops.test_journal_interrupted import interrupted  # noqa: F401 - a fixture
+
+from ... import fixtures
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -88,16 +111,19 @@ def test_an_icechunk_destination_is_opened_through_the_store_module(monkeypatch,
     seen = {}
     opened = CountingInner({})
 
-    def open_icechunk(dst, storage_options, *, virtual, message):
-        seen.update(dst=dst, storage_options=storage_options, virtual=virtual, message=message)
+    def open_icechunk(dst, storage_options, *, virtual, source, source_options):
+        seen.update(dst=dst, storage_options=storage_options, virtual=virtual, source=source,
+                    source_options=source_options)
         return opened
 
     fake = types.ModuleType("sharding_store.stores.icechunk_store")
     fake.open_icechunk = open_icechunk
     monkeypatch.setitem(sys.modules, "sharding_store.stores.icechunk_store", fake)
-    got = open_destination(tmp_path / "repo", "icechunk", True, StoreOptions(dst={"anon": True}), "msg")
+    src = as_inner(str(tmp_path))
+    got = open_destination(tmp_path / "repo", "icechunk", True, StoreOptions(src={"s": 1}, dst={"anon": True}), src)
     assert got is opened
-    assert seen == dict(dst=str(tmp_path / "repo"), storage_options={"anon": True}, virtual=True, message="msg")
+    assert seen == dict(dst=str(tmp_path / "repo"), storage_options={"anon": True}, virtual=True,
+                        source=src.location(), source_options={"s": 1})
 
 
 def test_a_materialised_icechunk_migration_is_committed_once_as_such(monkeypatch, source, tmp_path):
@@ -153,3 +179,223 @@ def test_a_source_without_urls_is_refused_before_anything_is_written(source, tmp
 def test_an_executor_is_refused_with_virtual(source, tmp_path):
     with ThreadPoolExecutor(1) as pool, pytest.raises(UsageError, match="references are collected in this process"):
         migrate(source, tmp_path / "out.json", MigrateOptions(virtual=True), run=RunOptions(executor=pool))
+
+
+# --------------------------------------------------------------------------- the driver: every generation, read back
+
+
+def _plain(path) -> zarr.Group:
+    fs = fsspec.filesystem("reference", fo=str(path), asynchronous=True)
+    return zarr.open_group(zarr.storage.FsspecStore(fs, read_only=True, path=""), mode="r")
+
+
+def _read(group: zarr.Group, path: str) -> np.ndarray:
+    return (group if path == "" else group[path])[...]
+
+
+def _both_readers(out, path: str) -> list[np.ndarray]:
+    """The array at ``path`` read by zarr-python 3 through plain fsspec and through the guard."""
+    if path == "":
+        fs = fsspec.filesystem("reference", fo=str(out), asynchronous=True)
+        plain = zarr.open_array(zarr.storage.FsspecStore(fs, read_only=True, path=""), mode="r")[...]
+        return [plain, zarr.open_array(open_references(str(out)), mode="r")[...]]
+    return [_read(_plain(out), path), _read(zarr.open_group(open_references(str(out)), mode="r"), path)]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_every_2023_array_read_back_from_a_reference_file(tmp_path, store):
+    source = draft_2023_source(store)
+    before = tree_hash(store)
+    report = migrate(str(store), str(tmp_path / "out.json"), progress=False)
+    assert report.verification.ok and report.destination == "reference file"
+    assert report.totals.bytes_now == 0 and report.totals.written == 0
+    for path in source.arrays:
+        for got in _both_readers(tmp_path / "out.json", path):
+            _same(got, source.expected(path))
+    assert tree_hash(store) == before
+
+
+@fixtures.needs(fixtures.ZARRITA_2021)
+def test_every_2021_array_read_back_from_a_reference_file(tmp_path):
+    source = zarrita_2021_source()
+    report = migrate(str(source.store), str(tmp_path / "out.json"), progress=False)
+    assert report.verification.ok
+    for path in source.arrays:
+        for got in _both_readers(tmp_path / "out.json", path):
+            _same(got, source.expected(path))
+
+
+def test_every_2022_array_read_back_from_a_reference_file(tmp_path):
+    """Sharded, unsharded (one reference per chunk object), separator ".", 0-d, ragged."""
+    values = make_hierarchy(tmp_path / "src")
+    report = migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), progress=False)
+    assert report.verification.ok and report.totals.referenced == report.shards
+    for path, want in values.items():
+        for got in _both_readers(tmp_path / "out.json", path):
+            np.testing.assert_array_equal(got, want)
+    refs = json.loads((tmp_path / "out.json").read_bytes())["refs"]
+    assert refs["tab/plain/c.0.0"][0] == f"file://{os.path.realpath(tmp_path / 'src/data/root/tab/plain/c0.0')}"
+
+
+def test_a_shard_with_dead_bytes_is_referred_to_whole(tmp_path):
+    data = make_big_array(tmp_path / "src", shards=2)
+    dead = add_dead_bytes(tmp_path / "src", "data/root/big/c0/0", (2, 2), (1, 1))
+    data[4:8, 8:16] = 0  # the dropped chunk reads as the fill value
+    migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), progress=False)
+    ref = json.loads((tmp_path / "out.json").read_bytes())["refs"]["big/c/0/0"]
+    assert ref[1:] == [0, (tmp_path / "src/data/root/big/c0/0").stat().st_size] and dead > 0
+    for got in _both_readers(tmp_path / "out.json", "big"):
+        np.testing.assert_array_equal(got, data)
+
+
+def test_a_shard_without_a_live_chunk_gets_no_reference(tmp_path):
+    arr = create_draft_array(str(tmp_path / "src"), "a", shape=(4, 4), chunks=(2, 2), chunks_per_shard=(1, 2),
+                             dtype="<i4", fill_value=7)
+    arr[0:2, :] = 1
+    src = as_inner(str(tmp_path / "src"))
+    assert list(src.list_prefix("data/root/a/")) == ["data/root/a/c0/0"]
+    src.set("data/root/a/c1/0", b"\xff" * 16 * 2)  # a shard whose index has no live chunk
+    report = migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), progress=False)
+    refs = json.loads((tmp_path / "out.json").read_bytes())["refs"]
+    assert [k for k in refs if k.startswith("a/c/")] == ["a/c/0/0"] and report.totals.empty == 1
+    for got in _both_readers(tmp_path / "out.json", "a"):
+        np.testing.assert_array_equal(got, np.array([[1] * 4] * 2 + [[7] * 4] * 2))
+
+
+def test_only_index_tails_are_read_from_the_source(tmp_path):
+    make_big_array(tmp_path / "src", shards=8)
+    src = CountingInner(str(tmp_path / "src"))
+    migrate(src, str(tmp_path / "out.json"), MigrateOptions(verify=False), progress=False)
+    tails = [detail for name, detail in src.log if name == "get_ranges"]
+    assert src.calls["reference_to"] >= 8 and src.calls["copy_to"] == 0 and src.calls["read_into"] == 0
+    index = 4 * 16  # 2x2 chunks per shard, no checksum
+    shard_reads = [d for d in tails if any("/c" in k for k, *_ in d)]
+    assert len(shard_reads) == 8 and all(len(d) == 1 and d[0][1] == -index for d in shard_reads)
+
+
+@pytest.mark.slow
+def test_the_reference_file_holds_under_one_percent_of_the_source(tmp_path):
+    """Realistic shards (16 of 1 MiB: 64 chunks of 16 KiB each)."""
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 2**31, (1024, 4096), dtype="<i4")
+    create_draft_array(str(tmp_path / "src"), "v", shape=data.shape, chunks=(64, 64), chunks_per_shard=(4, 16),
+                       dtype="<i4", compressor=None)[...] = data
+    report = migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), progress=False)
+    source_bytes = sum(p.stat().st_size for p in (tmp_path / "src").rglob("*") if p.is_file())
+    assert report.shards == 16 and source_bytes > 16 * 2**20
+    assert (tmp_path / "out.json").stat().st_size < source_bytes / 100
+    np.testing.assert_array_equal(zarr.open_group(open_references(str(tmp_path / "out.json")), mode="r")["v"][...], data)
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(chunks_per_shard=4), r"--chunks-per-shard with --virtual: regrouping chunks writes new shards.*"
+                               r"\(imgs/raw: 2x2 chunks per shard in the source\)"),
+    (dict(index_location="start"), r"--index-location start with --virtual: moving the shard index writes new shards"),
+])
+def test_options_that_need_new_bytes_are_refused_before_anything_is_written(source, tmp_path, kwargs, words):
+    with pytest.raises(UsageError, match=words) as e:
+        migrate(str(source), str(tmp_path / "out.json"), MigrateOptions(**kwargs), progress=False)
+    assert "\n" not in str(e.value) and not (tmp_path / "out.json").exists()
+
+
+def test_the_source_layout_asked_for_explicitly_is_no_refusal(tmp_path):
+    data = make_big_array(tmp_path / "src", shards=2)
+    migrate(str(tmp_path / "src"), str(tmp_path / "out.json"),
+            MigrateOptions(chunks_per_shard=(2, 2), index_location="end", virtual=True), progress=False)
+    np.testing.assert_array_equal(zarr.open_group(open_references(str(tmp_path / "out.json")), mode="r")["big"][...],
+                                  data)
+
+
+# --------------------------------------------------------------------------- damaged sources, as the copy refuses them
+
+
+def _damaged_index(root) -> str:
+    key = "data/root/big/c1/0"
+    path = root / key
+    blob = bytearray(path.read_bytes())
+    blob[-16:-8] = (2**40).to_bytes(8, "little")  # a chunk far past the end of the object
+    path.write_bytes(bytes(blob))
+    return key
+
+
+@pytest.mark.parametrize("dst_name", ["copy", "out.json"])
+def test_a_damaged_shard_is_refused_as_the_copy_refuses_it(tmp_path, dst_name):
+    make_big_array(tmp_path / "src", shards=4)
+    other = create_draft_array(str(tmp_path / "src"), "ok", shape=(4,), chunks=(2,), dtype="<u2")
+    other[...] = np.arange(4)
+    _damaged_index(tmp_path / "src")
+    with pytest.raises(ShardCorruptError, match="big") as e:
+        migrate(str(tmp_path / "src"), str(tmp_path / dst_name), progress=False)
+    assert e.value.exit_code == 4
+    report = migrate(str(tmp_path / "src"), str(tmp_path / f"skip-{dst_name}"), skip_damaged=True, progress=False)
+    assert [(s["path"], s["error"]) for s in report.skipped_arrays] == [("big", "ShardCorruptError")]
+    if dst_name.endswith(".json"):
+        refs = json.loads((tmp_path / f"skip-{dst_name}").read_bytes())["refs"]
+        assert not any(k.startswith("big/") for k in refs) and "ok/zarr.json" in refs
+
+
+def test_a_lost_transformer_is_refused_as_the_copy_refuses_it(tmp_path):
+    make_big_array(tmp_path / "src", shards=2)
+    key = tmp_path / "src" / dm.array_meta_key("big")
+    doc = json.loads(key.read_bytes())
+    del doc["storage_transformers"]
+    key.write_text(json.dumps(doc))
+    errors = []
+    for dst in ("copy", "out.json"):
+        with pytest.raises(ShardingStoreError) as e:
+            migrate(str(tmp_path / "src"), str(tmp_path / dst), progress=False)
+        errors.append((type(e.value), e.value.exit_code))
+    assert errors[0] == errors[1] and not (tmp_path / "out.json").exists()
+
+
+def test_an_interrupted_reshard_is_refused_as_the_copy_refuses_it(interrupted, tmp_path):
+    with pytest.raises(MigrationError, match="interrupted in-place reshard of array .grp/vol."):
+        migrate(str(interrupted), str(tmp_path / "out.json"), progress=False)
+    assert not (tmp_path / "out.json").exists()
+
+
+# --------------------------------------------------------------------------- existing files, resume
+
+
+def test_an_existing_reference_file_is_replaced_only_with_overwrite(source, tmp_path):
+    out = tmp_path / "out.json"
+    migrate(str(source), str(out), progress=False)
+    first = out.read_bytes()
+    with pytest.raises(DestinationExistsError, match="--overwrite"):
+        migrate(str(source), str(out), progress=False)
+    assert out.read_bytes() == first
+    report = migrate(str(source), str(out), MigrateOptions(overwrite=True), progress=False)
+    assert report.verification.ok and json.loads(out.read_bytes())["refs"].keys() == json.loads(first)["refs"].keys()
+
+
+def test_an_interrupted_virtual_migration_leaves_nothing_and_resume_starts_over(source, tmp_path):
+    from sharding_store.testing import fault_hook
+
+    class Cut(BaseException):
+        pass
+
+    def hook(phase: str) -> None:
+        if phase == "unit":
+            raise Cut
+
+    out = tmp_path / "out.json"
+    with fault_hook(hook), pytest.raises(Cut):
+        migrate(str(source), str(out), progress=False)
+    assert not out.exists()  # nothing is visible before the commit
+    report = migrate(str(source), str(out), MigrateOptions(resume=True), progress=False)
+    assert report.verification.ok and out.exists()
+
+
+def test_verify_reads_a_reference_file_and_finds_a_changed_source(source, tmp_path):
+    out = tmp_path / "out.json"
+    migrate(str(source), str(out), progress=False)
+    assert verify(str(source), str(out)).ok
+    shard = source / "data/root/imgs/raw/c0/0"
+    shard.write_bytes(shard.read_bytes())  # the same bytes, written again: the source still reads right
+    st = shard.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(SourceChangedError, match=f"file://{shard}: modified since"):
+        verify(str(source), str(out))

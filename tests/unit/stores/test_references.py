@@ -1,0 +1,145 @@
+"""The reference file (issue 24): :class:`ReferenceFileSink` as a store, the file it writes,
+and the guarded reader :func:`open_references` against a source changed after the fact.
+
+A source shard rewritten with the same size, truncated or deleted after the migration:
+the guarded reader raises :class:`SourceChangedError` naming the URL and what changed;
+plain fsspec (no guard, as the README says) returns whatever the bytes are now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import fsspec
+import numpy as np
+import pytest
+import zarr
+
+from sharding_store import SourceChangedError, migrate, open_references
+from sharding_store.errors import DestinationExistsError, ObjectChangedError, StoreNotFoundError
+from sharding_store.stores import ChunkRef
+from sharding_store.stores.references import REFERENCE_KEY, ReferenceFileSink
+from tests.draft_factory import make_big_array, tree_hash
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _plain(path) -> zarr.Group:
+    """The reference file through fsspec alone (no guard)."""
+    fs = fsspec.filesystem("reference", fo=str(path), asynchronous=True)
+    return zarr.open_group(zarr.storage.FsspecStore(fs, read_only=True, path=""), mode="r")
+
+
+def _guarded(path) -> zarr.Group:
+    return zarr.open_group(open_references(str(path)), mode="r")
+
+
+# --------------------------------------------------------------------------- the sink as a store
+
+
+def test_the_sink_holds_documents_and_references_until_commit(tmp_path):
+    (tmp_path / "obj").write_bytes(b"0123456789")
+    st = os.stat(tmp_path / "obj")
+    sink = ReferenceFileSink(str(tmp_path / "out.json"), source="SRC")
+    assert sink.takes_references() and list(sink.list_prefix("")) == []
+    sink.set("zarr.json", b'{"node_type": "group"}')
+    url = f"file://{tmp_path / 'obj'}"
+    sink.put_reference("a/c/0", ChunkRef(url, 2, 5, 10, modified_ns=st.st_mtime_ns))
+    assert sink.get("a/c/0") == b"23456" and sink.get_ranges([("a/c/0", 1, 3)]) == [b"34"]
+    assert sink.get_tails([("a/c/0", 2)])[0].data == b"56" and sink.size("a/c/0") == 5
+    assert list(sink.list_sized("")) == [("a/c/0", 5), ("zarr.json", 22)]
+    assert not (tmp_path / "out.json").exists()  # nothing visible before the commit
+    assert sink.commit("a message") == str(tmp_path / "out.json")
+    doc = json.loads((tmp_path / "out.json").read_bytes())
+    assert doc == {"version": 1, "refs": {"a/c/0": [url, 2, 5], "zarr.json": '{"node_type": "group"}'},
+                   REFERENCE_KEY: {"schema": 1, "source": "SRC", "message": "a message",
+                                   "objects": {url: {"size": 10, "modified_ns": st.st_mtime_ns}}}}
+    again = ReferenceFileSink(str(tmp_path / "out.json"), read_only=True)
+    assert again.reference("a/c/0") == sink.reference("a/c/0") and again.get("zarr.json") == sink.get("zarr.json")
+    assert not again.takes_references()
+
+
+def test_a_reference_outside_its_object_is_refused(tmp_path):
+    sink = ReferenceFileSink(str(tmp_path / "out.json"))
+    with pytest.raises(ObjectChangedError, match=r"\[8, 12\) does not lie inside its 10 bytes"):
+        sink.put_reference("k", ChunkRef("file:///x", 8, 4, 10))
+
+
+def test_two_references_to_one_object_must_agree_on_what_it_is(tmp_path):
+    sink = ReferenceFileSink(str(tmp_path / "out.json"))
+    sink.put_reference("a", ChunkRef("file:///x", 0, 4, 10, modified_ns=1))
+    sink.put_reference("b", ChunkRef("file:///x", 4, 4, 10, modified_ns=1))
+    with pytest.raises(ObjectChangedError, match="changed between two references"):
+        sink.put_reference("c", ChunkRef("file:///x", 0, 4, 11, modified_ns=2))
+
+
+def test_a_file_that_is_no_reference_file_is_never_overwritten(tmp_path):
+    (tmp_path / "out.json").write_text('{"mine": true}')
+    with pytest.raises(DestinationExistsError, match="not an fsspec reference file"):
+        ReferenceFileSink(str(tmp_path / "out.json"))
+    with pytest.raises(StoreNotFoundError, match="not an fsspec reference file"):
+        open_references(str(tmp_path / "out.json"))
+    with pytest.raises(StoreNotFoundError, match="no such reference file"):
+        open_references(str(tmp_path / "missing.json"))
+    assert (tmp_path / "out.json").read_text() == '{"mine": true}'
+
+
+# --------------------------------------------------------------------------- a migrated store, then changed
+
+
+@pytest.fixture
+def migrated(tmp_path):
+    data = make_big_array(tmp_path / "src", shards=6)
+    migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), progress=False)
+    shard = next(p for p in sorted((tmp_path / "src").rglob("*")) if p.is_file() and "/data/" in str(p))
+    return tmp_path / "out.json", data, shard
+
+
+def test_both_readers_read_the_source_values(migrated):
+    out, data, _ = migrated
+    np.testing.assert_array_equal(_plain(out)["big"][...], data)
+    np.testing.assert_array_equal(_guarded(out)["big"][...], data)
+
+
+def test_a_shard_rewritten_with_the_same_size_is_refused_by_the_guard(migrated):
+    out, data, shard = migrated
+    blob = shard.read_bytes()
+    time.sleep(0.05)  # a later modification time than the one recorded (the guard's evidence)
+    shard.write_bytes(blob[:8][::-1] + blob[8:])  # same size, other bytes
+    with pytest.raises(SourceChangedError, match=rf"file://{shard}: modified since"):
+        _guarded(out)["big"][...]
+
+
+def test_a_truncated_shard_is_refused_by_the_guard_naming_both_sizes(migrated):
+    out, _, shard = migrated
+    size = shard.stat().st_size
+    os.truncate(shard, size - 10)
+    with pytest.raises(SourceChangedError, match=rf"file://{shard}: now {size - 10} bytes, was {size}"):
+        _guarded(out)["big"][...]
+
+
+def test_a_deleted_shard_is_refused_by_the_guard(migrated):
+    out, _, shard = migrated
+    shard.unlink()
+    with pytest.raises(SourceChangedError, match=rf"file://{shard}: deleted since the references were taken"):
+        _guarded(out)["big"][...]
+
+
+def test_plain_fsspec_is_not_guarded(migrated):
+    """What the README warns of: without the guard a rewritten source is read as it is now."""
+    out, data, shard = migrated
+    before = _plain(out)["big"][...]
+    blob = bytearray(shard.read_bytes())
+    index_at = len(blob) - 16 * 4
+    shard.write_bytes(bytes(blob[:index_at]) + bytes(blob[index_at:index_at + 16]) * 4)  # every chunk -> the first
+    after = _plain(out)["big"][...]
+    assert np.array_equal(before, data) and not np.array_equal(after, data)
+
+
+def test_the_migration_leaves_the_source_as_it_was(tmp_path):
+    make_big_array(tmp_path / "src", shards=3)
+    before = tree_hash(tmp_path / "src")
+    migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), progress=False)
+    assert tree_hash(tmp_path / "src") == before
