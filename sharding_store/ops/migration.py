@@ -298,8 +298,12 @@ class _Driver:
     destination's listing is read as a stream beside the source's (:class:`Present`)."""
 
     def __init__(self, h: DraftHierarchy, plans: list[ArrayPlan], src: Inner, dst: Inner, report: MigrationReport,
-                 *, resume: bool, attempts: int, delay: float, progress: bool | None, skip_damaged: bool) -> None:
+                 *, resume: bool, attempts: int, delay: float, progress: bool | None, skip_damaged: bool,
+                 documents_first: bool = False) -> None:
         self.h, self.plans, self.src, self.dst, self.report = h, plans, src, dst, report
+        #: a destination that shows nothing before its commit (Icechunk, a reference file) takes an
+        #: array's zarr.json before its chunks (Icechunk needs it), the order no reader can see
+        self.documents_first = documents_first
         self.resume, self.attempts, self.delay, self.skip_damaged = resume, attempts, delay, skip_damaged
         self.damaged: dict[str, ShardingStoreError] = {}
         self.remaining: dict[str, int] = {}  # units handed out and not finished, per array
@@ -320,6 +324,8 @@ class _Driver:
             units, listed = array_units(plan, self.h, self.src, self.present(plan))
             self.listing[path] = listed
             self.remaining[path] = 0
+            if self.documents_first:
+                self.set(node_key(path), json_bytes(plan.doc))
             job, damaged, remaining, grow = plan.job, self.damaged, self.remaining, self.bar.grow
             for unit in units:
                 if path in damaged:
@@ -379,6 +385,8 @@ class _Driver:
         self.set(RECORD_KEY, marker)  # outlives the marker: what DST was migrated from, and how
 
     def finish(self, plan: ArrayPlan) -> None:
+        if self.documents_first:
+            return  # written before its units
         if plan.node.path == "":
             self.root_doc = plan.doc  # a root array's zarr.json is the hierarchy's: written last
         else:
@@ -396,9 +404,12 @@ class _Driver:
             self.report.skip(job.path, "damaged", e)
 
     def remove_damaged(self) -> None:
-        """Delete what the completed units of damaged arrays wrote (their zarr.json never was)."""
+        """Delete what the completed units of damaged arrays wrote (their zarr.json never was,
+        unless ``documents_first``: then it goes too)."""
         for path in self.damaged:
             job = self.by_path[path].job
+            if self.documents_first:
+                self.retried(self.dst.delete, node_key(path))
             for key, _ in self.dst.list_sized(job.dst_prefix):  # deletes keys listed already: safe
                 if job.is_dst_key(key[len(job.dst_prefix) :]):
                     self.retried(self.dst.delete, key)
@@ -709,7 +720,8 @@ def _write_all(h: DraftHierarchy, plans: list[ArrayPlan], sides: _Sides, report:
     """Claim the destination, copy every array's units, then the groups' documents (the
     root last), then delete the marker: a killed run never leaves an array reading wrong."""
     driver = _Driver(h, plans, sides.src, sides.dst, report, resume=o.resume, attempts=run.retries,
-                     delay=run.retry_delay, progress=run.progress, skip_damaged=o.skip_damaged)
+                     delay=run.retry_delay, progress=run.progress, skip_damaged=o.skip_damaged,
+                     documents_first=sides.kind != "copy")
     if o.resume:
         sides.dst.tidy()  # temporary files of writes the interrupted run left unfinished
     fault_point("claim")  # the destination was found empty (or resumable); nothing written yet

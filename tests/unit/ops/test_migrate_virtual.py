@@ -136,6 +136,9 @@ def test_a_materialised_icechunk_migration_is_committed_once_as_such(monkeypatch
     assert "(destination: Icechunk materialised)" in report.summary().splitlines()[0]
     assert dst.calls["commit"] == 1 and dst.log[-1][0] == "commit"
     assert dst.log[-1][1].startswith("sharding-store ") and str(source) in dst.log[-1][1]
+    sets = [key for name, key in dst.log if name == "set"]
+    for path in ("imgs/raw", "imgs/zl", "tab/plain", "lone/deep/dots"):  # Icechunk takes an array's chunks after it
+        assert sets.index(f"{path}/zarr.json") < min(i for i, k in enumerate(sets) if k.startswith(f"{path}/c"))
 
 
 # --------------------------------------------------------------------------- the commit hook
