@@ -51,6 +51,17 @@ class StoreNotFoundError(ShardingStoreError, FileNotFoundError):
     exit_code = 7
 
 
+class OtherGenerationError(StoreNotFoundError):
+    """The store is data of another Zarr generation (final v3, Zarr v2), not draft-era: exit 7,
+    saying which. ``generation`` names it (``"Zarr v3"``, ``"Zarr v2"``), ``what`` says how it
+    was told, ``advice`` what to do instead; the command line words the advice for the
+    command that was given (``cli.output.other_generation``)."""
+
+    def __init__(self, location: str, generation: str, what: str, advice: str, *, key: str) -> None:
+        super().__init__(f"{location}: {what}, not draft-era: {advice}", key=key)
+        self.location, self.generation, self.what, self.advice = location, generation, what, advice
+
+
 class DestinationExistsError(ShardingStoreError, FileExistsError):
     """A migration or reshard destination exists and ``overwrite`` was not given."""
 

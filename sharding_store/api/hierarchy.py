@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Literal
 
-from ..errors import DraftMetadataError, ShardingStoreError, StoreNotFoundError, UsageError
+from ..errors import DraftMetadataError, OtherGenerationError, ShardingStoreError, StoreNotFoundError, UsageError
 from ..formats import draft_metadata as dm
 from ..formats import gen2023
 from ..formats.v3_layout import V3ArrayMeta, geometry_from_v3, layout_from_v3
@@ -306,26 +306,23 @@ def draft_entry_point(inner: Inner, raw: bytes | None, location: str) -> dm.Entr
     """The entry point of the draft-era hierarchy in ``inner`` (``raw``: its ``zarr.json``).
 
     A store of another generation raises :class:`StoreNotFoundError` (exit 7) saying what
-    it is; a ``zarr.json`` of no known generation is parsed as a draft entry point, so its
-    defect is reported as invalid metadata (exit 3) naming the field.
+    it is (:class:`OtherGenerationError` for final v3 and v2: it names the generation); a
+    ``zarr.json`` of no known generation is parsed as a draft entry point, so its defect is
+    reported as invalid metadata (exit 3) naming the field.
     """
     generation, key = detect_generation(inner, raw)
     if generation is Generation.DRAFT_2022 or (generation is Generation.UNKNOWN and raw is not None):
         return dm.parse_entry_point(raw)  # type: ignore[arg-type]
     if generation is Generation.FINAL_V3:
-        message = (
-            f"{location}: already Zarr v3 (its zarr.json has zarr_format 3), not draft-era: "
-            "nothing to migrate; open it with zarr-python 3"
-        )
-    elif generation is Generation.DRAFT_2023:
+        raise OtherGenerationError(location, generation.value, "already Zarr v3 (its zarr.json has zarr_format 3)",
+                                   "nothing to migrate; open it with zarr-python 3", key=key or dm.ENTRY_POINT_KEY)
+    if generation is Generation.ZARR_V2:
+        raise OtherGenerationError(location, generation.value, f"Zarr v2 ({key} at the root)", "nothing to migrate; "
+                                   "sharding-store reads draft-era (2022) Zarr v3 stores", key=key or dm.ENTRY_POINT_KEY)
+    if generation is Generation.DRAFT_2023:
         message = (
             f"{location}: a draft-era Zarr v3 hierarchy of the 2023 intermediate generation ({key} is "
             "spelled as before v1.0), not the 2022 layout this command reads"
-        )
-    elif generation is Generation.ZARR_V2:
-        message = (
-            f"{location}: Zarr v2 ({key} at the root), not draft-era: nothing to migrate; "
-            "sharding-store reads draft-era (2022) Zarr v3 stores"
         )
     else:
         message = f"{location}: no draft-era hierarchy here (no 'zarr.json' entry point)"
@@ -671,8 +668,8 @@ def refuse_in_place_upgrade(inner: Inner, location: str, root_raw: bytes | None)
             "and shards change in a migration, so it cannot be upgraded in place; migrate it to a destination: "
             f"`sharding-store migrate {location} DST`", key=dm.ENTRY_POINT_KEY)
     if generation is Generation.ZARR_V2:
-        raise StoreNotFoundError(f"{location}: Zarr v2 ({key} at the root), not draft-era: nothing to upgrade",
-                                 key=key)
+        raise OtherGenerationError(location, generation.value, f"Zarr v2 ({key} at the root)", "nothing to upgrade",
+                                   key=key or dm.ENTRY_POINT_KEY)
     if generation is Generation.UNKNOWN:
         raise StoreNotFoundError(f"{location}: {dm.ENTRY_POINT_KEY} is of no known Zarr generation: nothing to upgrade",
                                  key=dm.ENTRY_POINT_KEY)

@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 
 from ..errors import Interrupted, ShardingStoreError, UsageError
 from .options import add_assume_option, assume_item, assumed, int_tuple, storage_options  # noqa: F401 - re-exported
+from .output import error_message
 
 PROG = "sharding-store"
 COMMAND_MODULES = ("info", "migrate", "reshard")
@@ -149,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the CLI never shows a traceback
         if debug:
             raise
-        code, line = exit_status(e)
+        code, line = exit_status(e, getattr(args, "command", None))
         print(f"sharding-store: {line}", file=sys.stderr)
         return code
 
@@ -181,10 +182,11 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
-def exit_status(e: BaseException) -> tuple[int, str]:
-    """The exit code and the one line (after ``sharding-store: ``) for an error."""
+def exit_status(e: BaseException, command: str | None = None) -> tuple[int, str]:
+    """The exit code and the one line (after ``sharding-store: ``) for an error (worded for
+    ``command`` where that matters: :func:`~sharding_store.cli.output.error_message`)."""
     if isinstance(e, ShardingStoreError):
-        return e.exit_code, f"error: {_one_line(e)}"
+        return e.exit_code, f"error: {_one_line(error_message(e, command))}"
     install = _missing_backend(e)
     if install is not None:
         return EXIT_USAGE, f"error: {_one_line(e)} ({install})"
@@ -245,7 +247,7 @@ def run() -> NoReturn:
     os._exit(code)
 
 
-def _one_line(e: BaseException) -> str:
+def _one_line(e: BaseException | str) -> str:
     """The error's message on one line of printable text: a line break in a name cannot forge
     a line, a terminal escape is shown escaped (``\\x1b``), never sent to the terminal."""
     text = " ".join(str(e).split()) or type(e).__name__

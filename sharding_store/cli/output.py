@@ -11,7 +11,17 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["print_result", "warn"]
+from ..errors import OtherGenerationError
+
+__all__ = ["error_message", "print_result", "warn"]
+
+#: what a command that does not migrate says to a store of another generation (the error's
+#: own advice, "nothing to migrate", is ``migrate``'s, and ``info``'s and ``ls``'s)
+OTHER_GENERATION_ADVICE = {
+    "reshard": "nothing to reshard: `reshard` repacks draft-era stores (zarr-python 3 writes Zarr v3 shards "
+               "itself, `shards=`)",
+    "verify": "nothing to verify: `verify` compares a draft-era SRC with the Zarr v3 DST migrated from it",
+}
 
 
 def warn(warnings: Iterable[str]) -> None:
@@ -30,3 +40,11 @@ def print_result(args: argparse.Namespace, doc: Mapping[str, Any], text: str, wa
         sys.stdout.write("\n")
     elif text:
         print(text)
+
+
+def error_message(e: BaseException, command: str | None) -> str:
+    """The error's message as ``command`` words it: a store of another generation gets the
+    advice of the command that was given (:data:`OTHER_GENERATION_ADVICE`)."""
+    if isinstance(e, OtherGenerationError) and command in OTHER_GENERATION_ADVICE:
+        return f"{e.location}: {e.what}, not draft-era: {OTHER_GENERATION_ADVICE[command]}"
+    return str(e)

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..ops.options import ReshardOptions, RunOptions, StoreOptions
+from ..ops.progress import plural
 from .options import add_progress_option, command_again, int_tuple, storage_options
 from .output import print_result
 
@@ -84,12 +85,12 @@ def interrupted_advice(args: argparse.Namespace, phase: str) -> str:
 def _summary(report: Any) -> str:
     where = report.destination or f"{report.source} (in place)"
     parts = [
-        f"{len(report.arrays_changed)} array(s) repacked",
+        f"{plural(len(report.arrays_changed), 'array')} repacked",
         f"{len(report.arrays_skipped)} already in layout",
     ]
     if report.arrays_resumed:
-        parts.append(f"{len(report.arrays_resumed)} interrupted run(s) completed")
-    parts.append(f"{report.objects_written} objects written, {report.objects_removed} removed")
+        parts.append(f"{plural(len(report.arrays_resumed), 'interrupted run')} completed")
+    parts.append(f"{plural(report.objects_written, 'object')} written, {report.objects_removed} removed")
     if report.objects_copied:
         parts.append(f"{report.objects_copied} copied verbatim")
     if report.copied_by and (report.objects_written or report.objects_copied):

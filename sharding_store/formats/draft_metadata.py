@@ -292,7 +292,7 @@ def normalize_path(path: str) -> str:
         if not _LEGAL_PATH.fullmatch(segment):
             bad = sorted(set(re.sub(r"[A-Za-z0-9._\-]", "", segment)))
             raise DraftMetadataError(
-                f"node path {path!r}: illegal character(s) {''.join(bad)!r} "
+                f"node path {path!r}: illegal character{'' if len(bad) == 1 else 's'} {''.join(bad)!r} "
                 "(allowed: A-Za-z0-9 . - _ /)",
                 key=path,
             )

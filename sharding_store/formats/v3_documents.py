@@ -551,8 +551,8 @@ def _given_dimension_names(meta: DraftArrayMeta, names: Any, own: list[Any] | No
     names = list(names)
     checked: list[str | None] = names
     if len(names) != meta.ndim:
-        raise UsageError(f"'/{meta.path}': {len(names)} dimension name(s) {names} for an array of "
-                         f"{meta.ndim} dimension(s)", key=key)
+        raise UsageError(f"'/{meta.path}': {len(names)} dimension name{'' if len(names) == 1 else 's'} {names} "
+                         f"for an array of {meta.ndim} dimension{'' if meta.ndim == 1 else 's'}", key=key)
     if own is not None and own != names:
         raise UsageError(f"'/{meta.path}': the array names its dimensions {own} already (_ARRAY_DIMENSIONS); "
                          f"refusing to rename them {names}", key=key)

@@ -206,9 +206,11 @@ def empty(dst: Inner, keys: list[str], prefixes: list[str]) -> None:
 
 def describe_removal(r: Removal, human_bytes: Callable[[int], str], limit: int = 20) -> list[str]:
     """Lines for a dry run's report: what ``--overwrite`` would remove."""
-    lines = [f"  --overwrite would remove {r.objects} object(s), {human_bytes(r.bytes)}:"]
+    from .progress import plural
+
+    lines = [f"  --overwrite would remove {plural(r.objects, 'object')}, {human_bytes(r.bytes)}:"]
     for e in r.entries[:limit]:
-        lines.append(f"    {e['name']!r}: {e['objects']} object(s), {human_bytes(e['bytes'])}")
+        lines.append(f"    {e['name']!r}: {plural(e['objects'], 'object')}, {human_bytes(e['bytes'])}")
     if len(r.entries) > limit:
         lines.append(f"    … (+{len(r.entries) - limit} more entries)")
     return lines

@@ -96,7 +96,7 @@ from .options import (
     VerifyOptions,
     legacy_options,
 )
-from .progress import human_bytes, object_noun, progress_bar
+from .progress import human_bytes, object_noun, plural, progress_bar
 from .units import (
     DAMAGE_ERRORS,
     MARKER_KEY,
@@ -240,7 +240,8 @@ class MigrationReport:
         interrupted run had written ("already done"); a dry run shows no rate. The
         ``warnings`` are not in it: the CLI prints them on stderr, apart from the result."""
         sharded = self.all_shards
-        head = (f"{len(self.arrays)} arrays, {self.groups} groups: {self.shards} {object_noun(sharded, self.shards)}, "
+        head = (f"{plural(len(self.arrays), 'array')}, {plural(self.groups, 'group')}: "
+                f"{self.shards} {object_noun(sharded, self.shards)}, "
                 f"{human_bytes(self.bytes)}")
         if self.dry_run:
             lines = [f"dry run: would migrate {head} from {self.src} to {self.dst}"]

@@ -27,6 +27,13 @@ def human_bytes(n: int | None) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``n`` and the noun in the right number: ``1 group``, ``2 groups``, ``0 groups``
+    (``words``: an irregular plural). Every count a report prints goes through it: no
+    ``array(s)``, no ``1 arrays``."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
 def object_noun(all_shards: bool, n: int = 2) -> str:
     """What a count of target objects is called: shards when every one is a shard, else
     objects (an unsharded array's objects are chunks); singular for ``n == 1``."""

@@ -60,6 +60,7 @@ from ..formats.v3_layout import KeyEncoding, V3ArrayMeta, decided, final_documen
 from ..stores import Inner
 from .destination import MARKER_KEY
 from .jobs import Source, StoreRef, interleave, other_prefixes, plan_units, resolve_chunks_per_shard
+from .progress import plural
 
 #: what damages one array only (reported, or left out with ``skip_damaged``), never the whole run
 DAMAGE_ERRORS = (ShardCorruptError, ChunkDecodeError, ChunkKeyError, DraftMetadataError, LinkOutsideStoreError)
@@ -384,7 +385,7 @@ class Listed:
     def warnings(self, path: str) -> list[str]:
         if not self.stray:
             return []
-        return [f"{path or '/'}: {self.stray} stray key(s) under its data prefix not migrated, e.g. {self.first_stray}"]
+        return [f"{path or '/'}: {plural(self.stray, 'stray key')} under its data prefix not migrated, e.g. {self.first_stray}"]
 
 
 class Present:

@@ -61,6 +61,7 @@ from typing import Any
 from ..api.hierarchy import refuse_in_place_upgrade, walk_v3_nodes
 from ..errors import (
     MigrationError,
+    OtherGenerationError,
     ShardCorruptError,
     ShardingStoreError,
     StoreIOError,
@@ -85,6 +86,7 @@ from ..stores import Inner
 from . import node_plan
 from .jobs import StoreRef, cancelling, fault_point, with_retries
 from .options import RunOptions, StoreOptions, UpgradeOptions, legacy_options
+from .progress import plural
 from .units import json_bytes, node_key
 
 __all__ = ["FINAL_KEY_ENCODINGS", "InPlaceReport", "upgrade_in_place", "upgrade_leftovers", "upgrade_status"]
@@ -130,22 +132,23 @@ class InPlaceReport:
 
     def summary(self) -> str:
         """A few human lines; the ``warnings`` are not in them (the CLI prints those on stderr)."""
-        docs = f"{self.arrays} array and {self.groups} group documents ({self.created} created)"
+        docs = f"{plural(self.arrays, 'array document')} and {plural(self.groups, 'group document')} ({self.created} created)"
         if self.action == "dry-run":
             lines = [f"dry run: would upgrade {self.location} in place: {docs}"]
             for path, changes in self.changes.items():
                 lines += [f"  {path or '/'}: {c}" for c in changes]
         elif self.action == "undo":
-            lines = [f"{self.location}: in-place upgrade undone: {self.restored} documents restored, "
-                     f"{self.deleted} created documents deleted, {self.already} unchanged, in {self.seconds:.2f} s"]
+            lines = [f"{self.location}: in-place upgrade undone: {plural(self.restored, 'document')} restored, "
+                     f"{plural(self.deleted, 'created document')} deleted, {self.already} unchanged, in {self.seconds:.2f} s"]
         else:
             what = "upgrade resumed and completed" if self.action == "resume" else "upgraded in place to Zarr v3"
             lines = [f"{self.location}: {what}: {docs}; {self.written} written, {self.already} already done, "
                      f"in {self.seconds:.2f} s"]
             if self.verified:
-                lines.append(f"  verified: every document final v1.0, {self.shards_checked} shard indices checked")
+                checked = plural(self.shards_checked, "shard index", "shard indices")
+                lines.append(f"  verified: every document final v1.0, {checked} checked")
         if self.leftovers_removed:
-            lines.append(f"  removed {self.leftovers_removed} temporary files an interrupted run left")
+            lines.append(f"  removed {plural(self.leftovers_removed, 'temporary file')} an interrupted run left")
         lines += [f"left as it was {escape_name(p) or '/'} (damaged): {r}" for p, r in self.skipped.items()]
         return "\n".join(lines)
 
@@ -178,9 +181,8 @@ def _plan(inner: Inner, location: str, *, index_checksum: bool,
     if not walk.nodes:
         raise StoreNotFoundError(f"{location}: no Zarr hierarchy here (no zarr.json)", key=ENTRY_POINT_KEY)
     if walk.first_2023() is None:
-        raise StoreNotFoundError(
-            f"{location}: already Zarr v3 (every zarr.json is final v1.0): nothing to upgrade; open it with "
-            "zarr-python 3", key=ENTRY_POINT_KEY)
+        raise OtherGenerationError(location, "Zarr v3", "already Zarr v3 (every zarr.json is final v1.0)",
+                                   "nothing to upgrade; open it with zarr-python 3", key=ENTRY_POINT_KEY)
     plan = node_plan.plan_hierarchy(inner, walk, left_out="left as it is")
     node_plan.refuse_damage(plan, skip_damaged, "nothing was changed")
     _refuse_links(inner, plan)

@@ -75,7 +75,7 @@ from .jobs import (
     with_retries,
 )
 from .options import MAX_KEPT, RunOptions, StoreOptions, VerifyOptions, legacy_options
-from .progress import NullBar, object_noun, progress_bar
+from .progress import NullBar, object_noun, plural, progress_bar
 from .units import (
     DAMAGE_ERRORS,
     ArrayJob,
@@ -157,15 +157,16 @@ class VerifyReport:
 
     def summary(self) -> str:
         c = self.check
-        state = "identical" if self.ok else f"{c.n_problems} difference(s)"
-        skipped = f", {len(self.skipped)} damaged array(s) skipped" if self.skipped else ""
-        return (f"{self.arrays} arrays, {c.objects} {object_noun(self.all_shards, c.objects)}, {c.chunks} chunks: "
+        state = "identical" if self.ok else plural(c.n_problems, "difference")
+        skipped = f", {plural(len(self.skipped), 'damaged array')} skipped" if self.skipped else ""
+        return (f"{plural(self.arrays, 'array')}, {c.objects} {object_noun(self.all_shards, c.objects)}, "
+                f"{plural(c.chunks, 'chunk')}: "
                 f"{state}{skipped} ({self.seconds:.1f} s)")
 
     def error(self) -> VerificationError:
         key, message = self.check.problems[0]
         return VerificationError(
-            f"{self.dst} differs from {self.src}: {self.check.n_problems} difference(s); first: {message}", key=key
+            f"{self.dst} differs from {self.src}: {plural(self.check.n_problems, 'difference')}; first: {message}", key=key
         )
 
 

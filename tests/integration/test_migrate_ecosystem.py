@@ -51,7 +51,7 @@ def test_dimension_names_are_given_to_arrays_without_them(tmp_path):
 
 @pytest.mark.parametrize("given, why", [
     ({"nope": ["a"]}, "no array at '/nope'"),
-    ({"images/raw": ["t", "y"]}, "2 dimension name(s)"),
+    ({"images/raw": ["t", "y"]}, "2 dimension names"),
     ({"images": ["a"]}, "no array at '/images'"),
 ])
 def test_bad_dimension_names_are_refused_before_anything_is_written(tmp_path, given, why):

@@ -4,10 +4,13 @@ the reports and of argparse's errors, and the exit codes."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numcodecs
@@ -70,8 +73,10 @@ def one_error_line(proc: subprocess.CompletedProcess[str], code: int = 2) -> str
     """The one line on stderr of a failed command, after its one program-name prefix."""
     assert proc.returncode == code and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("sharding-store: error: ") and line.count("sharding-store") == 1, line
-    return line.removeprefix("sharding-store: error: ")
+    assert line.startswith("sharding-store: error: "), line
+    rest = line.removeprefix("sharding-store: error: ")
+    assert "sharding-store:" not in rest and "error:" not in rest, line  # one prefix
+    return rest
 
 
 @pytest.mark.parametrize("words, expected", [
@@ -95,3 +100,67 @@ def test_no_suggestion_when_nothing_is_close():
     line = one_error_line(cli("migrate", "A", "B", "--zzzzzz"))
     assert line == "migrate: unrecognized arguments: --zzzzzz"
     assert "did you mean" not in one_error_line(cli("xyzzy"))
+
+
+# --------------------------------------------------------------------------- item 9: words
+
+
+PACKAGE = Path(__file__).resolve().parents[3] / "sharding_store"
+
+
+@pytest.fixture(scope="module")
+def one_of_each(tmp_path_factory) -> Path:
+    """One group holding one sharded array of one shard."""
+    root = tmp_path_factory.mktemp("one") / "one.zr3"
+    create_draft_group(str(root), "g")
+    a = create_draft_array(str(root), "g/a", shape=(4,), chunks=(2,), dtype="<i2", chunks_per_shard=(2,))
+    a[...] = np.arange(4)
+    return root
+
+
+def test_counts_of_one_are_singular(one_of_each, tmp_path):
+    dst = tmp_path / "out.zarr"
+    migrated = cli("migrate", one_of_each, dst)
+    assert migrated.returncode == 0, migrated.stderr
+    head = migrated.stdout.splitlines()[0]
+    assert head.startswith("migrated 1 array, 2 groups: 1 shard, "), head  # the root and g
+    verified = cli("verify", one_of_each, dst)
+    assert verified.returncode == 0 and verified.stdout.startswith("verified: 1 array, 1 shard, 2 chunks: identical")
+    resharded = cli("reshard", one_of_each, tmp_path / "re.zr3", "--chunks-per-shard", "1")
+    assert resharded.returncode == 0, resharded.stderr
+    assert "1 array repacked" in resharded.stdout and "2 objects written" in resharded.stdout
+    for proc in (migrated, verified, resharded):
+        assert "(s)" not in proc.stdout + proc.stderr and " 1 arrays" not in proc.stdout
+
+
+def _message_texts(tree: ast.AST) -> Iterator[ast.Constant]:
+    """The string constants of a module that are not docstrings (messages, report lines)."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node
+
+
+def test_no_count_in_the_package_says_s_in_parentheses():
+    """Every count goes through ``plural``: no message of the package spells ``noun(s)``."""
+    found = [f"{p.relative_to(PACKAGE)}:{c.lineno}: {c.value!r}" for p in sorted(PACKAGE.rglob("*.py"))
+             for c in _message_texts(ast.parse(p.read_text())) if re.search(r"[a-z]\(s\)", c.value)]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("kind", ["v3", "v2"])
+def test_reshard_and_verify_of_another_generation_say_their_own_word(draft, tmp_path, kind):
+    import zarr
+
+    other = tmp_path / f"{kind}.zarr"
+    zarr.open_group(str(other), mode="w", zarr_format=3 if kind == "v3" else 2).create_array("x", shape=(2,), dtype="i1")
+    migrated = tmp_path / "migrated.zarr"
+    assert cli("migrate", draft, migrated).returncode == 0
+    for words, says in ((["reshard", other, "--chunks-per-shard", "2"], "nothing to reshard"),
+                        (["verify", other, migrated], "nothing to verify"),
+                        (["migrate", other, tmp_path / "out"], "nothing to migrate")):
+        line = one_error_line(cli(*words), 7)
+        assert str(other) in line and ("Zarr v3" if kind == "v3" else "Zarr v2") in line and says in line, line
+        assert words[0] == "migrate" or "nothing to migrate" not in line, line

@@ -186,8 +186,8 @@ def test_dry_run_lists_what_overwrite_would_remove(generation, tmp_path):
     n_bytes = sum(p.stat().st_size for p in dst.rglob("*") if p.is_file())
     text = cli("migrate", a, dst, "--overwrite", "--dry-run", "--no-progress")
     assert text.returncode == 0, text.stderr
-    assert f"--overwrite would remove {n_objects} object(s)" in text.stdout
-    assert "'notes.md': 1 object(s), 5 B" in text.stdout and "'x/'" in text.stdout
+    assert f"--overwrite would remove {n_objects} objects" in text.stdout
+    assert "'notes.md': 1 object, 5 B" in text.stdout and "'x/'" in text.stdout
     as_json = cli("migrate", a, dst, "--overwrite", "--dry-run", "--json", "--no-progress")
     removal = json.loads(as_json.stdout)["would_remove"]
     assert removal["objects"] == n_objects and removal["bytes"] == n_bytes
