@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 from ..errors import Interrupted, ShardingStoreError, UsageError
 from .options import add_assume_option, assume_item, assumed, int_tuple, storage_options  # noqa: F401 - re-exported
 from .output import error_message
+from .output import one_line as _one_line
 
 PROG = "sharding-store"
 COMMAND_MODULES = ("info", "migrate", "reshard")
@@ -245,15 +246,6 @@ def run() -> NoReturn:
         except (OSError, ValueError):  # closed: nothing more can be said
             pass
     os._exit(code)
-
-
-def _one_line(e: BaseException | str) -> str:
-    """The error's message on one line of printable text: a line break in a name cannot forge
-    a line, a terminal escape is shown escaped (``\\x1b``), never sent to the terminal."""
-    text = " ".join(str(e).split()) or type(e).__name__
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 if __name__ == "__main__":  # pragma: no cover

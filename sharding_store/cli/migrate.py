@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import UsageError
 from ..ops.options import MigrateOptions, RunOptions, StoreOptions, UpgradeOptions, VerifyOptions
 from .options import add_assume_option, add_progress_option, assumed, command_again, int_tuple, named_dimensions, storage_options
-from .output import print_result
+from .output import one_line, print_result
 
 
 def _store_options(p: argparse.ArgumentParser, dst_optional: bool = False) -> None:
@@ -85,8 +85,8 @@ def register(subparsers: Any) -> None:
     )
     _store_options(v)
     v.add_argument("--max-differences", type=int, default=20, metavar="N",
-                   help="differences listed in full (all are counted; default 20); with --json the report "
-                        "lists them and the exit code is 9 when there are any")
+                   help="differences listed, one line each (--json: in the report's \"first\"); all are "
+                        "counted (default 20); the exit code is 9 when there are any")
     v.set_defaults(func=run_verify)
 
 
@@ -221,20 +221,31 @@ def verify_options(args: argparse.Namespace) -> tuple[VerifyOptions, RunOptions,
     if args.max_differences < 1:
         raise UsageError(f"--max-differences {args.max_differences}: must be >= 1")
     _check_jobs(args)
-    options = VerifyOptions(raise_on_error=not args.json, skip_damaged=args.skip_damaged,
+    options = VerifyOptions(raise_on_error=False, skip_damaged=args.skip_damaged,
                             assume_chunks_per_shard=assumed(args), max_differences=args.max_differences)
     return options, RunOptions(jobs=args.jobs, progress=args.progress), _stores(args)
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    """Exit 0 when identical. Differences: without ``--json`` one error line naming the first
-    (exit 9); with ``--json`` the report (``ok: false``, the first ``--max-differences``
-    differences in full) on stdout, exit 9 too."""
+    """Exit 0 when identical. Differences (exit 9): the report on stdout with the first
+    ``--max-differences`` of them, one line each (``--json``: in ``first``), and in text
+    mode one error line naming the first on stderr."""
     from ..errors import VerificationError
     from ..ops.verification import verify
 
     options, run, stores = verify_options(args)
     with _executor(args.scheduler) as executor:
         report = verify(args.src, args.dst, options, run=replace(run, executor=executor), stores=stores)
-    print_result(args, report.to_dict(), f"verified: {report.summary()}")
+    print_result(args, report.to_dict(), "\n".join([f"verified: {report.summary()}", *verify_listing(report)]))
+    if not report.ok and not args.json:
+        raise report.error()
     return 0 if report.ok else VerificationError.exit_code
+
+
+def verify_listing(report: Any) -> list[str]:
+    """The differences a verify report kept (``--max-differences``), one printable line each,
+    then how many more there are."""
+    check = report.check
+    lines = [f"  {one_line(message)}" for _, message in check.problems]
+    more = check.n_problems - len(check.problems)
+    return lines + ([f"  … (+{more} more; --max-differences N lists more)"] if more > 0 else [])

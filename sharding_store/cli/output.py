@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import OtherGenerationError
 
-__all__ = ["error_message", "print_result", "warn"]
+__all__ = ["error_message", "one_line", "print_result", "warn"]
 
 #: what a command that does not migrate says to a store of another generation (the error's
 #: own advice, "nothing to migrate", is ``migrate``'s, and ``info``'s and ``ls``'s)
@@ -48,3 +48,12 @@ def error_message(e: BaseException, command: str | None) -> str:
     if isinstance(e, OtherGenerationError) and command in OTHER_GENERATION_ADVICE:
         return f"{e.location}: {e.what}, not draft-era: {OTHER_GENERATION_ADVICE[command]}"
     return str(e)
+
+
+def one_line(e: BaseException | str) -> str:
+    """The error's message on one line of printable text: a line break in a name cannot forge
+    a line, a terminal escape is shown escaped (``\\x1b``), never sent to the terminal."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)

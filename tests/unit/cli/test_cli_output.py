@@ -164,3 +164,32 @@ def test_reshard_and_verify_of_another_generation_say_their_own_word(draft, tmp_
         line = one_error_line(cli(*words), 7)
         assert str(other) in line and ("Zarr v3" if kind == "v3" else "Zarr v2") in line and says in line, line
         assert words[0] == "migrate" or "nothing to migrate" not in line, line
+
+
+# --------------------------------------------------------------------------- item 2: verify's differences
+
+
+@pytest.fixture
+def three_differences(draft, tmp_path) -> Path:
+    """A migration of ``draft`` with three objects of /g/img removed."""
+    dst = tmp_path / "out.zarr"
+    assert cli("migrate", draft, dst).returncode == 0
+    for name in ("0/0", "0/1", "1/0"):
+        (dst / "g/img/c" / name).unlink()
+    return dst
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_verify_lists_max_differences_in_text_mode(draft, three_differences, n):
+    proc = cli("verify", draft, three_differences, "--max-differences", str(n))
+    assert proc.returncode == 9
+    head, *listed = proc.stdout.splitlines()
+    assert head.startswith("verified: ") and head.count("3 differences") == 1, head
+    keys = [line.split(":")[0].strip() for line in listed[:n] if ": missing" in line]
+    assert len(keys) == n and keys == sorted(keys) and set(keys) <= {"g/img/c/0/0", "g/img/c/0/1", "g/img/c/1/0"}
+    assert listed[n:] == (["  … (+1 more; --max-differences N lists more)"] if n == 2 else [])
+    (error,) = proc.stderr.splitlines()  # the one error line stays, naming the first
+    assert error.startswith("sharding-store: error: ") and f"3 differences; first: {keys[0]}" in error
+    as_json = cli("verify", draft, three_differences, "--max-differences", str(n), "--json")
+    doc = json.loads(as_json.stdout)
+    assert as_json.returncode == 9 and doc["differences"] == 3 and len(doc["first"]) == n and as_json.stderr == ""
