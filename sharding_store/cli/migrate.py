@@ -74,6 +74,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--take-over", action="store_true",
                    help="with --in-place --resume/--undo: take over a journal held by a run this host cannot check "
                         "(another host); only when that run is known to be dead")
+    p.add_argument("--virtual", nargs="?", const="", type=virtual_kind, metavar="KIND",
+                   help="move no byte: DST refers to SRC's objects (issue 24): --virtual=references (DST.json: an "
+                        "fsspec reference file) or --virtual=icechunk (an Icechunk repository); bare --virtual: a "
+                        "reference file when DST ends in .json, else Icechunk. SRC must stay as it is")
+    p.add_argument("--icechunk", action="store_true",
+                   help="DST is an Icechunk repository (created when absent): the bytes copied in one commit "
+                        "(with --virtual: references to SRC's objects)")
     p.add_argument("--dry-run", action="store_true", help="print the plan (arrays, shards, bytes); write nothing")
     p.add_argument("--no-verify", action="store_true", help="skip the verification of DST against SRC")
     p.set_defaults(func=run_migrate, interrupted=interrupted_advice)
@@ -97,6 +104,24 @@ def dimension_names_arg(text: str) -> tuple[str, list[str]]:
     if not sep or not names or any(not n.strip() for n in parts):
         raise argparse.ArgumentTypeError(f"{text!r}: expected PATH=NAME,NAME... (e.g. images/raw=t,y,x)")
     return path.strip(), [n.strip() for n in parts]
+
+
+def virtual_kind(text: str) -> str:
+    """``--virtual``'s value: "" (bare: decided from DST), ``icechunk`` or ``references``."""
+    if text not in ("", "icechunk", "references"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected icechunk or references (--virtual=KIND; SRC and DST "
+                                         "go before a bare --virtual)")
+    return text
+
+
+def _target(args: argparse.Namespace) -> tuple[bool, str | None]:
+    """``(virtual, target)`` from ``--virtual[=KIND]`` and ``--icechunk``."""
+    virtual = args.virtual is not None
+    if args.icechunk and args.virtual == "references":
+        raise UsageError("--icechunk with --virtual=references: one destination kind (a reference file is no "
+                         "Icechunk repository)")
+    target = "icechunk" if args.icechunk else (args.virtual or None)
+    return virtual, target
 
 
 def interrupted_advice(args: argparse.Namespace, phase: str) -> str:
@@ -166,7 +191,8 @@ def upgrade_options(args: argparse.Namespace) -> tuple[UpgradeOptions, RunOption
         ("DST", args.dst), ("--chunks-per-shard", args.chunks_per_shard), ("--index-location start",
         args.index_location == "start"), ("--portable", args.portable), ("--overwrite", args.overwrite),
         ("--scheduler", args.scheduler), ("--assume-chunks-per-shard", args.assume_chunks_per_shard),
-        ("--dst-storage-options", args.dst_storage_options), ("--dimension-names", args.dimension_names)) if value]
+        ("--dst-storage-options", args.dst_storage_options), ("--dimension-names", args.dimension_names),
+        ("--virtual", args.virtual is not None), ("--icechunk", args.icechunk)) if value]
     _check_jobs(args)
     if given:
         raise UsageError(f"--in-place: not with {', '.join(given)} (the upgrade rewrites the zarr.json documents "
@@ -193,7 +219,12 @@ def migrate_options(args: argparse.Namespace) -> tuple[MigrateOptions, RunOption
     if args.dst is None:
         raise UsageError("migrate: give DST (or --in-place to upgrade a 2023-generation store where it is)")
     _check_jobs(args)
+    virtual, target = _target(args)
+    if args.scheduler and (virtual or target == "references" or (args.dst or "").rstrip("/").endswith(".json")):
+        raise UsageError("--scheduler with a virtual migration: references are collected in this process "
+                         "(they are small: no cluster is needed)")
     options = MigrateOptions(
+        virtual=virtual, target=target,  # type: ignore[arg-type]  # checked by MigrateOptions
         chunks_per_shard=args.chunks_per_shard, index_checksum=not args.no_index_checksum,
         index_location=args.index_location, portable=args.portable, overwrite=args.overwrite, resume=args.resume,
         dry_run=args.dry_run, verify=not args.no_verify, skip_damaged=args.skip_damaged,

@@ -402,3 +402,51 @@ def test_verify_reads_a_reference_file_and_finds_a_changed_source(source, tmp_pa
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     with pytest.raises(SourceChangedError, match=f"file://{shard}: modified since"):
         verify(str(source), str(out))
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from sharding_store.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_migrates_into_a_reference_file_and_says_so(source, tmp_path, capsys):
+    code, out, _ = _cli(capsys, "migrate", str(source), str(tmp_path / "out.json"), "--no-progress")
+    assert code == 0 and "(destination: reference file)" in out and "referenced: 30 objects" in out
+    code, out, _ = _cli(capsys, "migrate", str(source), str(tmp_path / "again"), "--virtual=references", "--json",
+                        "--no-progress")
+    assert code == 0 and json.loads(out)["destination"] == "reference file"  # named without .json: asked for
+    assert json.loads((tmp_path / "again").read_bytes())["version"] == 1
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--virtual", "--chunks-per-shard", "4"], "--chunks-per-shard with --virtual: regrouping chunks writes new shards"),
+    (["--portable"], "--portable with --virtual: re-encoding chunks writes new bytes"),
+    (["--index-location", "start"], "--index-location start with --virtual: moving the shard index"),
+    (["--icechunk", "--virtual=references"], "--icechunk with --virtual=references: one destination kind"),
+    (["--virtual=tar"], "'tar': expected icechunk or references"),
+    (["--scheduler", "tcp://127.0.0.1:1"], "--scheduler with a virtual migration: references are collected"),
+])
+def test_cli_refusals_are_one_line_exit_2(source, tmp_path, capsys, argv, words):
+    code, out, err = _cli(capsys, "migrate", str(source), str(tmp_path / "out.json"), *argv, "--no-progress")
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "out.json").exists()
+
+
+def test_cli_in_place_takes_no_virtual(source, capsys):
+    code, _, err = _cli(capsys, "migrate", str(source), "--in-place", "--virtual")
+    assert code == 2 and "--in-place: not with --virtual" in err
+
+
+def test_cli_verify_of_a_changed_source_exits_14_naming_the_object(source, tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert _cli(capsys, "migrate", str(source), str(out), "--no-progress")[0] == 0
+    shard = source / "data/root/imgs/zl/c0/0"
+    st = shard.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    code, _, err = _cli(capsys, "verify", str(source), str(out), "--no-progress")
+    assert code == 14 and f"file://{shard}: modified since" in err and len(err.strip().splitlines()) == 1
