@@ -386,18 +386,20 @@ def _guarded_fs(objects: dict[str, ObjectInfo], storage_options: Mapping[str, An
     return AsyncFileSystemWrapper(GuardedFileSystem(), asynchronous=True)
 
 
-def open_references(path: str, storage_options: Mapping[str, Any] | None = None) -> Any:
+def open_references(path: str, storage_options: Mapping[str, Any] | None = None, *,
+                    source_options: Mapping[str, Any] | None = None) -> Any:
     """A read-only zarr-python 3 store of the reference file at ``path`` whose every read of
     a source object is checked against what the file recorded of it
     (:class:`~sharding_store.errors.SourceChangedError` naming the URL and what changed).
-    ``storage_options``: for the file and for ``s3://`` sources (e.g. an endpoint)."""
+    ``storage_options``: for the file (and the sources, unless ``source_options``: for
+    ``s3://`` sources, e.g. an endpoint and credentials)."""
     from fsspec.implementations.reference import ReferenceFileSystem
     from zarr.storage import FsspecStore
 
     doc = read_reference_file(path, storage_options)
     if doc is None:
         raise StoreNotFoundError(f"{path}: no such reference file", key=path)
-    guarded = _guarded_fs(_objects(doc, path), storage_options)
+    guarded = _guarded_fs(_objects(doc, path), storage_options if source_options is None else source_options)
     fs = ReferenceFileSystem(fo={"version": 1, "refs": doc["refs"]}, fs={"file": guarded, "s3": guarded},
                              asynchronous=True)
 
