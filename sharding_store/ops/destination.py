@@ -269,14 +269,15 @@ def resolve_target(dst: Any, target: str | None, virtual: bool) -> str:
 
 
 def open_destination(dst: Any, target: str, virtual: bool, stores: StoreOptions, source: Inner | None = None, *,
-                     read_only: bool = False) -> Inner:
+                     read_only: bool = False, dry_run: bool = False) -> Inner:
     """The destination store of a migration, by ``target``: a Zarr store (the store DST
     names), a reference file (:class:`~sharding_store.stores.references.ReferenceFileSink`)
     or an Icechunk repository (``stores/icechunk_store.open_icechunk``, which needs the
     ``icechunk`` extra). ``source``: the store references point into (its location configures
     an Icechunk repository's virtual chunk container). Whatever DST is, the driver writes
     it through the one store interface and finishes it with :meth:`Inner.commit` after a
-    complete run. ``read_only``: to read it (``verify``): a reference file is not written."""
+    complete run. ``read_only``: to read it (``verify``): a reference file is not written;
+    ``read_only`` or ``dry_run``: an absent Icechunk repository is not created (it reads as empty)."""
     if target == "zarr" or (not isinstance(dst, (str, os.PathLike)) and target != "icechunk"):
         return StoreRef.of(dst, stores.dst).open()
     if target == "references":
@@ -293,7 +294,7 @@ def open_destination(dst: Any, target: str, virtual: bool, stores: StoreOptions,
     try:
         opened: Inner = module.open_icechunk(os.fspath(dst), stores.dst, virtual=virtual,
                                              source=None if source is None else source.location(),
-                                             source_options=stores.src)
+                                             source_options=stores.src, create=not (read_only or dry_run))
     except ImportError:
         raise UsageError(f"{dst}: an Icechunk destination needs the icechunk package: {ICECHUNK_HINT}",
                          key=str(dst)) from None

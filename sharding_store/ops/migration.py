@@ -648,7 +648,7 @@ class _Sides:
         if virtual and not o.dry_run:
             _check_addressable(src_inner, src_ref.describe())
         if target != "zarr":  # opened once the source is known to qualify: opening may create it
-            opened = open_destination(dst, target, virtual, stores, src_inner)
+            opened = open_destination(dst, target, virtual, stores, src_inner, dry_run=o.dry_run)
             dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options, opened)
         if run.executor is not None:
             check_picklable(src_ref, dst_ref)
@@ -673,7 +673,8 @@ def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreO
     report = MigrationReport(sides.src_ref.describe(), sides.dst_ref.describe(), dry_run=o.dry_run,
                              copied_by=copy_words(sides.dst), destination=sides.kind)
     # a virtual destination keeps the source's index as it is: no checksum added
-    opts = Options(o.chunks_per_shard, o.index_checksum and not sides.virtual, o.index_location, o.portable, o.names)
+    opts = Options(o.chunks_per_shard, o.index_checksum and not sides.virtual, o.index_location, o.portable, o.names,
+                   key_separator="/" if sides.target == "icechunk" else None)  # Icechunk's one key spelling
     plans = _plan_all(h, sides.src_ref, sides.dst_ref, opts, report, skip_damaged=o.skip_damaged)
     if sides.virtual:
         _refuse_new_bytes(plans)

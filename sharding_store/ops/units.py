@@ -106,6 +106,9 @@ class Options:
     portable: bool = False
     #: array path -> names for its dimensions (``--dimension-names``), for arrays without them
     dimension_names: Mapping[str, tuple[str | None, ...]] | None = None
+    #: the one chunk key spelling the destination takes (an Icechunk repository: ``default``
+    #: with ``/``), whatever the source's; None: the source's separator (and a v3 source's encoding)
+    key_separator: str | None = None
 
     def recorded(self) -> dict[str, Any]:
         """These options as the destination's marker and record keep them (:mod:`.destination`)."""
@@ -148,6 +151,13 @@ class ArrayJob:
     #: how the destination spells chunk keys (the source's separator): ``default`` for a
     #: draft (2022) source, else the source's own encoding, kept
     dst_encoding: KeyEncoding = "default"
+    #: the destination's separator when it is not the source's (:attr:`Options.key_separator`)
+    dst_separator: str | None = None
+
+    @property
+    def separator(self) -> str:
+        """The separator of the destination's chunk keys."""
+        return self.dst_separator or self.src_layout.separator
 
     @property
     def keeps_keys(self) -> bool:
@@ -179,12 +189,12 @@ class ArrayJob:
 
     def dst_key(self, coords: Coords) -> str:
         if self.dst_encoding == "default":
-            return self.dst_prefix + v3_chunk_key(coords, self.src_layout.separator)
-        return self.dst_prefix + format_key_suffix(coords, self.dst_encoding, self.src_layout.separator)
+            return self.dst_prefix + v3_chunk_key(coords, self.separator)
+        return self.dst_prefix + format_key_suffix(coords, self.dst_encoding, self.separator)
 
     def is_dst_key(self, rest: str) -> bool:
         """Whether ``rest`` (a key relative to :attr:`dst_prefix`) spells a target chunk or shard."""
-        return parse_key_suffix(rest, self.dst_encoding, self.src_layout.separator, self.src_layout.ndim) is not None
+        return parse_key_suffix(rest, self.dst_encoding, self.separator, self.src_layout.ndim) is not None
 
     def dst_dir(self, coords: Coords) -> Hashable:
         """What tells the targets' directories apart, for :func:`~sharding_store.ops.jobs.interleave`:
@@ -192,7 +202,7 @@ class ArrayJob:
         the last ``/`` are equal. With the separator ``/`` that part is the prefix, ``c`` and
         every coordinate but the last (an integer spells no ``/``): those coordinates stand
         for it, and no key is formatted; with ``.`` every key lies in the prefix's directory."""
-        separator = self.src_layout.separator
+        separator = self.separator
         if separator == "/":
             return coords[:-1]
         if separator == ".":
@@ -262,8 +272,11 @@ def plan_array(node: Node, src: StoreRef, dst: StoreRef, opts: Options) -> tuple
         index_location=location,
         meta=meta if target_meta is not None else None,
         target=target_meta,
-        dst_encoding="default" if layout.encoding == "draft" else layout.encoding,
+        dst_encoding="default" if layout.encoding == "draft" or opts.key_separator else layout.encoding,
+        dst_separator=opts.key_separator,
     )
+    if opts.key_separator:
+        doc["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": opts.key_separator}}
     report = ArrayReport(node.path, chunks_per_shard=None if target is None else list(target),
                          recompressed=target_meta is not None, portable=not problems)
     return ArrayPlan(node, doc, job, report), warnings

@@ -206,12 +206,14 @@ def _first_difference(expected: Mapping[str, Any], actual: Mapping[str, Any]) ->
 
 
 def _array_plan(h: DraftHierarchy, node: Any, src: StoreRef, dst: StoreRef, doc: dict[str, Any], check: UnitCheck,
-                names: Mapping[str, tuple[Any, ...]]) -> ArrayPlan | None:
+                names: Mapping[str, tuple[Any, ...]], key_separator: str | None = None) -> ArrayPlan | None:
     """The migration plan the destination document implies, or None (a problem is
-    recorded). ``names``: the dimension names the destination's record says were given."""
+    recorded). ``names``: the dimension names the destination's record says were given;
+    ``key_separator``: the one key spelling of the destination (an Icechunk repository's, as
+    its record says), else None."""
     key = node_key(node.path)
     try:
-        opts = options_from_doc(doc)
+        opts = replace(options_from_doc(doc), key_separator=key_separator)
         if node.meta.is_sharded and opts.chunks_per_shard is None:
             raise ValueError("the source is sharded, the destination is not")
         if node.path in names:  # given to migrate (--dimension-names), as its record says
@@ -543,7 +545,10 @@ class _Checker:
         self.bar: NullBar = NullBar()  # counts target objects checked, and their bytes
         self.plans: list[ArrayPlan] = []  # the arrays whose units are checked (:meth:`plan_arrays`)
         #: the dimension names migrate was given, as DST's record says (none: none were)
-        self.names = recorded_dimension_names(read_record(dst_inner))
+        record = read_record(dst_inner)
+        self.names = recorded_dimension_names(record)
+        #: an Icechunk repository takes chunk keys of one spelling (``default``, ``/``): migrate wrote those
+        self.key_separator = "/" if (record or {}).get("target") == "icechunk" else None
         #: every node path of the source, damaged ones included: any other node in DST is extra
         self.nodes = set(h.nodes) | set(h.damaged)
         for path, error in h.damaged.items():
@@ -634,7 +639,7 @@ class _Checker:
             self.check.problem(key, f"{key}: missing (array '{node.path or '/'}' was not migrated)")
             return None
         try:
-            plan = _array_plan(self.h, node, self.src, self.dst, doc, self.check, self.names)
+            plan = _array_plan(self.h, node, self.src, self.dst, doc, self.check, self.names, self.key_separator)
         except DraftMetadataError as e:  # an array migrate could not translate (skipped there)
             self.check.problem(key, f"{key}: {e}")
             plan = None

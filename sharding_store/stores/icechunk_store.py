@@ -38,8 +38,8 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import DestinationExistsError, ObjectChangedError, StoreIOError, UsageError
-from .base import Location, RangeRequest, Tail, Version
+from ..errors import DestinationExistsError, SourceChangedError, StoreIOError, UsageError
+from .base import ChunkRef, Location, RangeRequest, Tail, Version
 from .location import endpoint_location
 from .zarr_store import ZarrStoreInner
 
@@ -150,53 +150,71 @@ def _container(source: Location, source_options: Mapping[str, Any] | None) -> tu
     return ic.VirtualChunkContainer(prefix, store), credentials
 
 
+def _exists(storage: Any, location: Location) -> bool:
+    """Whether a repository is there (a local path that is missing is not looked at: Icechunk's
+    own check creates the directory)."""
+    if location.kind == "file" and not os.path.isdir(location.path):
+        return False
+    return bool(_icechunk().Repository.exists(storage))
+
+
 def is_repository(dst: str, storage_options: Mapping[str, Any] | None = None) -> bool:
     """Whether ``dst`` holds an Icechunk repository (False also when icechunk is not installed)."""
     try:
-        storage, _ = _storage(dst, storage_options)
-        return bool(_icechunk().Repository.exists(storage))
+        storage, location = _storage(dst, storage_options)
+        return _exists(storage, location)
     except (UsageError, ValueError):
         return False
 
 
 def _open_repository(storage: Any, location: Location, source: Location | None,
-                     source_options: Mapping[str, Any] | None) -> Any:
-    """The repository at ``storage`` (created when absent), the source's container added to its
-    configuration and every container authorised (the source's with ``source_options``)."""
+                     source_options: Mapping[str, Any] | None, configure: bool) -> Any:
+    """The repository at ``storage`` (created when absent), every container of its
+    configuration authorised (the source's with ``source_options``); ``configure``: the
+    source's container added to the configuration (saved) first."""
     ic = _icechunk()
-    exists = ic.Repository.exists(storage)
+    exists = _exists(storage, location)
     if not exists and location.kind == "file" and os.path.isdir(location.path) and os.listdir(location.path):
         raise DestinationExistsError(f"{location.path}: not an Icechunk repository and not empty; choose another "
                                      "destination", key=location.path)
     config = (ic.Repository.fetch_config(storage) if exists else None) or ic.RepositoryConfig.default()
     authorise: dict[str, Any] = {p: None for p in (config.virtual_chunk_containers or {})}
-    if source is not None:
+    known = source is not None and source.kind in ("file", "s3") and container_prefix(source) in authorise
+    if source is not None and (configure or known):
         container, credentials = _container(source, source_options)
-        config.set_virtual_chunk_container(container)
+        if configure:
+            config.set_virtual_chunk_container(container)
         authorise[container.url_prefix] = credentials
     grants = ic.containers_credentials(authorise) if authorise else None
     if not exists:
         return ic.Repository.create(storage, config=config, authorize_virtual_chunk_access=grants)
     repo = ic.Repository.open(storage, config=config, authorize_virtual_chunk_access=grants)
-    if source is not None:
+    if source is not None and configure:
         repo.save_config()
     return repo
 
 
 def open_icechunk(dst: str, storage_options: Mapping[str, Any] | None = None, *, virtual: bool = False,
-                  source: Location | None = None, source_options: Mapping[str, Any] | None = None,
-                  branch: str = DEFAULT_BRANCH) -> IcechunkInner:
+                  message: str = "", source: Location | None = None, source_options: Mapping[str, Any] | None = None,
+                  branch: str = DEFAULT_BRANCH, create: bool = True) -> IcechunkInner:
     """An :class:`IcechunkInner` over a new writable session of ``branch`` of the repository at
     ``dst`` (created when absent). ``source``: the location of the store whose objects virtual
-    references point into (its container is configured; ``source_options`` its storage options,
-    for the credentials); ``virtual``: whether the destination takes references."""
+    references point into (with ``virtual``, its container is added to the configuration;
+    ``source_options`` its storage options, for the credentials that read it); ``virtual``:
+    whether the destination takes references; ``message``: what :meth:`IcechunkInner.commit`
+    says when given none; ``create=False`` (a dry run, verify): an absent repository is not
+    created, an empty one in memory stands for it."""
     storage, location = _storage(dst, storage_options)
-    repo = _open_repository(storage, location, source, source_options)
+    if not create and not _exists(storage, location):
+        storage = _icechunk().in_memory_storage()
+    repo = _open_repository(storage, location, source, source_options, configure=virtual)
     try:
         session = repo.writable_session(branch)
     except _icechunk().IcechunkError as e:
         raise UsageError(f"{dst}: no branch {branch!r} in this Icechunk repository ({_first_line(e)})", key=dst) from e
-    return IcechunkInner(repo, session, url=dst, location=location, virtual=virtual)
+    inner = IcechunkInner(repo, session, url=dst, location=location, virtual=virtual)
+    inner.message = message
+    return inner
 
 
 # --------------------------------------------------------------------------- checksums
@@ -206,19 +224,20 @@ def _url_path(url: str) -> str:
     return url[len("file://"):] if url.startswith("file://") else url
 
 
-def local_checksum(url: str, size: int, modified: datetime | None) -> str:
+def local_checksum(url: str, size: int, modified: datetime | int | None) -> str:
     """Icechunk's checksum of a local file: the ETag Rust ``object_store`` gives it
     (``{inode:x}-{mtime in µs:x}-{size:x}``), which it compares on every read. Refuses
-    (:class:`ObjectChangedError`) a file whose size or modification time is no longer what the
-    reference was taken with."""
+    (:class:`SourceChangedError`) a file whose size or modification time is no longer what the
+    reference was taken with (``modified``: a datetime to the microsecond, or ``st_mtime_ns``)."""
     path = _url_path(url)
     try:
         st = os.stat(path)
     except FileNotFoundError as e:
-        raise ObjectChangedError(f"{url}: gone since its reference was taken", key=url) from e
+        raise SourceChangedError(f"{url}: gone since its reference was taken", key=url) from e
     mtime_us = st.st_mtime_ns // 1000
-    if st.st_size != size or (modified is not None and _micros(modified) != mtime_us):
-        raise ObjectChangedError(f"{url}: changed since its reference was taken (size {st.st_size}, was {size})",
+    expected = modified // 1000 if isinstance(modified, int) else None if modified is None else _micros(modified)
+    if st.st_size != size or (expected is not None and expected != mtime_us):
+        raise SourceChangedError(f"{url}: changed since its reference was taken (size {st.st_size}, was {size})",
                                  key=url)
     return f"{st.st_ino:x}-{mtime_us:x}-{st.st_size:x}"
 
@@ -251,6 +270,8 @@ class IcechunkInner(ZarrStoreInner):
         #: objects kept beside the session (None: deleted in this session)
         self._side: dict[str, bytes | None] = {}
         self._snapshot_objects: tuple[str, dict[str, str]] | None = None
+        #: the commit's message when :meth:`commit` is given none
+        self.message = ""
 
     def __repr__(self) -> str:
         return f"IcechunkInner({self.url!r}, virtual={self.virtual})"
@@ -282,7 +303,7 @@ class IcechunkInner(ZarrStoreInner):
             return UsageError(f"{key}: Icechunk cannot store this ({what}); Icechunk takes chunk keys of the default "
                               "encoding with '/' only: migrate into a directory instead", key=key)
         if "checksum of the object" in text or "virtual" in text or "not enough data" in text:
-            return ObjectChangedError(f"{key}: the source object of this virtual chunk changed, shrank or is gone since "
+            return SourceChangedError(f"{key}: the source object of this virtual chunk changed, shrank or is gone since "
                                       f"the migration ({what})", key=key)
         return StoreIOError(f"{key}: Icechunk: {what}", key=key)
 
@@ -390,7 +411,15 @@ class IcechunkInner(ZarrStoreInner):
                 self.delete(key)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        keys = list(self._call(prefix, lambda: list(super(IcechunkInner, self).list_prefix(prefix))))
+        """Sorted keys under ``prefix``, the side objects among them. Icechunk lists only below
+        a node (or everything): any other prefix is a filter of the whole listing."""
+        try:
+            keys = list(self._call(prefix, lambda: list(super(IcechunkInner, self).list_prefix(prefix))))
+        except StoreIOError as e:
+            if "bad key prefix" not in str(e):
+                raise
+            keys = [k for k in self._call("", lambda: list(super(IcechunkInner, self).list_prefix(""))) if
+                    k.startswith(prefix)]
         keys += [k for k in self._side_keys() if k.startswith(prefix)]
         return iter(sorted(keys))
 
@@ -424,14 +453,15 @@ class IcechunkInner(ZarrStoreInner):
     def takes_references(self) -> bool:
         return self.virtual
 
-    def put_reference(self, key: str, ref: Any) -> None:
+    def put_reference(self, key: str, ref: ChunkRef) -> None:
         """A virtual chunk: bytes ``[ref.offset, ref.offset + ref.length)`` of ``ref.url``, with the
         checksum Icechunk checks on every read (the ETag; locally :func:`local_checksum`)."""
         if not self.virtual:
             raise NotImplementedError("a materialised Icechunk destination takes bytes, not references")
         self._check_key(key)
         if ref.url.startswith("file://"):
-            checksum: str | datetime | None = local_checksum(ref.url, ref.object_size, ref.modified)
+            when = ref.modified_ns if ref.modified_ns is not None else ref.modified
+            checksum: str | datetime | None = local_checksum(ref.url, ref.object_size, when)
         else:
             checksum = ref.etag if ref.etag is not None else ref.modified
         if checksum is None:
@@ -440,7 +470,7 @@ class IcechunkInner(ZarrStoreInner):
         self._call(key, lambda: self.store.set_virtual_ref(key, ref.url, offset=ref.offset, length=ref.length,
                                                            checksum=checksum))
 
-    def commit(self, message: str) -> str:
+    def commit(self, message: str = "") -> str:
         """Commit the session as one snapshot with ``message``; the side objects still present
         go into its metadata. Another writer's commit on the branch since this session began
         is :class:`DestinationExistsError` (nothing of this session is committed). A session that
@@ -450,7 +480,7 @@ class IcechunkInner(ZarrStoreInner):
         if not self.session.has_uncommitted_changes:  # Icechunk commits no empty snapshot
             return str(self.session.snapshot_id)  # the tip already holds this hierarchy
         try:
-            snapshot = str(self.session.commit(message, metadata={METADATA_KEY: {"objects": objects}}))
+            snapshot = str(self.session.commit(message or self.message or "sharding-store", metadata={METADATA_KEY: {"objects": objects}}))
         except ic.ConflictError as e:
             raise DestinationExistsError(f"{self.url}: another writer committed to branch {self.branch!r} while this "
                                          f"migration ran ({_first_line(e)}); nothing of it was committed: run it again",

@@ -11,11 +11,11 @@ import pytest
 ic = pytest.importorskip("icechunk")
 zarr = pytest.importorskip("zarr")
 
-from sharding_store.errors import ObjectChangedError  # noqa: E402
-from sharding_store.stores.base import Location  # noqa: E402
+from sharding_store.errors import SourceChangedError  # noqa: E402
+from sharding_store.stores.base import ChunkRef, Location  # noqa: E402
 from sharding_store.stores.icechunk_store import is_repository, open_icechunk  # noqa: E402
 from tests.s3server import s3, s3_server  # noqa: E402,F401
-from tests.unit.stores.test_icechunk_store import GROUP, ChunkRef, array_doc  # noqa: E402
+from tests.unit.stores.test_icechunk_store import GROUP, array_doc  # noqa: E402
 
 pytestmark = pytest.mark.s3
 DATA = np.arange(16, dtype="u1")
@@ -71,7 +71,7 @@ def test_a_changed_s3_source_object_makes_the_read_raise(virtual_s3, change):
         zarr.open_array(reader(virtual_s3, "s3://src/store/"), path="a", mode="r")[...]
     dst = open_icechunk("s3://dst/repo", virtual_s3.storage_options, source=Location("s3", virtual_s3.endpoint,
                         "src/store"), source_options=virtual_s3.storage_options)
-    with pytest.raises(ObjectChangedError, match="a/c/0"):
+    with pytest.raises(SourceChangedError, match="a/c/0"):
         dst.get("a/c/0")
 
 

@@ -111,9 +111,9 @@ def test_an_icechunk_destination_is_opened_through_the_store_module(monkeypatch,
     seen = {}
     opened = CountingInner({})
 
-    def open_icechunk(dst, storage_options, *, virtual, source, source_options):
+    def open_icechunk(dst, storage_options, *, virtual, source, source_options, create):
         seen.update(dst=dst, storage_options=storage_options, virtual=virtual, source=source,
-                    source_options=source_options)
+                    source_options=source_options, create=create)
         return opened
 
     fake = types.ModuleType("sharding_store.stores.icechunk_store")
@@ -123,7 +123,11 @@ def test_an_icechunk_destination_is_opened_through_the_store_module(monkeypatch,
     got = open_destination(tmp_path / "repo", "icechunk", True, StoreOptions(src={"s": 1}, dst={"anon": True}), src)
     assert got is opened
     assert seen == dict(dst=str(tmp_path / "repo"), storage_options={"anon": True}, virtual=True,
-                        source=src.location(), source_options={"s": 1})
+                        source=src.location(), source_options={"s": 1}, create=True)
+    open_destination(tmp_path / "repo", "icechunk", False, StoreOptions(), src, read_only=True)
+    assert seen["create"] is False  # verify creates no repository
+    open_destination(tmp_path / "repo", "icechunk", False, StoreOptions(), src, dry_run=True)
+    assert seen["create"] is False  # nor does a dry run
 
 
 def test_a_materialised_icechunk_migration_is_committed_once_as_such(monkeypatch, source, tmp_path):

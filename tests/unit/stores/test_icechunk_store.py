@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,25 +18,13 @@ import pytest
 ic = pytest.importorskip("icechunk")
 zarr = pytest.importorskip("zarr")
 
-from sharding_store.errors import DestinationExistsError, ObjectChangedError, UsageError  # noqa: E402
-from sharding_store.stores.base import Location  # noqa: E402
+from sharding_store.errors import DestinationExistsError, SourceChangedError, UsageError  # noqa: E402
+from sharding_store.stores.base import ChunkRef, Location  # noqa: E402
 from sharding_store.stores.icechunk_store import (  # noqa: E402
     is_repository,
     local_checksum,
     open_icechunk,
 )
-
-try:
-    from sharding_store.stores.base import ChunkRef  # type: ignore[attr-defined]
-except ImportError:  # until the shared interface lands: the same fields
-    @dataclass(frozen=True)
-    class ChunkRef:  # type: ignore[no-redef]
-        url: str
-        offset: int
-        length: int
-        object_size: int
-        etag: str | None = None
-        modified: datetime | None = None
 
 MARKER, RECORD = ".sharding-store-migration.json", ".sharding-store-record.json"
 DATA = np.arange(16, dtype="u1")
@@ -124,7 +111,7 @@ def test_a_changed_source_object_makes_the_read_raise(virtual_repo, change):
     with pytest.raises(ic.IcechunkError):
         read(repo, authorise=prefix)
     dst = open_icechunk(str(repo))
-    with pytest.raises(ObjectChangedError, match="a/c/0"):
+    with pytest.raises(SourceChangedError, match="a/c/0"):
         dst.get("a/c/0")
 
 
@@ -148,7 +135,7 @@ def test_a_reference_to_an_object_changed_since_it_was_taken_is_refused(tmp_path
     obj.write_bytes(DATA.tobytes() * 2)
     dst = open_icechunk(str(tmp_path / "repo"), virtual=True, source=Location("file", "", str(src)))
     dst.set("a/zarr.json", array_doc())
-    with pytest.raises(ObjectChangedError, match="changed since its reference"):
+    with pytest.raises(SourceChangedError, match="changed since its reference"):
         dst.put_reference("a/c/0", ref)
 
 
@@ -157,7 +144,7 @@ def test_local_checksum_is_object_stores_etag(tmp_path):
     obj.write_bytes(b"abc")
     st = os.stat(obj)
     assert local_checksum(f"file://{obj}", 3, None) == f"{st.st_ino:x}-{st.st_mtime_ns // 1000:x}-3"
-    with pytest.raises(ObjectChangedError):
+    with pytest.raises(SourceChangedError):
         local_checksum(f"file://{obj}", 4, None)
 
 
@@ -279,6 +266,20 @@ def test_a_node_replaced_by_one_of_the_other_type_and_emptied(tmp_path):
     again.set("zarr.json", GROUP)
     again.commit("emptied")
     assert list(open_icechunk(str(repo)).list_prefix("")) == ["zarr.json"]
+
+
+def test_listing_a_prefix_that_is_no_node(tmp_path):
+    """Icechunk lists only below a node: other prefixes (a missing array, part of a name) filter
+    the whole listing, as in any store."""
+    dst = open_icechunk(str(tmp_path / "repo"))
+    dst.set("zarr.json", GROUP)
+    dst.set("imgs/zarr.json", GROUP)
+    dst.set("imgs/zl/zarr.json", array_doc((4,), (2,)))
+    dst.set("imgs/zl/c/1", b"ab")
+    assert list(dst.list_prefix("imgs/z")) == ["imgs/zarr.json", "imgs/zl/c/1", "imgs/zl/zarr.json"]
+    assert list(dst.list_prefix("imgs/zl")) == ["imgs/zl/c/1", "imgs/zl/zarr.json"]
+    assert list(dst.list_prefix("imgs/none/")) == []
+    assert dst.list_dir("imgs/") == (["imgs/zarr.json"], ["imgs/zl/"])
 
 
 def test_tails_and_sizes_of_chunks(tmp_path):
