@@ -27,11 +27,13 @@ SLOW_FIXTURES = frozenset({"s3", "s3_server"})
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``make check`` runs ``-m "not slow"``: besides the tests and modules marked ``slow``
-    by hand (kill tests, dask clusters, memory-capped children, installs), every test on
-    the moto S3 server (the ``s3`` marker or fixture) is slow. ``make test`` runs them all."""
+    by hand (kill tests, dask clusters, memory-capped children, installs, the heaviest
+    property tests), every test on the moto S3 server (the ``s3`` marker or fixture) and
+    every test of the zarr-python 2.18 oracle virtualenv (``legacy``, as in compat/) is
+    slow. ``make test`` runs them all."""
     slow = pytest.mark.slow
     for item in items:
-        if "s3" in item.keywords or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if "s3" in item.keywords or "legacy" in item.keywords or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(slow)
 
 

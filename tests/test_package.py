@@ -88,3 +88,44 @@ def test_setup_cfg_declares_each_option_once():
     extras = parser["options.extras_require"]
     assert {"s3", "dask", "xarray", "icechunk", "test"} <= set(extras)
     assert "icechunk" in extras["test"], "CI installs only the test extra: it must hold icechunk"
+
+
+def _make_pytest_commands(target: str) -> list[list[str]]:
+    """The pytest command lines ``make <target>`` would run, as ``make -n`` prints them."""
+    import shlex
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    root = Path(__file__).resolve().parents[1]
+    # STAMP: the install step is up to date; the recipes are printed, never run
+    out = subprocess.run(["make", "-n", "-C", str(root), target, "STAMP=Makefile"], capture_output=True, text=True, check=True)
+    return [words for words in map(shlex.split, out.stdout.splitlines()) if words[1:3] == ["-m", "pytest"]]
+
+
+def test_the_slow_marker_is_registered_and_checked_strictly(pytestconfig):
+    """``slow`` is declared (``make check`` deselects it) and a misspelled marker is an error,
+    not a test that silently stays in (or leaves) the fast loop."""
+    markers = pytestconfig.getini("markers")
+    assert any(m.split(":")[0].strip() == "slow" for m in markers), markers
+    assert "--strict-markers" in pytestconfig.getini("addopts")
+
+
+def test_make_check_leaves_out_the_slow_tests_and_make_test_runs_them_all():
+    """``make check`` is the fast loop: one pytest run without the ``slow`` tests. ``make test``
+    (what CI runs, ``.ci/run``) selects nothing by marker or name: the slow tests still run."""
+    from pathlib import Path
+
+    check = _make_pytest_commands("check")
+    assert len(check) == 1, check
+    assert check[0][check[0].index("-m", 3) + 1] == "not slow", check
+    full = _make_pytest_commands("test")
+    assert full, "make test runs no pytest"
+    for words in full:
+        assert "-m" not in words[3:] and "-k" not in words and not any(w.startswith(("-m=", "-k=", "--deselect")) for w in words), words
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text().splitlines()
+    assert "make test" in [line.strip() for line in ci], ci

@@ -101,6 +101,7 @@ def _paths(doc, prefix=()):
             yield from _paths(v, (*prefix, i))
 
 
+@pytest.mark.slow  # 400 hostile documents; the shard-bytes fuzz tests below stay in the fast loop
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), value=json_values)
 def test_fuzz_metadata_only_our_errors(data, value):

@@ -169,6 +169,7 @@ def test_a_verification_bar_in_migrate_and_in_verify(sharded, tmp_path, spy):
     assert bar.count == bar.total == report.check.objects == N_SHARDS and bar.nbytes == report.check.bytes
 
 
+@pytest.mark.slow  # CLI processes; the bars' in-process tests stay in the fast loop
 def test_verification_bar_shown_with_progress_on_a_pipe_and_absent_by_default(sharded, tmp_path):
     src, _ = sharded
     done = cli("migrate", str(src), str(tmp_path / "out"), "--progress")

@@ -89,6 +89,7 @@ def test_unreachable_endpoints_are_io_errors():
     one_line(*run("info", "s3://bucket/x", "--storage-options", options)[::2], 12, "s3://bucket/x")
 
 
+@pytest.mark.slow  # child processes
 def test_missing_backend_names_the_extra_to_install(draft, tmp_path):
     """``s3://`` without s3fs installed (simulated in a child process: the import fails)."""
     code = textwrap.dedent("""

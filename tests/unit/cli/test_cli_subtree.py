@@ -8,6 +8,7 @@ import contextlib
 import io
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,6 +58,7 @@ def test_sample_group_trees():
 NAMES = st.sampled_from(["a", "b", "ab", "b.c", "z"])
 
 
+@pytest.mark.slow  # 40 random hierarchies through the CLI; the sample's subtrees stay in the fast loop
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(paths=st.lists(st.lists(NAMES, min_size=1, max_size=3).map("/".join), min_size=1, max_size=6, unique=True))
 def test_every_subtree_is_exactly_its_nodes(tmp_path_factory, paths):

@@ -159,6 +159,7 @@ def _process_writer(root: str, lock_dir: str, worker: int, n_workers: int) -> No
             store[key(c)] = f"{worker}:{c}".encode()
 
 
+@pytest.mark.slow  # two processes
 def test_two_processes_with_file_lock_lose_nothing(tmp_path):
     root, locks = str(tmp_path / "store"), str(tmp_path / "locks")
     ctx = multiprocessing.get_context("spawn")

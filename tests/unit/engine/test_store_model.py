@@ -231,6 +231,7 @@ class LocalStoreMachine(StoreMachine):
 _settings = dict(stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TestStoreOverDict = StoreMachine.TestCase
 TestStoreOverDict.settings = settings(max_examples=60, **_settings)
+TestStoreOverDict.pytestmark = [pytest.mark.slow]  # the same machine over a directory stays in the fast loop
 TestStoreOverLocalDirectory = LocalStoreMachine.TestCase
 TestStoreOverLocalDirectory.settings = settings(max_examples=20, **_settings)
 
@@ -415,9 +416,12 @@ _inner_settings = settings(max_examples=100, stateful_step_count=30, deadline=No
                            suppress_health_check=[HealthCheck.too_slow])
 TestMappingInner = InnerMachine.TestCase
 TestMappingInner.settings = _inner_settings
+TestMappingInner.pytestmark = [pytest.mark.slow]  # slow: the machines but the fsspec one
 TestLocalInner = LocalInnerMachine.TestCase
 TestLocalInner.settings = _inner_settings
+TestLocalInner.pytestmark = [pytest.mark.slow]
 TestMemoryFsInner = MemoryFsInnerMachine.TestCase
 TestMemoryFsInner.settings = _inner_settings
 TestCountingLocalInner = CountingLocalInnerMachine.TestCase
 TestCountingLocalInner.settings = _inner_settings
+TestCountingLocalInner.pytestmark = [pytest.mark.slow]

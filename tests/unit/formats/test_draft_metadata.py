@@ -621,6 +621,7 @@ def _same_fill(a, b) -> bool:
     return a.dtype == b.dtype and a.tobytes() == b.tobytes() or bool(np.all((a == b) | (a != a) & (b != b)))
 
 
+@pytest.mark.slow  # 300 random arrays written and read back
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(draft_arrays())
 def test_round_trip(meta: DraftArrayMeta):

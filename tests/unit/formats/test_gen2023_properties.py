@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import warnings
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -139,6 +140,7 @@ def _paths(value, prefix=()):
             yield from _paths(v, (*prefix, i))
 
 
+@pytest.mark.slow  # 300 damaged documents; the random documents above stay in the fast loop
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=documents(), data=st.data())
 def test_a_damaged_document_is_refused_naming_the_key_never_a_crash(doc, data):

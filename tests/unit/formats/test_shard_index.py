@@ -133,6 +133,7 @@ _entry_value = st.one_of(
 )
 
 
+@pytest.mark.slow  # 400 random indices; the round trip and the fuzz test above stay in the fast loop
 @settings(max_examples=400, deadline=None)
 @given(
     cps=st.sampled_from([(1,), (4,), (2, 2), (2, 3), (1, 4, 2)]),

@@ -167,6 +167,7 @@ def _child(tmp_path: Path, *args: str) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
+@pytest.mark.slow  # a large store and the peak resident set
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc for the peak resident set")
 def test_planning_holds_a_bounded_number_of_shard_tails(tmp_path):
     """12 shards of 32 MiB indices: holding every tail at once is 384 MiB beyond the
@@ -190,6 +191,7 @@ def test_the_first_bad_shard_stops_the_reading(tmp_path):
     assert inner.ranges < N_SHARDS and inner.bytes_read < 4 * 32 * MIB
 
 
+@pytest.mark.slow  # a large store and the peak resident set
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc for the peak resident set")
 def test_migrate_planning_holds_a_bounded_number_of_shard_tails(tmp_path):
     """The copy driver decides the undeclared index as ``info`` does: in byte-bounded

@@ -48,6 +48,7 @@ def trees(draw):
     return entries, ["/".join(p) for p in checks]
 
 
+@pytest.mark.slow  # 300 random trees; test_stores_local_fd.py and test_stores_local_race.py walk them fast
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=trees())
 def test_directory_walks_agree_with_realpath(case):
