@@ -37,10 +37,11 @@ def _store_options(p: argparse.ArgumentParser, dst_optional: bool = False) -> No
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "migrate",
-        help="migrate a draft-era hierarchy to Zarr v3 (sharding_indexed v1.0), payloads verbatim",
+        help="migrate a draft-era hierarchy to Zarr v3 (sharding_indexed v1.0), payloads verbatim unless --portable",
         description=(
             "Write a Zarr v3 hierarchy at DST that zarr-python 3 and tensorstore read with the values of the "
-            "draft-era hierarchy at SRC. Chunk payloads are copied verbatim; shard indices are rebuilt "
+            "draft-era hierarchy at SRC. Chunk payloads are copied verbatim (except with --portable, which "
+            "re-encodes the arrays another v3 reader could not decode, and names them); shard indices are rebuilt "
             "(crc32c-checked, compacted). SRC is only read. DST is verified afterwards unless --no-verify. "
             "`migrate PATH --in-place` upgrades a 2023-generation store where it is, rewriting only its "
             "zarr.json documents (crash-safe: --resume finishes, --undo rolls back an interrupted run)."
@@ -56,7 +57,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--portable", action="store_true",
                    help="make every numeric array readable by every v3 reader (zarr-python 3, tensorstore, zarrs): "
                         "filters they do not know (delta, fixedscaleoffset, quantize...) are applied and dropped, "
-                        "zlib/bz2/lz4/lzma chunks are recompressed to zstd")
+                        "zlib/bz2/lz4/lzma chunks are recompressed to zstd: those arrays' chunks are decoded and re-encoded, "
+                        "not copied verbatim (the report names them)")
     p.add_argument("--dimension-names", action="append", type=dimension_names_arg, metavar="PATH=NAME,NAME...",
                    help="name the dimensions of the array at PATH (for arrays without _ARRAY_DIMENSIONS; repeatable)")
     p.add_argument("--no-consolidate", action="store_true",

@@ -243,38 +243,68 @@ class MigrationReport:
         head = (f"{plural(len(self.arrays), 'array')}, {plural(self.groups, 'group')}: "
                 f"{self.shards} {object_noun(sharded, self.shards)}, "
                 f"{human_bytes(self.bytes)}")
-        if self.dry_run:
-            lines = [f"dry run: would migrate {head} from {self.src} to {self.dst}"]
-            for a in self.arrays:
-                cps = ("unsharded" if a.chunks_per_shard is None
-                       else ("x".join(map(str, a.chunks_per_shard)) or "1") + " chunks per shard")
-                extra = ", recompressed to zstd" if a.recompressed else ""
-                lines.append(f"  {a.path or '/'}: {a.shards} {object_noun(a.chunks_per_shard is not None, a.shards)}, "
-                             f"{human_bytes(a.bytes)}, {cps}{extra}")
-            if self.removal is not None:
-                lines += describe_removal(self.removal, human_bytes)
-        else:
-            t = self.totals
-            now = t.written + t.copied
-            done = f"  written now: {now} {object_noun(sharded, now)}, {human_bytes(t.bytes_now)}"
-            if t.copied:
-                done += f" ({t.copied} by {self.copied_by or 'copy'})"
-            if t.referenced:
-                done += f"; referenced: {t.referenced} {object_noun(sharded, t.referenced)} of the source (no byte copied)"
-            if t.skipped:
-                done += f"; already done: {t.skipped} {object_noun(sharded, t.skipped)}"
-            if t.empty:
-                done += f"; {t.empty} without a live chunk, not written"
-            if t.dead_bytes:
-                done += f"; {human_bytes(t.dead_bytes)} dead bytes dropped"
-            rate = self.throughput()
-            speed = "" if rate is None else f" ({human_bytes(round(rate * MiB))}/s)"
-            into = "" if self.destination == "copy" else f" (destination: {self.destination})"
-            lines = [f"migrated {head}{into} in {self.seconds:.1f} s{speed}", done]
-            if self.verification is not None:
-                lines.append(f"  verified: {self.verification.summary()}")
+        lines = self._dry_run_lines(head) if self.dry_run else self._done_lines(head)
         lines += [f"skipped {dm.escape_name(s['path']) or '/'} ({s['kind']}, {s['error']}): {s['reason']}" for s in self.skipped_arrays]
         return "\n".join(lines)
+
+    def _dry_run_lines(self, head: str) -> list[str]:
+        lines = [f"dry run: would migrate {head} from {self.src} to {self.dst}"]
+        for a in self.arrays:
+            cps = ("unsharded" if a.chunks_per_shard is None
+                   else ("x".join(map(str, a.chunks_per_shard)) or "1") + " chunks per shard")
+            extra = ", re-encoded (--portable)" if a.recompressed else ""
+            lines.append(f"  {a.path or '/'}: {a.shards} {object_noun(a.chunks_per_shard is not None, a.shards)}, "
+                         f"{human_bytes(a.bytes)}, {cps}{extra}")
+        if self.removal is not None:
+            lines += describe_removal(self.removal, human_bytes)
+        return lines
+
+    def _done_lines(self, head: str) -> list[str]:
+        t, sharded = self.totals, self.all_shards
+        now = t.written + t.copied
+        done = f"  written now: {now} {object_noun(sharded, now)}, {human_bytes(t.bytes_now)}"
+        if t.copied:
+            done += f" ({t.copied} by {self.copied_by or 'copy'})"
+        if t.referenced:
+            done += f"; referenced: {t.referenced} {object_noun(sharded, t.referenced)} of the source (no byte copied)"
+        if t.skipped:
+            done += f"; already done: {t.skipped} {object_noun(sharded, t.skipped)}"
+        if t.empty:
+            done += f"; {t.empty} without a live chunk, not written"
+        if t.dead_bytes:
+            done += f"; {human_bytes(t.dead_bytes)} dead bytes dropped"
+        rate = self.throughput()
+        speed = "" if rate is None else f" ({human_bytes(round(rate * MiB))}/s)"
+        into = "" if self.destination == "copy" else f" (destination: {self.destination})"
+        lines = [f"migrated {head}{into} in {self.seconds:.1f} s{speed}", done]
+        lines += self._bytes_lines()
+        recoded = [dm.escape_name("/" + a.path) for a in self.arrays if a.recompressed]
+        if recoded:
+            lines.append(f"  re-encoded (--portable: filters applied, zstd): {', '.join(recoded)}; "
+                         "every other array's chunks copied verbatim")
+        if self.verification is not None:
+            lines.append(f"  verified: {self.verification.summary()}")
+        return lines
+
+    def _bytes_lines(self) -> list[str]:
+        """Why the bytes written differ from the source's (the first line's size), when a
+        complete run wrote every byte itself: the shard indices are rebuilt (with a 4-byte
+        crc32c each), dead bytes are dropped, re-encoded chunks have other sizes."""
+        t = self.totals
+        delta = t.bytes_now - self.bytes
+        if not delta or t.skipped or t.referenced:
+            return []
+        why = []
+        if any(a.chunks_per_shard is not None for a in self.arrays):
+            checksums = any(a.index_checksum for a in self.arrays)
+            why.append("the shard indices rebuilt" + (" with a 4-byte crc32c checksum each" if checksums else ""))
+        if t.dead_bytes:
+            why.append("dead bytes dropped")
+        if any(a.recompressed for a in self.arrays):
+            why.append("the re-encoded arrays")
+        sign = "+" if delta > 0 else "-"
+        return [f"  {human_bytes(t.bytes_now)} written for {human_bytes(self.bytes)} in the source "
+                f"({sign}{human_bytes(abs(delta))}: {', '.join(why) or 'index and layout'})"]
 
 
 # --------------------------------------------------------------------------- running

@@ -131,6 +131,7 @@ class ArrayReport:
     chunks_per_shard: list[int] | None = None
     recompressed: bool = False
     portable: bool = True
+    index_checksum: bool = False  # its shard indices get a crc32c (4 bytes each) they had not
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,8 @@ def plan_array(node: Node, src: StoreRef, dst: StoreRef, opts: Options) -> tuple
     if opts.key_separator:
         doc["chunk_key_encoding"] = {"name": "default", "configuration": {"separator": opts.key_separator}}
     report = ArrayReport(node.path, chunks_per_shard=None if target is None else list(target),
-                         recompressed=target_meta is not None, portable=not problems)
+                         recompressed=target_meta is not None, portable=not problems,
+                         index_checksum=target is not None and checksum)
     return ArrayPlan(node, doc, job, report), warnings
 
 

@@ -193,3 +193,42 @@ def test_verify_lists_max_differences_in_text_mode(draft, three_differences, n):
     as_json = cli("verify", draft, three_differences, "--max-differences", str(n), "--json")
     doc = json.loads(as_json.stdout)
     assert as_json.returncode == 9 and doc["differences"] == 3 and len(doc["first"]) == n and as_json.stderr == ""
+
+
+# --------------------------------------------------------------------------- items 4 and 5: what migrate says it did
+
+
+def test_migrate_help_does_not_promise_verbatim_copies_under_portable():
+    proc = cli("migrate", "--help")
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    for found in re.finditer("verbatim", text):  # each claim says "not with --portable" next to it
+        near = text[max(0, found.start() - 60):found.end() + 60]
+        assert "portable" in near or "not copied verbatim" in near, near
+    portable = text[text.index("--portable make"):text.index("--dimension-names PATH=NAME,NAME... name")]
+    assert "re-encoded, not copied verbatim" in portable and "names them" in portable
+
+
+def test_portable_report_names_the_re_encoded_arrays(draft, tmp_path):
+    portable = cli("migrate", draft, tmp_path / "p.zarr", "--portable")
+    assert portable.returncode == 0, portable.stderr
+    (line,) = [x for x in portable.stdout.splitlines() if "re-encoded" in x and "g/" in x]
+    assert line.strip().startswith("re-encoded") and "/g/zl" in line and "/g/img" not in line, line
+    plain = cli("migrate", draft, tmp_path / "v.zarr")
+    assert plain.returncode == 0 and "re-encoded (" not in plain.stdout
+    dry = cli("migrate", draft, tmp_path / "d.zarr", "--portable", "--dry-run")
+    assert [x.split(":")[0].strip() for x in dry.stdout.splitlines() if "re-encoded" in x] == ["g/zl"]
+
+
+def test_migrate_report_explains_its_two_byte_counts(draft, tmp_path):
+    proc = cli("migrate", draft, tmp_path / "out.zarr", "--json")
+    doc = json.loads(proc.stdout)
+    source, written = doc["bytes"], doc["bytes_written"] + doc["bytes_copied"]
+    assert written == source + 4 * 4  # the only difference: a crc32c after each of /g/img's 4 shard indices
+    text = cli("migrate", draft, tmp_path / "text.zarr").stdout
+    head, now, why = text.splitlines()[:3]
+    assert head.endswith(f"{source} B in " + head.split(" B in ")[1]) and f"{written} B" in now, text
+    assert why.strip() == (f"{written} B written for {source} B in the source (+16 B: the shard indices rebuilt "
+                           "with a 4-byte crc32c checksum each)")
+    same = cli("migrate", draft, tmp_path / "plain.zarr", "--no-index-checksum").stdout
+    assert "written for" not in same  # the draft's compact shards copied byte for byte: one count, nothing to explain
