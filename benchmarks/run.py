@@ -114,12 +114,52 @@ class Case:
         return f"{self.size_mib} MiB"
 
     @property
+    def inner(self) -> tuple[int, int]:
+        return INNER
+
+    @property
+    def legacy_source(self) -> bool:
+        """The draft source of scenarios 2-5 is written by zarr-python 2.18, not by our writer."""
+        return False
+
+    @property
     def raw_shard_bytes(self) -> int:
-        return INNER[0] * INNER[1] * self.cps * DTYPES[self.dtype][1]
+        return self.inner[0] * self.inner[1] * self.cps * DTYPES[self.dtype][1]
 
     @property
     def raw_chunk_bytes(self) -> int:
-        return INNER[0] * INNER[1] * DTYPES[self.dtype][1]
+        return self.inner[0] * self.inner[1] * DTYPES[self.dtype][1]
+
+
+@dataclass(frozen=True)
+class LegacyGridCase(Case):
+    """A store of ``shards`` shards of ``cps`` chunks of ``chunk`` elements, written by
+    zarr-python 2.18 (its own layout: in each shard the chunk written last comes first,
+    the others in the order of a Python set, not in grid order)."""
+
+    chunk: tuple[int, int] = INNER
+    shards: tuple[int, int] = (1, 1)
+
+    @property
+    def inner(self) -> tuple[int, int]:
+        return self.chunk
+
+    @property
+    def legacy_source(self) -> bool:
+        return True
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        k = self.cps2
+        return (self.shards[0] * k[0] * self.chunk[0], self.shards[1] * k[1] * self.chunk[1])
+
+    @property
+    def label(self) -> str:
+        return f"{super().label}, {self.chunk[0]}x{self.chunk[1]} chunks, zarr 2.18"
+
+    @property
+    def key(self) -> str:
+        return f"{super().key}-{self.chunk[0]}x{self.chunk[1]}-legacy"
 
 
 def matrix(sizes: list[int]) -> list[Case]:
@@ -150,7 +190,10 @@ STATED_AT = f"target stated for {TARGET_MIB} MiB and more: ratio shown without i
 #: cases a scenario runs beyond the size matrix (not with --quick; --case selects among them too).
 #: reshard: the case issue 15 states its target at (833 MiB on disk, 4096 shards of 4x4 chunks,
 #: resharded to 16x16: ``reshard SRC DST --chunks-per-shard 16,16``)
-EXTRA_CASES: dict[str, list[Case]] = {"reshard": [Case(1024, "f4", "zstd", 16)],
+#: issue 26 states its reshard target (≤ 1.2× cp -r) at a store written by zarr-python 2.18:
+#: 1024 shards of 8x8 uint16/blosc-lz4 chunks, ~833 MiB on disk (100x104 chunks: 1300 MiB raw)
+RESHARD_LEGACY = LegacyGridCase(1300, "u2", "lz4", 64, chunk=(100, 104), shards=(32, 32))
+EXTRA_CASES: dict[str, list[Case]] = {"reshard": [Case(1024, "f4", "zstd", 16), RESHARD_LEGACY],
                                       "migrate": [Case(105, "u2", "lz4", 16), Case(1024, "f4", "zstd", 16)]}
 #: issue 15's targets for ``sharding-store migrate`` as a whole command (interpreter start-up,
 #: imports and verification included) against ``cp -r`` of the source, by case key: the 105 MiB
@@ -416,7 +459,8 @@ class Bench:
 
     # -- data --------------------------------------------------------------------------
     def input_path(self, case: Case) -> Path:
-        p = DATA / "input" / f"{case.size_mib}MiB-{case.dtype}.npy"
+        shape = f"-{case.shape[0]}x{case.shape[1]}" if case.legacy_source else ""
+        p = DATA / "input" / f"{case.size_mib}MiB-{case.dtype}{shape}.npy"
         if not p.exists():
             self.log(f"generating {p.name} {case.shape}")
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -425,7 +469,7 @@ class Bench:
 
     def spec(self, case: Case, task: str, **kw: Any) -> dict:
         return {"task": task, "input": str(self.input_path(case)), "shape": list(case.shape), "dtype": case.dtype,
-                "codec": case.codec, "chunks": list(INNER), "cps": list(case.cps2), **kw}
+                "codec": case.codec, "chunks": list(case.inner), "cps": list(case.cps2), **kw}
 
     def case_dir(self, case: Case) -> Path:
         d = self.data / case.key
@@ -439,6 +483,8 @@ class Bench:
             return src, self._src_ok[case.key]
         self._src_ok = getattr(self, "_src_ok", {})
         how = None
+        if case.legacy_source:
+            return self._legacy_source(case, src)
         if self.has("sharding_store.api.arrays.create_draft_array") is None:
             try:
                 r = run_task(self.spec(case, "write_ours", dst=str(src), verify=True))
@@ -454,6 +500,21 @@ class Bench:
         # a draft written by us must read back identically in 2.18 (cross-check, untimed)
         self._src_ok[case.key] = how
         return src, how
+
+    def _legacy_source(self, case: Case, src: Path) -> tuple[Path | None, str]:
+        """A source written by zarr-python 2.18 (and read back by it), kept between runs: 2.18
+        rewrites a whole shard per chunk, minutes at this size. A marker beside it holds the
+        write's spec; a store without the same marker is written again."""
+        spec = self.spec(case, "write", dst=str(src), verify=True)
+        marker = src.with_name(src.name + ".written-by-2.18.json")
+        if not (src.exists() and marker.exists() and json.loads(marker.read_text()) == spec):
+            marker.unlink(missing_ok=True)
+            self.log(f"  writing {src} with zarr-python 2.18 (minutes)")
+            if not run_task(spec, legacy=True, timeout=3 * 3600).get("verified"):
+                return None, "no draft source (the 2.18 write did not read back equal)"
+            marker.write_text(json.dumps(spec))
+        self._src_ok[case.key] = "written by zarr-python 2.18"
+        return src, self._src_ok[case.key]
 
     def v1_copy(self, case: Case, src: Path) -> tuple[Path, str]:
         """The v1.0 copy read by tensorstore and zarr 3 in scenario 2: our migrate's output

@@ -79,7 +79,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -87,7 +87,7 @@ from ..api.hierarchy import DraftHierarchy, inner_of
 from ..engine.shard_engine import ArrayLayout, gather, read_objects
 from ..errors import DraftMetadataError, MigrationError, ObjectChangedError, UsageError
 from ..formats import draft_metadata as dm
-from ..formats.keys import Coords, chunk_to_shard, local_to_global, shard_chunks
+from ..formats.keys import Coords, chunk_to_shard, local_to_global
 from ..formats.reshard_journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshards
 from ..formats.shard_index import MAX_UINT64, encode_shard, index_nbytes, n_entries, parse_indices
 from ..stores import Inner, Part, Tail, Version
@@ -298,13 +298,26 @@ class _Repack:
             fault_point("stage")
 
 
+class Located(NamedTuple):
+    """Where the chunks of some source objects lie, one row per chunk: global chunk
+    ``coords`` (int64, ``(n, ndim)``), source ``keys[src]``, ``offsets`` and ``sizes``
+    (uint64) in it. Arrays, not a dict per chunk: a task of 4 shards of 8x8 chunks would
+    otherwise spend more time on tuples than the kernel spends copying."""
+
+    keys: list[str]
+    src: np.ndarray
+    coords: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+
+
 def source_ranges(
     inner: Inner, layout: ArrayLayout, sources: Sequence[Source]
-) -> tuple[dict[Coords, tuple[str, int, int]], dict[str, Version | None], int]:
-    """Where each chunk of ``sources`` lies: global chunk coords -> ``(key, offset, nbytes)``,
-    the version of each source as read, and the bytes read. One tail request for all
-    sources: a shard's index (validated against the object's size), an unsharded chunk's
-    size alone. A listed source that is gone raises :class:`ObjectChangedError`."""
+) -> tuple[Located, dict[str, Version | None], int]:
+    """Where each chunk of ``sources`` lies (:class:`Located`), the version of each source
+    as read, and the bytes read. One tail request for all sources: a shard's index
+    (validated against the object's size), an unsharded chunk's size alone. A listed
+    source that is gone raises :class:`ObjectChangedError`."""
     keys = [s.key for s in sources]
     cps = layout.chunks_per_shard
     tails = inner.get_tails([(k, 0 if cps is None else index_nbytes(cps)) for k in keys]) if keys else []
@@ -313,66 +326,78 @@ def source_ranges(
             raise ObjectChangedError(f"{key}: listed, but gone before it was read (is another process writing?)", key=key)
     found = cast("list[Tail]", tails)  # none is None (checked above)
     versions = {k: getattr(t, "version", None) for k, t in zip(keys, found)}
-    located: dict[Coords, tuple[str, int, int]] = {}
+    origin = np.array([s.coords for s in sources], dtype=np.int64).reshape(len(sources), layout.ndim)
     if cps is None:
         for src, tail in zip(sources, found):
             if tail.size is None:  # pragma: no cover - stores that compose by kernel copies know sizes
                 raise MigrationError(f"{src.key}: the store did not report the object's size", key=src.key)
-            located[src.coords] = (src.key, 0, tail.size)
-        return located, versions, 0
+        sizes = np.array([t.size for t in found], dtype=np.uint64)
+        rows = np.arange(len(keys), dtype=np.int64)
+        return Located(keys, rows, origin, np.zeros(len(keys), np.uint64), sizes), versions, 0
     raws = [t.data for t in found]
-    sizes = [t.size for t in found]
-    limits = [None if n is None else max(0, n - len(r)) for r, n in zip(raws, sizes)]
+    limits = [None if t.size is None else max(0, t.size - len(r)) for r, t in zip(raws, found)]
     table = parse_indices(raws, cps, keys=keys, payload_limits=limits)
-    locals_ = list(shard_chunks((0,) * len(cps), cps))  # C order, as the index is laid out
-    for src, rows in zip(sources, table.tolist()):
-        for local, (off, nb) in zip(locals_, rows):
-            if off != MAX_UINT64:
-                located[local_to_global(src.coords, local, cps)] = (src.key, off, nb)
+    src, flat = np.nonzero(table[:, :, 0] != MAX_UINT64)  # C order, as the index is laid out
+    local = np.stack(np.unravel_index(flat, cps), axis=1) if cps else np.zeros((len(flat), 0), np.int64)
+    coords = origin[src] * np.array(cps, dtype=np.int64) + local
+    located = Located(keys, src, coords, table[src, flat, 0], table[src, flat, 1])
     return located, versions, sum(len(r) for r in raws)
 
 
-def target_parts(
-    located: Mapping[Coords, tuple[str, int, int]], dst: ArrayLayout, target: Coords | None
-) -> Iterator[tuple[str, list[Part]]]:
+def target_parts(located: Located, dst: ArrayLayout, target: Coords | None) -> Iterator[tuple[str, list[Part]]]:
     """The target objects holding the ``located`` chunks (only ``target``'s, when given), as
-    :meth:`Inner.compose` parts: exactly what :func:`pack_objects` would write (payloads in
-    C order, then the index), with ranges of one source that follow each other merged."""
+    :meth:`Inner.compose` parts: each contributing source's payload runs back to back
+    (:func:`payload_runs`: one part per run of its chunks that lie back to back in it, in
+    whatever order the source holds them), then the index computed to match. The chunks
+    :func:`pack_objects` would write, in another order: a reader sees the same object."""
+    keys, src, coords, offsets, sizes = located
     if dst.chunks_per_shard is None:
-        for coords in sorted(located):
-            if target is None or coords == target:
-                key, off, nb = located[coords]
-                yield dst.chunk_key(coords), [(key, off, off + nb)]
+        for row in sorted(range(len(src)), key=lambda i: coords[i].tolist()):
+            if target is None or tuple(coords[row].tolist()) == target:
+                start, end = int(offsets[row]), int(offsets[row] + sizes[row])
+                yield dst.chunk_key(tuple(coords[row].tolist())), [(keys[src[row]], start, end)]
         return
-    cps = dst.chunks_per_shard
-    shards: dict[Coords, list[tuple[Coords, tuple[str, int, int]]]] = defaultdict(list)
-    for coords, where in located.items():
-        shard, local = chunk_to_shard(coords, cps)
-        if target is None or shard == target:
-            shards[shard].append((local, where))
-    for shard, chunks in sorted(shards.items()):
-        chunks.sort()
-        parts: list[Part] = []
-        flat, offsets, sizes = [], [], []
-        pos = 0
-        for local, (key, off, nb) in chunks:
-            last = parts[-1] if parts else None
-            if last is not None and last[0] == key and last[2] == off:
-                parts[-1] = (key, last[1], off + nb)
-            else:
-                parts.append((key, off, off + nb))
-            i = 0
-            for c, n in zip(local, cps):
-                i = i * n + c
-            flat.append(i)
-            offsets.append(pos)
-            sizes.append(nb)
-            pos += nb
-        index = np.full((n_entries(cps), 2), MAX_UINT64, dtype="<u8")
-        index[flat, 0] = offsets
-        index[flat, 1] = sizes
-        parts.append(index.tobytes())
-        yield dst.shard_key(shard), parts
+    cps = np.array(dst.chunks_per_shard, dtype=np.int64)
+    shard, local = coords // cps, coords % cps
+    if target is not None:
+        mine = np.all(shard == np.array(target, dtype=np.int64), axis=1)
+        src, shard, local, offsets, sizes = src[mine], shard[mine], local[mine], offsets[mine], sizes[mine]
+    flat = np.ravel_multi_index(tuple(local.T), dst.chunks_per_shard) if len(cps) else np.zeros(len(src), np.int64)
+    # by target (C order), then source, offset and size: a target's chunks of one source in file order
+    order = np.lexsort((sizes, offsets, src, *shard.T[::-1]))
+    shard, src, flat, offsets, sizes = shard[order], src[order], flat[order], offsets[order], sizes[order]
+    first = np.ones(len(src), dtype=bool)  # where each target's rows begin
+    first[1:] = np.any(shard[1:] != shard[:-1], axis=1)
+    bounds = [*np.flatnonzero(first).tolist(), len(src)]
+    for lo, hi in zip(bounds, bounds[1:]):
+        parts, positions = payload_runs(keys, src[lo:hi], offsets[lo:hi], sizes[lo:hi])
+        index = np.full((n_entries(dst.chunks_per_shard), 2), MAX_UINT64, dtype="<u8")
+        index[flat[lo:hi], 0] = positions
+        index[flat[lo:hi], 1] = sizes[lo:hi]
+        yield dst.shard_key(tuple(shard[lo].tolist())), [*parts, index.tobytes()]
+
+
+def payload_runs(
+    keys: Sequence[str], src: np.ndarray, offsets: np.ndarray, sizes: np.ndarray
+) -> tuple[list[Part], np.ndarray]:
+    """One target shard's payload as compose parts, and each chunk's offset in it. The
+    chunks (``keys[src]``, ``offsets``, ``sizes``) come sorted by source and offset; each
+    maximal run of chunks that follow each other in their source without a gap is one part
+    (one kernel copy), the runs back to back. Chunks that overlap or share bytes in the
+    source start a run of their own: each chunk gets its own bytes (un-shared, as
+    :mod:`~sharding_store.formats.shard_index` promises on rewrite)."""
+    ends = offsets + sizes
+    new = np.ones(len(src), dtype=bool)
+    new[1:] = (src[1:] != src[:-1]) | (offsets[1:] != ends[:-1])
+    run = np.cumsum(new) - 1
+    starts = np.flatnonzero(new)
+    run_start = offsets[starts]
+    run_end = ends[[*(starts[1:] - 1).tolist(), len(src) - 1]]  # a run's last chunk ends it
+    lengths = run_end - run_start
+    placed = np.cumsum(lengths) - lengths  # where each run starts in the target
+    positions = placed[run] + (offsets - run_start[run])
+    parts: list[Part] = [(keys[s], a, b) for s, a, b in zip(src[starts].tolist(), run_start.tolist(), run_end.tolist())]
+    return parts, positions
 
 
 def copy_object(src: Inner, dst: Inner, key: str, size: int | None = None) -> int:
