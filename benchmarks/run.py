@@ -783,9 +783,11 @@ class Bench:
         if src is None:
             return self._unavailable("5 reshard", case, "no draft source")
         d = self.case_dir(case)
-        to = 256 if case.cps == 16 else 16
+        to = 256 if case.cps in (16, 64) else 16
         k = math.isqrt(to)
         cli = str(VENV_BIN / "sharding-store")
+        # issue 26's case: n >= 5 whatever the size, with the time it takes on a loaded machine
+        repeat, budget = (max(5, self.reps(case)), ANCHOR_BUDGET_S) if case.legacy_source else (None, None)
 
         def cmd(argv: list[str], dst: Path, verify: bool) -> dict:
             return self.timed_command(case, argv, dst, verify)
@@ -796,20 +798,22 @@ class Bench:
         baseline = os.environ.get(RESHARD_BASELINE_ENV)
         comps = [
             Competitor("reshard", lambda v: cmd(reshard_argv(d / "r-ours"), d / "r-ours", v),
-                       skip=self.has("sharding_store.cli.reshard.register")),
-            Competitor("cp -r", lambda v: cmd(["cp", "-r", str(src), str(d / "r-cp")], d / "r-cp", False)),
+                       skip=self.has("sharding_store.cli.reshard.register"), repeat=repeat, budget=budget),
+            Competitor("cp -r", lambda v: cmd(["cp", "-r", str(src), str(d / "r-cp")], d / "r-cp", False),
+                       repeat=repeat, budget=budget),
         ]
         if baseline:  # the same command from another tree (e.g. before a change), side by side
             comps.append(Competitor("reshard (baseline)", lambda v: cmd(
                 ["env", f"PYTHONPATH={baseline}", *reshard_argv(d / "r-base")], d / "r-base", v),
-                budget=ANCHOR_BUDGET_S))  # as many rounds as ours
+                repeat=repeat, budget=ANCHOR_BUDGET_S))  # as many rounds as ours
         m = measure(comps, self.reps(case), not self.args.quick, self.log)
         files = [p for p in (src / "data").rglob("*") if p.is_file()]
         note = (f"whole commands incl. interpreter start-up; source {du_bytes(src) / 2**20:.0f} MiB on disk, "
-                f"{len(files)} shards of {case.cps} chunks -> --chunks-per-shard {k},{k}")
+                f"{len(files)} shards of {case.cps} chunks ({how}) -> --chunks-per-shard {k},{k}")
         stated = case in EXTRA_CASES["reshard"]
+        limit = 1.2 if case.legacy_source else 1.5  # issue 26's target; issue 15's
         self.rows.append(make_row("5 reshard", case, f"sharding-store reshard → cps {to}", m["reshard"], "cp -r",
-                                  m["cp -r"], target="≤ 1.5× cp -r", min_speedup=1 / 1.5, applies=stated,
+                                  m["cp -r"], target=f"≤ {limit:g}× cp -r", min_speedup=1 / limit, applies=stated,
                                   note=note if stated else f"{note}; target stated for the "
                                   f"{EXTRA_CASES['reshard'][0].size_label} {EXTRA_CASES['reshard'][0].label} case"))
         if baseline:

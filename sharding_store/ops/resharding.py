@@ -19,8 +19,11 @@ coalesced ranges): :meth:`ShardEngine.gather`. The tasks are planned by
 Where the stores can build an object from ranges of others without the bytes passing
 through this process (:meth:`Inner.compose`: local disk to local disk, kernel copies), a
 task reads only its source objects' indices (one tail request) and builds each target
-object from source ranges plus the index it computes, byte for byte what packing would
-write (:func:`source_ranges`, :func:`target_parts`). Elsewhere (object stores, mappings)
+object from source ranges plus the index it computes (:func:`source_ranges`,
+:func:`target_parts`): each contributing source's *payload runs* back to back, a run being
+chunks that lie back to back in the source in any order (a zarr-python 2.18 shard holds
+its chunks in no grid order, all of them one run), so one kernel copy per run, not per
+chunk. Packing writes the same chunks in grid order. Elsewhere (object stores, mappings)
 a task reads as above: whole source objects, one request each, or one index read per
 source and one call of coalesced ranges (one range per source shard unless its chunks lie
 far apart), then writes each target with one put.
@@ -285,8 +288,8 @@ class _Repack:
             fault_point("stage")
 
     def _compose_task(self, task: Group, report: ReshardReport) -> None:
-        """The same objects, byte for byte, built by :meth:`Inner.compose` from ranges of the
-        source objects (a kernel copy on local disk): only the sources' indices are read
+        """The same objects, their payload runs in source order, built by :meth:`Inner.compose`
+        from ranges of the source objects (a kernel copy per run on local disk): only the sources' indices are read
         (one call for the task), each target's index is computed; the payloads never pass
         through this process. A source that changes after its index was read makes the
         copy raise :class:`~sharding_store.errors.ObjectChangedError`."""
@@ -337,10 +340,10 @@ def source_ranges(
     raws = [t.data for t in found]
     limits = [None if t.size is None else max(0, t.size - len(r)) for r, t in zip(raws, found)]
     table = parse_indices(raws, cps, keys=keys, payload_limits=limits)
-    src, flat = np.nonzero(table[:, :, 0] != MAX_UINT64)  # C order, as the index is laid out
+    which, flat = np.nonzero(table[:, :, 0] != MAX_UINT64)  # C order, as the index is laid out
     local = np.stack(np.unravel_index(flat, cps), axis=1) if cps else np.zeros((len(flat), 0), np.int64)
-    coords = origin[src] * np.array(cps, dtype=np.int64) + local
-    located = Located(keys, src, coords, table[src, flat, 0], table[src, flat, 1])
+    coords = origin[which] * np.array(cps, dtype=np.int64) + local
+    located = Located(keys, which, coords, table[which, flat, 0], table[which, flat, 1])
     return located, versions, sum(len(r) for r in raws)
 
 
