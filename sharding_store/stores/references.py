@@ -305,6 +305,9 @@ class Guard:
         info = self.objects.get(url)
         if info is None:
             raise SourceChangedError(f"{url}: referenced, but the reference file records nothing of it", key=url)
+        if end > info[0]:
+            raise SourceChangedError(f"{url}: a reference reaches byte {end}, past the object's recorded {info[0]} "
+                                     "bytes", key=url)
         if url.startswith("file://"):
             return _read_local(url, url[len("file://"):], start, end, info)
         if url.startswith("s3://"):
@@ -319,8 +322,6 @@ class Guard:
         if store is None:
             store = self._stores[bucket] = as_inner(f"s3://{bucket}", storage_options=self.storage_options)
         size, etag = info[0], info[1]
-        if end > size:
-            raise SourceChangedError(f"{url}: a reference reaches byte {end}, past its recorded {size} bytes", key=url)
         try:
             got = store.get_ranges([(key, start, end)], versions=[etag] if etag else None)[0]
         except ObjectChangedError:

@@ -143,3 +143,19 @@ def test_the_migration_leaves_the_source_as_it_was(tmp_path):
     before = tree_hash(tmp_path / "src")
     migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), progress=False)
     assert tree_hash(tmp_path / "src") == before
+
+
+def test_a_reference_past_the_end_of_its_object_is_refused_on_read(migrated):
+    """A hand-edited file whose reference reaches past its object: verify and the guarded
+    reader refuse it (never a short read handed to a codec)."""
+    from sharding_store import verify
+
+    out, _, shard = migrated
+    doc = json.loads(out.read_bytes())
+    key = next(k for k, v in doc["refs"].items() if isinstance(v, list) and v[0] == f"file://{shard}")
+    doc["refs"][key][2] += 8
+    out.write_text(json.dumps(doc))
+    with pytest.raises(SourceChangedError, match=rf"file://{shard}: a reference reaches byte \d+, past the object's"):
+        _guarded(out)["big"][...]
+    with pytest.raises(SourceChangedError, match="past the object's recorded"):
+        verify(str(out.parent / "src"), str(out))
