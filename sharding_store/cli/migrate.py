@@ -178,7 +178,7 @@ def _executor(address: str | None) -> Iterator[Any]:
     try:
         from distributed import Client
     except ImportError:
-        raise UsageError("--scheduler needs the 'distributed' package (pip install sharding-store[dask])") from None
+        raise UsageError("--scheduler needs the 'distributed' package (pip install 'sharding-store[dask]')") from None
     with Client(address) as client:
         yield client.get_executor()
 

@@ -232,3 +232,37 @@ def test_migrate_report_explains_its_two_byte_counts(draft, tmp_path):
                            "with a 4-byte crc32c checksum each)")
     same = cli("migrate", draft, tmp_path / "plain.zarr", "--no-index-checksum").stdout
     assert "written for" not in same  # the draft's compact shards copied byte for byte: one count, nothing to explain
+
+
+# --------------------------------------------------------------------------- item 10: install hints
+
+
+ROOT = PACKAGE.parent
+HINT = re.compile(r"pip install (\S+)")
+
+
+def _hint_files() -> list[Path]:
+    return [*sorted(PACKAGE.rglob("*.py")), ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_install_hint_quotes_its_extras():
+    """``pip install sharding-store[dask]`` fails in zsh (no match for the glob): every hint
+    with an extra quotes it, in the package's messages, the README and docs/."""
+    hints = [(f"{p.relative_to(ROOT)}:{n}", m[1]) for p in _hint_files() if p.exists()
+             for n, line in enumerate(p.read_text().splitlines(), 1) for m in HINT.finditer(line)]
+    assert len(hints) > 5  # the search finds them
+    bad = [f"{where}: pip install {word}" for where, word in hints if "[" in word and not word.startswith("'")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_scheduler_hint_runs_in_a_shell_that_refuses_unmatched_globs(draft, tmp_path):
+    """The hint printed when dask's ``distributed`` is missing, pasted into a shell where an
+    unmatched glob is an error (bash ``failglob``, as zsh by default), is one word for pip."""
+    code = "import sys; sys.modules['distributed'] = None; from sharding_store.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", code, "migrate", str(draft), str(tmp_path / "out"),
+                           "--scheduler", "tcp://127.0.0.1:1"], capture_output=True, text=True, timeout=300)
+    line = one_error_line(proc)
+    (hint,) = re.findall(r"\((pip install [^)]*)\)", line)
+    shell = subprocess.run(["bash", "-O", "failglob", "-c", f"set -- {hint}; printf '%s\\n' \"$@\""], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert shell.returncode == 0 and shell.stdout.splitlines() == ["pip", "install", "sharding-store[dask]"], shell
