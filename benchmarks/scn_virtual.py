@@ -65,20 +65,44 @@ def cli() -> str:
 
 
 def features() -> dict[str, str | None]:
-    """None per virtual kind the installed CLI offers, else why not (the scenario runs while
-    the feature is being built: a missing one gives "not available" rows, never a number)."""
-    r = subprocess.run([cli(), "migrate", "--help"], capture_output=True, text=True, cwd=str(ROOT))
-    has_flag = "--virtual" in r.stdout
+    """None per virtual kind this tree offers, else why not (the scenario runs while the feature is
+    being built: a missing one gives "not available" rows, never a number)."""
     out: dict[str, str | None] = {}
-    for kind in KINDS:
-        if not has_flag:
-            out[kind] = "not available (`sharding-store migrate` has no --virtual yet: issue 24)"
-            continue
-        mod = {"references": "sharding_store.stores.references", "icechunk": "sharding_store.stores.icechunk_store"}[kind]
-        probe = subprocess.run([sys.executable, "-c", f"import {mod}"], capture_output=True, text=True, cwd=str(ROOT))
+    for kind, mod in (("references", "sharding_store.stores.references"),
+                      ("icechunk", "sharding_store.stores.icechunk_store")):
+        probe = subprocess.run([sys.executable, "-c", f"import {mod}, icechunk; from sharding_store.ops.options import "
+                                f"MigrateOptions; MigrateOptions(virtual=True, target={kind!r})"],
+                               capture_output=True, text=True, cwd=str(ROOT))
         tail = (probe.stderr.strip().splitlines() or [""])[-1]
-        out[kind] = None if probe.returncode == 0 else f"not available ({mod} does not import: {tail[:120]})"
+        out[kind] = None if probe.returncode == 0 else f"not available (virtual {kind}: {tail[:140]})"
     return out
+
+
+def has_flag() -> bool:
+    """Whether ``sharding-store migrate`` spells ``--virtual`` yet (else: a reference file by DST's
+    ``.json`` name, an Icechunk repository through the API, ``migrate(..., MigrateOptions(virtual=True,
+    target="icechunk"))``, in a fresh process like the command)."""
+    r = subprocess.run([cli(), "migrate", "--help"], capture_output=True, text=True, cwd=str(ROOT))
+    return "--virtual" in r.stdout
+
+
+def virtual_argv(src: str, dst: Path, kind: str, verify: bool, flag: bool) -> list[str]:
+    """The command a user types for a virtual migration of ``kind`` (see :func:`has_flag`)."""
+    tail = ["--no-progress"] + ([] if verify else ["--no-verify"])
+    if flag:
+        return [cli(), "migrate", src, str(dst), f"--virtual={kind}", *tail]
+    if kind == "references":
+        return [cli(), "migrate", src, str(dst), *tail]
+    return [sys.executable, str(Path(__file__).resolve()), "api-migrate", src, str(dst), kind, str(int(verify))]
+
+
+def api_migrate(src: str, dst: str, kind: str, verify: bool) -> None:
+    """``migrate`` of the library with a virtual target (what the CLI flag calls)."""
+    from sharding_store.ops.migration import migrate
+    from sharding_store.ops.options import MigrateOptions, RunOptions
+
+    migrate(src, dst, MigrateOptions(virtual=True, target=kind, verify=verify),  # type: ignore[arg-type]
+            run=RunOptions(progress=False))
 
 
 # ---------------------------------------------------------------------------- sources
@@ -208,13 +232,12 @@ def competitors(src: Source, work: Path, avail: dict[str, str | None], repeat: i
            comp("migrate (copy)", [cli(), "migrate", s, str(work / "copy"), "--no-progress"], work / "copy"),
            comp("migrate (copy) --no-verify", [cli(), "migrate", s, str(work / "copy-nov"), "--no-progress",
                                                "--no-verify"], work / "copy-nov")]
+    flag = has_flag()
     for kind in KINDS:
-        dst = work / ("refs.json" if kind == "references" else "icechunk")
-        base = [cli(), "migrate", s, str(dst), f"--virtual={kind}", "--no-progress"]
-        out.append(comp(f"virtual {kind}", base, dst, kind, avail[kind]))
-        nov = work / ("refs-nov.json" if kind == "references" else "icechunk-nov")
-        out.append(comp(f"virtual {kind} --no-verify", [cli(), "migrate", s, str(nov), f"--virtual={kind}",
-                                                         "--no-progress", "--no-verify"], nov, kind, avail[kind]))
+        for suffix, verify in (("", True), (" --no-verify", False)):
+            dst = work / (f"refs{suffix.strip()}.json" if kind == "references" else f"icechunk{suffix.strip()}")
+            out.append(comp(f"virtual {kind}{suffix}", virtual_argv(s, dst, kind, verify, flag), dst, kind,
+                            avail[kind]))
     return out
 
 
@@ -224,7 +247,14 @@ def _bytes_measure(m: dict[str, Any], which: str) -> dict[str, Any]:
     return {"median": max(got) if got else None, "runs": got, "error": m[which]["error"]}
 
 
-def rows(src: Source, m: dict[str, Any], h: Any) -> list[dict[str, Any]]:
+def label(kind: str, flag: bool) -> str:
+    """How a row names the virtual migration of ``kind`` (the way it was invoked)."""
+    if flag:
+        return f"migrate --virtual={kind}"
+    return "migrate SRC DST.json" if kind == "references" else "migrate() API, virtual=True, target=icechunk"
+
+
+def rows(src: Source, m: dict[str, Any], flag: bool, h: Any) -> list[dict[str, Any]]:
     """Time rows (against cp -r and the copy migration) and bytes rows (against the source's)."""
     size, alloc = tree_bytes(src.path)
     srcm = {"median": float(size), "runs": []}
@@ -237,7 +267,7 @@ def rows(src: Source, m: dict[str, Any], h: Any) -> list[dict[str, Any]]:
     stated = src.time_target
     for kind, what in KINDS.items():
         for suffix in ("", " --no-verify"):
-            ours = f"migrate --virtual={kind}{suffix}"
+            ours = f"{label(kind, flag)}{suffix}"
             mm = m[f"virtual {kind}{suffix}"]
             out.append(h.make_row("10 virtual", src, ours, mm, "cp -r", m["cp -r"], target="< 10% of cp -r's time",
                                   min_speedup=TIME_RATIO, applies=stated, note=note if stated else
@@ -276,7 +306,7 @@ def run(bench: Any, h: Any) -> None:
         bench.log(f"virtual {src.key}: {src.objects} objects")
         repeat = 1 if bench.args.quick else max(REPEAT, bench.args.repeat or 0)
         m = h.measure(competitors(src, work, avail, repeat, h), repeat, not bench.args.quick, bench.log)
-        bench.rows += rows(src, m, h)
+        bench.rows += rows(src, m, has_flag(), h)
 
 
 def check_refs(ref: Path, npy: Path, array: str) -> dict[str, Any]:
@@ -295,6 +325,9 @@ def check_refs(ref: Path, npy: Path, array: str) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["materialize"]:
         print(json.dumps(materialize(int(argv[1]), Path(argv[2]))))
+        return 0
+    if argv[:1] == ["api-migrate"]:
+        api_migrate(argv[1], argv[2], argv[3], argv[4] == "1")
         return 0
     if argv[:1] == ["check-refs"]:
         print(json.dumps(check_refs(Path(argv[1]), Path(argv[2]), argv[3])))
