@@ -319,6 +319,40 @@ def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool
     return True
 
 
+def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool:
+    """``info`` of a migration's destination that is no directory of Zarr objects (a reference
+    file, an Icechunk repository): which kind it is, what it was migrated from, its nodes and
+    objects (issue 24). False when ``args.store`` is neither."""
+    from ..ops.destination import RECORD_KEY, open_destination, resolve_target
+    from ..ops.options import StoreOptions
+
+    target = resolve_target(args.store, None, False)
+    if target == "zarr":
+        return False
+    dst = open_destination(args.store, target, False, StoreOptions(src=opts, dst=opts), read_only=True)
+    raw = dst.get(RECORD_KEY)
+    record = json.loads(raw) if raw else {}
+    virtual = target == "references" or bool(record.get("virtual"))
+    kind = {"references": "reference file"}.get(target, "Icechunk virtual" if virtual else "Icechunk materialised")
+    arrays = groups = objects = 0
+    for key in dst.list_prefix(""):
+        if key.rpartition("/")[2] == "zarr.json":
+            node = json.loads(dst.get(key) or b"{}").get("node_type")
+            arrays, groups = arrays + (node == "array"), groups + (node == "group")
+        elif not key.startswith(".sharding-store"):
+            objects += 1
+    doc = {"store": args.store, "destination": kind, "virtual": virtual, "source": record.get("src"),
+           "arrays": arrays, "groups": groups, "objects": objects}
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return True
+    what = "references to objects of" if virtual else "objects copied from"
+    print(f"{args.store}: {kind} (Zarr v3, migrated by sharding-store)")
+    print(f"  {arrays} arrays, {groups} groups: {objects} {what} {record.get('src') or 'an unrecorded source'}")
+    return True
+
+
 def run_info(args: argparse.Namespace) -> int:
     from ..api.evidence import hierarchy_stats, stats_nodes
     from ..api.hierarchy import open_hierarchy
@@ -328,6 +362,8 @@ def run_info(args: argparse.Namespace) -> int:
 
     opts = storage_options(args.storage_options)
     assume = assumed(args)
+    if _info_destination(args, opts):
+        return 0
     if _info_upgrade(args, opts):
         return 0
     if _info_2023(args, opts, assume):

@@ -454,3 +454,28 @@ def test_cli_verify_of_a_changed_source_exits_14_naming_the_object(source, tmp_p
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     code, _, err = _cli(capsys, "verify", str(source), str(out), "--no-progress")
     assert code == 14 and f"file://{shard}: modified since" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_info_says_what_a_destination_is(source, tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert _cli(capsys, "migrate", str(source), str(out), "--no-progress")[0] == 0
+    code, text, _ = _cli(capsys, "info", str(out))
+    assert code == 0 and text.splitlines() == [
+        f"{out}: reference file (Zarr v3, migrated by sharding-store)",
+        f"  5 arrays, 5 groups: 30 references to objects of {source}"]
+    code, text, _ = _cli(capsys, "info", str(out), "--json")
+    assert json.loads(text) == {"store": str(out), "destination": "reference file", "virtual": True,
+                                "source": str(source), "arrays": 5, "groups": 5, "objects": 30}
+
+
+@pytest.mark.parametrize("virtual", [True, False])
+def test_cli_info_says_what_an_icechunk_repository_is(tmp_path, capsys, virtual):
+    pytest.importorskip("icechunk")
+    make_big_array(tmp_path / "src", shards=3)
+    repo = tmp_path / "repo"
+    argv = ["--virtual=icechunk"] if virtual else ["--icechunk"]
+    assert _cli(capsys, "migrate", str(tmp_path / "src"), str(repo), *argv, "--no-progress")[0] == 0
+    code, text, _ = _cli(capsys, "info", str(repo), "--json")
+    assert code == 0 and json.loads(text) == {
+        "store": str(repo), "destination": "Icechunk virtual" if virtual else "Icechunk materialised",
+        "virtual": virtual, "source": str(tmp_path / "src"), "arrays": 1, "groups": 1, "objects": 3}
