@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ShardingStoreError
 from ..ops.progress import human_bytes, progress_bar
 from .options import add_assume_option, add_progress_option, assumed, storage_options
-from .output import warn
+from .output import print_result, warn
 
 if TYPE_CHECKING:  # the machinery loads when a command runs (numpy and numcodecs with it)
     from ..api.evidence import ArrayStats
@@ -46,7 +46,12 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: Any) -> None:
-    info = subparsers.add_parser("info", help="tree, layout, codecs and storage statistics of each array")
+    info = subparsers.add_parser(
+        "info", help="tree, layout, codecs and storage statistics of each array",
+        description="Describe a draft-era store: its generation and what `migrate` changes in it, the tree with "
+                    "each node's attributes, and per array its layout, codecs, storage statistics (shards, chunks, "
+                    "bytes, dead bytes) and whether every v3 reader decodes it. Damaged nodes are reported, and the "
+                    "command exits 0 unless --strict.")
     _add_common(info)
     info.add_argument("--json", action="store_true", help="machine-readable output")
     info.add_argument("--strict", action="store_true",
@@ -54,8 +59,13 @@ def register(subparsers: Any) -> None:
     add_assume_option(info)
     add_progress_option(info)
     info.set_defaults(func=run_info)
-    ls = subparsers.add_parser("ls", help="list nodes: path, kind, shape and dtype")
+    ls = subparsers.add_parser(
+        "ls", help="list nodes: path, kind, shape and dtype",
+        description="List every node of a draft-era store (or of --path and below), one per line for scripts: "
+                    "path, kind (array, group, damaged, interrupted-reshard), then an array's shape and dtype or "
+                    "what is wrong; --json gives the same rows as one JSON document.")
     _add_common(ls)
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=run_ls)
 
 
@@ -417,24 +427,37 @@ def run_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def ls_line(n: Node) -> str:
-    if n.kind == "array" and n.meta is not None:
-        return f"{display_path(n.path)}\tarray\t{_dims(n.meta.shape)}\t{n.meta.dtype.str}"
-    return f"{display_path(n.path)}\tgroup"
+def ls_rows(h: DraftHierarchy, path: str) -> list[dict[str, Any]]:
+    """``ls``'s rows: every node at ``path`` and below (arrays with their shape and dtype),
+    then the damaged nodes, the arrays an interrupted reshard hides and the reshard journals
+    that cannot be read; the text columns and the ``--json`` entries are these rows."""
+    rows: list[dict[str, Any]] = []
+    for n in _nodes(h, path):
+        if n.kind == "array" and n.meta is not None:
+            rows.append({"path": n.path, "kind": "array", "shape": list(n.meta.shape), "dtype": n.meta.dtype.str})
+        else:
+            rows.append({"path": n.path, "kind": "group"})
+    root = h.node(path).path
+    rows += [{"path": p, "kind": "damaged", "error": type(e).__name__} for p, e in _damaged(h, root).items()]
+    unreadable: list[ShardingStoreError] = []
+    rows += [{"path": j.path, "kind": "interrupted-reshard", "phase": j.phase} for j in _interrupted(h, root, unreadable)]
+    rows += [{"key": e.key, "kind": "damaged-reshard-journal", "error": type(e).__name__} for e in unreadable]
+    return rows
+
+
+def ls_line(row: dict[str, Any]) -> str:
+    """One row as ``ls`` prints it: tab-separated path (escaped), kind, then shape and dtype,
+    the error class or the reshard's phase."""
+    where = display_path(row["path"]) if "path" in row else str(row["key"])
+    extra = ([_dims(tuple(row["shape"])), row["dtype"]] if row["kind"] == "array"
+             else [row[k] for k in ("error", "phase") if k in row])
+    return "\t".join([where, row["kind"], *extra])
 
 
 def run_ls(args: argparse.Namespace) -> int:
     from ..api.hierarchy import open_hierarchy
 
     h = open_hierarchy(args.store, storage_options=storage_options(args.storage_options), strict=False)
-    for n in _nodes(h, args.path):
-        print(ls_line(n))
-    root = h.node(args.path).path
-    for path, e in _damaged(h, root).items():
-        print(f"{display_path(path)}\tdamaged\t{type(e).__name__}")
-    unreadable: list[ShardingStoreError] = []
-    for j in _interrupted(h, root, unreadable):
-        print(f"{display_path(j.path)}\tinterrupted-reshard\t{j.phase}")
-    for e in unreadable:
-        print(f"{e.key}\tdamaged-reshard-journal\t{type(e).__name__}")
+    rows = ls_rows(h, args.path)
+    print_result(args, {"store": args.store, "nodes": rows}, "\n".join(ls_line(r) for r in rows))
     return 0

@@ -266,3 +266,45 @@ def test_the_scheduler_hint_runs_in_a_shell_that_refuses_unmatched_globs(draft, 
     shell = subprocess.run(["bash", "-O", "failglob", "-c", f"set -- {hint}; printf '%s\\n' \"$@\""], cwd=tmp_path,
                            capture_output=True, text=True, timeout=60)
     assert shell.returncode == 0 and shell.stdout.splitlines() == ["pip", "install", "sharding-store[dask]"], shell
+
+
+# --------------------------------------------------------------------------- item 13: ls
+
+
+COMMANDS = ("info", "ls", "migrate", "verify", "reshard")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_help_has_a_description(command):
+    proc = cli(command, "--help")
+    assert proc.returncode == 0 and proc.stderr == ""
+    description = proc.stdout.split("\n\n")[1]  # after the usage block, before the arguments
+    assert not description.startswith(("positional arguments", "options")), proc.stdout
+    assert len(description.split()) >= 10, description
+
+
+def test_ls_lists_nodes_in_text_and_json(draft):
+    text = cli("ls", draft)
+    assert text.returncode == 0 and text.stderr == ""
+    assert text.stdout.splitlines() == ["/\tgroup", "/g\tgroup", "/g/img\tarray\t8 x 8\t<u2", "/g/zl\tarray\t6\t<i4"]
+    doc = json.loads(cli("ls", draft, "--json").stdout)
+    assert doc["store"] == str(draft)
+    assert doc["nodes"] == [{"path": "", "kind": "group"}, {"path": "g", "kind": "group"},
+                            {"path": "g/img", "kind": "array", "shape": [8, 8], "dtype": "<u2"},
+                            {"path": "g/zl", "kind": "array", "shape": [6], "dtype": "<i4"}]
+    assert json.loads(cli("ls", draft, "--json", "--path", "g/zl").stdout)["nodes"] == doc["nodes"][3:]
+
+
+def test_ls_json_lists_damaged_nodes(draft, tmp_path):
+    import shutil
+
+    copy = tmp_path / "damaged.zr3"
+    shutil.copytree(draft, copy)
+    (copy / "meta/root/g/zl.array.json").write_text("{not json")
+    doc = json.loads(cli("ls", copy, "--json").stdout)
+    assert {"path": "g/zl", "kind": "damaged", "error": "DraftMetadataError"} in doc["nodes"]
+    assert "/g/zl\tdamaged\tDraftMetadataError" in cli("ls", copy).stdout.splitlines()
+
+
+def test_the_readme_shows_ls():
+    assert "sharding-store ls " in (ROOT / "README.md").read_text()
