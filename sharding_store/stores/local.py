@@ -142,6 +142,7 @@ class LocalInner(BaseInner):
         self.root = local_root(os.fspath(path))
         self._real_root: str | None = None
         self._dirs = DirFds(self.root)
+        self._real_dirs: dict[str, str] = {}  # directory key -> its resolved path (reference_to)
 
     def __repr__(self) -> str:
         return f"LocalInner({self.root!r})"
@@ -1081,7 +1082,12 @@ class LocalInner(BaseInner):
         """A ``file://`` reference to the key's file by its resolved path (links inside the
         store followed, never out), with its size and ``st_mtime_ns`` from ``fstat`` of the
         descriptor opened inside the root; the path is checked to lead to that very file.
-        ``version``: from :meth:`get_tails`, else :class:`ObjectChangedError`. None: missing."""
+        ``version``: from :meth:`get_tails`, else :class:`ObjectChangedError`. None: missing.
+        Given a version, one ``lstat`` of the resolved path usually does (:meth:`_reference_by_stat`)."""
+        if type(version) is tuple and len(version) == 4:
+            fast = self._reference_by_stat(key, offset, length, version)
+            if fast is not None:
+                return fast
         fd = self._open(key)
         if fd is None:
             return None
@@ -1102,12 +1108,39 @@ class LocalInner(BaseInner):
             now = None
         if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             raise ObjectChangedError(f"{key}: the file was replaced while a reference to it was taken", key=key)
-        ns = st.st_mtime_ns
-        modified = datetime.fromtimestamp(ns // 10**9, tz=UTC).replace(microsecond=ns % 10**9 // 1000)
-        return ChunkRef(f"file://{real}", offset, length, st.st_size, modified=modified, modified_ns=st.st_mtime_ns)
+        return _reference(real, offset, length, st)
+
+    def _reference_by_stat(self, key: str, offset: int, length: int, version: tuple[Any, ...]) -> ChunkRef | None:
+        """:meth:`reference_to` of a file a tail read has just seen (``version``: device, inode,
+        mtime, size): its directory resolved once (cached, checked inside the store), then one
+        ``lstat`` of the name there, which must be that very regular file (no link); None
+        (the descriptor's way decides) otherwise."""
+        directory, _, name = key.rpartition("/")
+        top = self._real_dirs.get(directory)
+        if top is None:
+            top = os.path.realpath(self._path(directory) if directory else self.root)
+            if not self._inside(top):
+                return None  # the descriptor's way refuses it, naming the key
+            if len(self._real_dirs) >= 4096:
+                self._real_dirs.clear()
+            self._real_dirs[directory] = top
+        real = f"{top}/{name}" if top != "/" else f"/{name}"
+        try:
+            st = os.lstat(real)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) != version:
+            return None
+        return _reference(real, offset, length, st)
 
     def describe(self) -> str:
         return self.root
+
+
+def _reference(real: str, offset: int, length: int, st: os.stat_result) -> ChunkRef:
+    ns = st.st_mtime_ns
+    modified = datetime.fromtimestamp(ns // 10**9, tz=UTC).replace(microsecond=ns % 10**9 // 1000)
+    return ChunkRef(f"file://{real}", offset, length, st.st_size, modified=modified, modified_ns=ns)
 
 
 def _resolved(fd: int, path: str) -> str:

@@ -95,3 +95,25 @@ def test_the_counting_wrapper_delegates_and_counts_the_new_capabilities(tmp_path
     assert counting.takes_references() is False
     assert counting.commit("m") == ""
     assert counting.calls["reference_to"] == 1 and counting.calls["commit"] == 1 and counting.reads == 0
+
+
+def test_with_a_tail_version_one_lstat_does_and_never_a_link(tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    (store / "real").mkdir(parents=True)
+    (store / "real" / "obj").write_bytes(b"0123456789")
+    os.symlink("real", store / "alias")
+    os.symlink("obj", store / "real" / "link")
+    inner = LocalInner(str(store))
+    old = 10**18  # long ago: versions of recent files carry a CRC the descriptor's way checks
+    os.utime(store / "real" / "obj", ns=(old, old))
+    versions = {k: inner.get_tails([(k, 4)])[0].version for k in ("alias/obj", "real/link")}
+    opened = []
+    monkeypatch.setattr(inner, "_open", lambda key: opened.append(key) or LocalInner._open(inner, key))
+    ref = inner.reference_to("alias/obj", 0, 10, versions["alias/obj"])
+    assert opened == [] and ref.url == f"file://{os.path.realpath(store / 'real' / 'obj')}"
+    assert ref == LocalInner(str(store)).reference_to("alias/obj", 0, 10)  # the descriptor's way agrees
+    linked = inner.reference_to("real/link", 0, 10, versions["real/link"])  # a link: the descriptor's way
+    assert opened == ["real/link"] and linked.url == ref.url
+    (store / "real" / "obj").write_bytes(b"0123456789")  # rewritten since the version: refused
+    with pytest.raises(ObjectChangedError):
+        inner.reference_to("alias/obj", 0, 10, versions["alias/obj"])
