@@ -37,7 +37,7 @@ from .output import error_message
 from .output import one_line as _one_line
 
 PROG = "sharding-store"
-COMMAND_MODULES = ("info", "migrate", "reshard")
+COMMAND_MODULES = ("info", "migrate", "reshard", "materialize")
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141

@@ -34,16 +34,19 @@ import os
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import DestinationExistsError, SourceChangedError, StoreIOError, UsageError
+from ..errors import DestinationExistsError, SourceChangedError, StoreIOError, StoreNotFoundError, UsageError
 from .base import ChunkRef, Location, RangeRequest, Tail, Version
 from .location import endpoint_location
 from .zarr_store import ZarrStoreInner
 
-__all__ = ["IcechunkInner", "container_prefix", "is_repository", "local_checksum", "open_icechunk"]
+__all__ = ["IcechunkInner", "Materialized", "container_prefix", "is_repository", "local_checksum", "materialize",
+           "open_icechunk"]
 
 #: the snapshot metadata key holding what the session kept beside the hierarchy
 METADATA_KEY = "sharding-store"
@@ -139,15 +142,7 @@ def _container(source: Location, source_options: Mapping[str, Any] | None) -> tu
     store = ic.s3_store(region=settings["region"], endpoint_url=settings.get("endpoint_url"),
                         allow_http=settings.get("allow_http", False), anonymous=bool(settings.get("anonymous")),
                         s3_compatible="endpoint_url" in settings, force_path_style=settings.get("force_path_style", False))
-    if settings.get("anonymous"):
-        credentials = ic.s3_anonymous_credentials()
-    elif "access_key_id" in settings:
-        credentials = ic.s3_static_credentials(access_key_id=settings["access_key_id"],
-                                               secret_access_key=settings["secret_access_key"],
-                                               session_token=settings.get("session_token"))
-    else:
-        credentials = None
-    return ic.VirtualChunkContainer(prefix, store), credentials
+    return ic.VirtualChunkContainer(prefix, store), _credentials(prefix, source_options)
 
 
 def _exists(storage: Any, location: Location) -> bool:
@@ -156,6 +151,22 @@ def _exists(storage: Any, location: Location) -> bool:
     if location.kind == "file" and not os.path.isdir(location.path):
         return False
     return bool(_icechunk().Repository.exists(storage))
+
+
+def _credentials(prefix: str, source_options: Mapping[str, Any] | None) -> Any:
+    """What authorises an existing container: an S3 one with ``source_options``' credentials
+    when they give some, anything else with None (the environment's, or none needed)."""
+    if not prefix.startswith("s3://") or not source_options:
+        return None
+    settings = _s3_settings(source_options)
+    ic = _icechunk()
+    if settings.get("anonymous"):
+        return ic.s3_anonymous_credentials()
+    if "access_key_id" in settings:
+        return ic.s3_static_credentials(access_key_id=settings["access_key_id"],
+                                        secret_access_key=settings["secret_access_key"],
+                                        session_token=settings.get("session_token"))
+    return None
 
 
 def is_repository(dst: str, storage_options: Mapping[str, Any] | None = None) -> bool:
@@ -178,7 +189,7 @@ def _open_repository(storage: Any, location: Location, source: Location | None,
         raise DestinationExistsError(f"{location.path}: not an Icechunk repository and not empty; choose another "
                                      "destination", key=location.path)
     config = (ic.Repository.fetch_config(storage) if exists else None) or ic.RepositoryConfig.default()
-    authorise: dict[str, Any] = {p: None for p in (config.virtual_chunk_containers or {})}
+    authorise: dict[str, Any] = {p: _credentials(p, source_options) for p in (config.virtual_chunk_containers or {})}
     known = source is not None and source.kind in ("file", "s3") and container_prefix(source) in authorise
     if source is not None and (configure or known):
         container, credentials = _container(source, source_options)
@@ -500,3 +511,87 @@ class IcechunkInner(ZarrStoreInner):
             except ValueError:
                 out[k] = v
         return out or None
+
+
+# --------------------------------------------------------------------------- materialize
+
+
+@dataclass
+class Materialized:
+    """What :func:`materialize` did: virtual chunks replaced by their bytes, in one snapshot."""
+
+    dst: str
+    chunks: int = 0
+    bytes: int = 0
+    snapshot: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dst": self.dst, "chunks": self.chunks, "bytes": self.bytes, "snapshot": self.snapshot}
+
+    def summary(self) -> str:
+        if not self.chunks:
+            return f"{self.dst}: no virtual chunk: nothing to materialize"
+        return f"materialized {self.chunks} virtual chunks ({self.bytes} bytes) of {self.dst} in snapshot {self.snapshot}"
+
+
+def _chunk_coords(key: str) -> tuple[str, list[int]] | None:
+    """``(array path, coordinates)`` of a chunk key (``a/b/c/0/1``; ``c`` of a 0-d root array);
+    None for a document or a side object."""
+    if not ICECHUNK_KEY.fullmatch(key) or key.rsplit("/", 1)[-1] == "zarr.json":
+        return None
+    parts = key.split("/")
+    at = len(parts) - 1 - parts[::-1].index("c")  # after the last "c" come the coordinates only
+    return "/" + "/".join(parts[:at]), [int(c) for c in parts[at + 1:]]
+
+
+def virtual_keys(inner: IcechunkInner) -> Iterator[str]:
+    """The chunk keys of the session that are virtual references."""
+    virtual = _icechunk().ChunkType.VIRTUAL
+    for key in inner.list_prefix(""):
+        where = _chunk_coords(key)
+        if where is not None and inner.session.chunk_type(*where) == virtual:
+            yield key
+
+
+def materialize(dst: str, storage_options: Mapping[str, Any] | None = None, *,
+                source_options: Mapping[str, Any] | None = None, message: str = "", jobs: int = 4) -> Materialized:
+    """Replace every virtual chunk of the Icechunk repository ``dst`` by a copy of its bytes,
+    in one commit (``sharding-store materialize DST``). Each chunk is read through Icechunk's
+    checksum: a source object changed since the references were taken is
+    :class:`SourceChangedError` and nothing is committed. A migration record in the snapshot's
+    metadata says ``"virtual": false`` afterwards. ``source_options``: the S3 credentials the
+    containers are read with."""
+    if not _exists(*_storage(dst, storage_options)):
+        raise StoreNotFoundError(f"{dst}: no Icechunk repository here", key=dst)
+    inner = open_icechunk(dst, storage_options, source_options=source_options, create=False)
+    done = Materialized(dst)
+
+    def copy(key: str) -> int:
+        value = inner.get(key)
+        if value is None:
+            raise SourceChangedError(f"{key}: its virtual chunk reads as nothing", key=key)
+        inner.set(key, value)
+        return len(value)
+
+    keys = iter(virtual_keys(inner))
+    with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="materialize") as pool:
+        while batch := [k for _, k in zip(range(64 * max(1, jobs)), keys)]:
+            for size in pool.map(copy, batch):
+                done.chunks, done.bytes = done.chunks + 1, done.bytes + size
+    if not done.chunks:
+        return done
+    _record_materialized(inner)
+    done.snapshot = inner.commit(message or f"sharding-store: {done.chunks} virtual chunks of {dst} materialized")
+    return done
+
+
+def _record_materialized(inner: IcechunkInner) -> None:
+    """Side objects (the migration's record) saying ``"virtual": true`` say false."""
+    for key in inner._side_keys():
+        raw = inner.get(key)
+        try:
+            doc = json.loads(raw or b"")
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and doc.get("virtual") is True:
+            inner.set(key, json.dumps({**doc, "virtual": False}).encode())

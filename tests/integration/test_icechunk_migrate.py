@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -174,3 +175,42 @@ def test_a_source_shard_changed_after_a_virtual_migration_makes_reads_raise(tmp_
     same(read(tip(repo, prefix), "imgs/zl"), values["imgs/zl"])  # the other arrays still read
     code = main(["verify", str(src), str(repo)])
     assert code == 14 if change is _rewrite else code != 0  # rewritten: SourceChangedError; else the source's damage
+
+
+def test_materialize_copies_every_virtual_chunk_in_one_commit(tmp_path, capsys):
+    src = tmp_path / "src"
+    values = make_hierarchy(src)
+    repo = tmp_path / "repo"
+    assert main(["migrate", str(src), str(repo), "--virtual=icechunk"]) == 0
+    virtual = ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main")
+    capsys.readouterr()
+    assert main(["materialize", str(repo), "--json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert done["chunks"] == 30 and done["bytes"] > 0
+    repository = ic.Repository.open(ic.local_filesystem_storage(str(repo)))
+    assert [s.id for s in repository.ancestry(branch="main")][1] == virtual  # one commit on top
+    record = json.loads(repository.lookup_snapshot(done["snapshot"]).metadata["sharding-store"]["objects"][RECORD_KEY])
+    assert record["virtual"] is False
+    shutil.rmtree(src)  # the source gone: the repository reads on its own (no container authorised)
+    store = tip(repo)
+    for path, value in values.items():
+        same(read(store, path), value)
+    assert main(["materialize", str(repo)]) == 0  # nothing virtual left: nothing committed
+    assert "nothing to materialize" in capsys.readouterr().out
+    assert ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main") == done["snapshot"]
+
+
+def test_materialize_refuses_a_changed_source_and_commits_nothing(tmp_path, capsys):
+    src = tmp_path / "src"
+    make_hierarchy(src)
+    repo = tmp_path / "repo"
+    assert main(["migrate", str(src), str(repo), "--virtual=icechunk"]) == 0
+    before = ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main")
+    _rewrite(_first_shard(src))
+    capsys.readouterr()
+    assert main(["materialize", str(repo)]) == 14
+    err = capsys.readouterr().err
+    assert "imgs/raw/c/" in err and "changed" in err and len(err.strip().splitlines()) == 1
+    assert ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main") == before
+    assert main(["materialize", str(tmp_path / "nothing")]) == 7
+    assert not (tmp_path / "nothing").exists()

@@ -85,8 +85,8 @@ def one_error_line(proc: subprocess.CompletedProcess[str], code: int = 2) -> str
                                                  "(did you mean --chunks-per-shard?)"),
     (["info", "A", "--jsn"], "info: unrecognized arguments: --jsn (did you mean --json?)"),
     (["verify", "A", "B", "--max-diferences=3"], "(did you mean --max-differences?)"),
-    (["migrat", "A", "B"], "unknown command 'migrat' (choose from 'info', 'ls', 'migrate', 'verify', 'reshard') "
-                           "(did you mean migrate?)"),
+    (["migrat", "A", "B"], "unknown command 'migrat' (choose from 'info', 'ls', 'migrate', 'verify', 'reshard', "
+                           "'materialize') (did you mean migrate?)"),
     (["verfy", "A", "B"], "(did you mean verify?)"),
     (["migrate", "A", "B", "--index-location", "ends"], "(did you mean end?)"),
     (["info"], "info: the following arguments are required: PATH_OR_URL"),

@@ -291,3 +291,13 @@ def test_tails_and_sizes_of_chunks(tmp_path):
     tail = dst.get_tails([("a/c/0", 8)])[0]
     assert tail is not None and tail.data == blob[-8:] and tail.size == 4096
     assert dst.get_ranges([("a/c/0", 10, 20), ("a/c/0", -4, None)]) == [blob[10:20], blob[-4:]]
+
+
+def test_chunk_keys_to_array_and_coordinates():
+    from sharding_store.stores.icechunk_store import _chunk_coords
+
+    assert _chunk_coords("a/b/c/0/12") == ("/a/b", [0, 12])
+    assert _chunk_coords("c/c/3") == ("/c", [3])  # an array named c
+    assert _chunk_coords("c/0") == ("/", [0]) and _chunk_coords("c") == ("/", [])  # a root array
+    assert _chunk_coords("s/c") == ("/s", [])  # 0-d
+    assert _chunk_coords("a/zarr.json") is None and _chunk_coords(RECORD) is None
