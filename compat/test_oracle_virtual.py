@@ -13,6 +13,7 @@ import zarr
 
 from compat import oracle
 from compat.test_oracle_migrate import LEGACY_DEFECTS, ZARR3_CANNOT_READ, same_values
+from compat.test_xarray_legacy import migrated, written  # noqa: F401 - fixtures
 from sharding_store import DraftMetadataError, open_references
 from sharding_store.ops.migration import migrate
 
@@ -66,3 +67,35 @@ def test_zarr3_reads_what_legacy_reads_through_both_readers(referenced, legacy_d
                 assert same_values(values, expected), (case, path, name)
             compared += 1
     assert compared >= 60
+
+
+# --------------------------------------------------------------------------- xarray-written datasets
+
+
+@pytest.fixture(scope="module")
+def referenced_xarray(written, tmp_path_factory) -> dict:
+    """Each xarray-written case migrated by the CLI into a reference file: case -> file."""
+    from compat.test_xarray_legacy import cases
+    from sharding_store.cli import main
+
+    out = {}
+    for case, _, store, _ in cases(written):
+        if case not in out:
+            dst = tmp_path_factory.mktemp("referenced-xarray") / f"{case}.json"
+            assert main(["migrate", str(store), str(dst), "--no-progress"]) == 0
+            out[case] = dst
+    return out
+
+
+def test_open_zarr_reads_a_reference_file_as_the_copy(written, migrated, referenced_xarray):
+    """``xr.open_zarr`` over the guarded reader (and over plain fsspec) gives the very dataset
+    it gives over the copy migration, which ``compat/test_xarray_legacy.py`` compares with
+    what xarray 2024.7 read from the draft store."""
+    xr = pytest.importorskip("xarray")
+    from compat.test_xarray_legacy import cases
+
+    for case, group, _, _ in cases(written):
+        with xr.open_zarr(migrated[case], group=group or None) as copy:
+            for name, store in _readers(referenced_xarray[case]).items():
+                with xr.open_zarr(store, group=group or None) as ds:
+                    xr.testing.assert_identical(ds.load(), copy.load())
