@@ -96,6 +96,6 @@ def test_open_zarr_reads_a_reference_file_as_the_copy(written, migrated, referen
 
     for case, group, _, _ in cases(written):
         with xr.open_zarr(migrated[case], group=group or None) as copy:
-            for name, store in _readers(referenced_xarray[case]).items():
+            for store in _readers(referenced_xarray[case]).values():
                 with xr.open_zarr(store, group=group or None) as ds:
                     xr.testing.assert_identical(ds.load(), copy.load())
