@@ -10,7 +10,8 @@ The machinery the three drivers (:mod:`~sharding_store.ops.migration`,
   per target object, or per ``lcm`` block of both layouts), and the refusals every
   driver makes the same way (:func:`damage_error`, :func:`lost_transformer`,
   :func:`resolve_chunks_per_shard`, :func:`prepare_destination`).
-* **Running** — :func:`run_bounded` feeds units to any ``concurrent.futures.Executor``
+* **Running** — :func:`run_units` runs a driver's units inline (one job: no thread, no
+  future), on a pool of threads or on an executor; :func:`run_bounded` feeds them to any ``concurrent.futures.Executor``
   (a thread pool or ``distributed.Client.get_executor()``) in batches with a bounded
   window; :func:`run_all` is the thread-pool form that stops at the first error;
   :func:`cancelling` shuts a driver's thread pool down so that an interruption (Ctrl-C,
@@ -143,11 +144,23 @@ def default_jobs(local: bool = False) -> int:
     return min(8, cores if local else 2 * cores)
 
 
+def in_memory(inner: Inner) -> bool:
+    """Whether a store is an object of this process (a ``dict``, a user's ``MutableMapping``,
+    a zarr ``MemoryStore``): its calls hold the interpreter and wait on no I/O, so threads
+    have nothing to overlap and only add a hand-off per unit."""
+    return inner.location().kind == "mapping"
+
+
 def jobs_for(jobs: int | None, src: Inner, dst: Inner, executor: Executor | None) -> int:
-    """``jobs`` when the caller gave it, else the default for these two stores. With an
-    executor (a dask cluster) the remote default stays: its window follows the cluster,
-    not this machine's cores."""
-    return jobs or default_jobs(local=executor is None and both_local(src, dst))
+    """``jobs`` when the caller gave it, else the default for these two stores: one (the
+    units run inline, :func:`run_units`) between two in-memory stores (:func:`in_memory`).
+    With an executor (a dask cluster) the remote default stays: its window follows the
+    cluster, not this machine's cores."""
+    if jobs:
+        return jobs
+    if executor is None and in_memory(src) and in_memory(dst):
+        return 1
+    return default_jobs(local=executor is None and both_local(src, dst))
 
 
 def check_apart(
@@ -481,6 +494,35 @@ def _run_batch(fn: Callable[..., R], batch: list[tuple[Any, ...]],
     return out
 
 
+def run_inline(fn: Callable[..., R], items: Iterable[tuple[Any, ...]]) -> Generator[tuple[tuple[Any, ...], Outcome[R]], None, None]:
+    """:func:`run_bounded`'s protocol in this thread: ``fn(*item)`` for each item as the
+    consumer asks for it, yielding ``(item, outcome)`` (each item fails alone). No
+    executor, no future, no thread hand-off: for work with no I/O to overlap (one job)."""
+    for item in items:
+        try:
+            outcome: Outcome[R] = Outcome(True, fn(*item))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, item by item
+            outcome = Outcome(False, e)
+        yield item, outcome
+
+
+def run_units(
+    fn: Callable[..., R], items: Iterable[tuple[Any, ...]], *, jobs: int, executor: Executor | None = None,
+    name: str = "units",
+) -> Generator[tuple[tuple[Any, ...], Outcome[R]], None, None]:
+    """How a driver runs its units, yielding ``(item, outcome)`` as they complete: on
+    ``executor`` (a window of ``4 * jobs`` batches), else on ``jobs`` threads (``2 * jobs``)
+    shut down with :func:`cancelling`, else (one job) inline (:func:`run_inline`). Closing
+    the generator (an error, an interruption in the consumer) cancels what has not started."""
+    if executor is not None:
+        yield from run_bounded(executor, fn, items, window=4 * jobs)
+    elif jobs <= 1:
+        yield from run_inline(fn, items)
+    else:
+        with cancelling(ThreadPoolExecutor(jobs, thread_name_prefix=name)) as pool:
+            yield from run_bounded(pool, fn, items, window=2 * jobs)
+
+
 def run_all(fn: Callable[[Any], Any], items: Iterable[Any], jobs: int,
             on_done: Callable[[Any], Any] = lambda item: None) -> None:
     """``fn(item)`` for every item on ``jobs`` threads (in this thread for one job), at most
@@ -560,6 +602,7 @@ __all__ = [
     "fault_point",
     "group_targets",
     "interleave",
+    "in_memory",
     "is_transient",
     "jobs_for",
     "lost_transformer",
@@ -569,6 +612,8 @@ __all__ = [
     "resolve_chunks_per_shard",
     "run_all",
     "run_bounded",
+    "run_inline",
+    "run_units",
     "target_range",
     "with_retries",
 ]

@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -73,7 +73,6 @@ from .destination import (
 )
 from .jobs import (
     StoreRef,
-    cancelling,
     check_apart,
     check_picklable,
     copy_words,
@@ -84,7 +83,7 @@ from .jobs import (
     jobs_for,
     lost_transformer,
     other_prefixes,
-    run_bounded,
+    run_units,
     with_retries,
 )
 from .options import (
@@ -445,9 +444,10 @@ class _Driver:
                 if job.is_dst_key(key[len(job.dst_prefix) :]):
                     self.retried(self.dst.delete, key)
 
-    def run(self, executor: Executor, window: int) -> None:
-        """Every unit, the bar counting target objects and the bytes written so far."""
-        results = run_bounded(executor, _run_with_retries, self.items(), window=window)
+    def run(self, jobs: int, executor: Executor | None) -> None:
+        """Every unit (:func:`~sharding_store.ops.jobs.run_units`: inline for one job), the
+        bar counting target objects and the bytes written so far."""
+        results = run_units(_run_with_retries, self.items(), jobs=jobs, executor=executor, name="migrate")
         # the same objects throughout the run (mutated, never replaced), looked up once
         totals, advance, remaining, damaged = self.report.totals, self.bar.advance, self.remaining, self.damaged
         with self.bar, closing(results):  # closed: pending units cancelled, on error or interruption
@@ -758,12 +758,7 @@ def _write_all(h: DraftHierarchy, plans: list[ArrayPlan], sides: _Sides, report:
         sides.dst.tidy()  # temporary files of writes the interrupted run left unfinished
     fault_point("claim")  # the destination was found empty (or resumable); nothing written yet
     driver.claim(marker, sides.dst_ref.describe())
-    jobs = run.jobs_or(1)
-    if run.executor is None:
-        with cancelling(ThreadPoolExecutor(jobs, thread_name_prefix="migrate")) as pool:
-            driver.run(pool, window=2 * jobs)
-    else:
-        driver.run(run.executor, window=4 * jobs)
+    driver.run(run.jobs_or(1), run.executor)
     driver.remove_damaged()
     docs = {p.node.path: p.doc for p in plans if p.node.path not in driver.damaged}
     for node in sorted(h.groups(), key=lambda n: (n.path == "", -n.path.count("/"))):  # the root last

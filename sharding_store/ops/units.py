@@ -689,16 +689,17 @@ def _try_pass_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, key: str)
     """Between stores that cannot copy (a mapping, two object stores): a compact source
     shard read whole (one request) is written as it is, followed by its index's CRC32C,
     after the same check of its index as :func:`_try_copy_shard` makes; neither the shard
-    engine nor a re-encoding is needed. None when its size is not listed (the general
-    path reads it, learning its size), it has dead bytes or a bad index (the general path
-    reads it again, to rebuild it or report the damage), or it is gone. :func:`run_unit`
-    calls it only when ``src.can_copy_to(dst, append=job.checksum)`` is false."""
+    engine nor a re-encoding is needed. A size the listing did not give (a plain mapping's
+    listing has none) is the length of what was read: the read is one whole get either
+    way, as the general path's would be. None when it has dead bytes or a bad index (the
+    general path reads it again, to rebuild it or report the damage), or it is gone.
+    :func:`run_unit` calls it only when ``src.can_copy_to(dst, append=job.checksum)`` is false."""
     (_, src_key, size), = unit.sources
-    if size is None or size < 0:
-        return None
-    blob = read_whole(src, src_key, size)
-    if blob is None or len(blob) != size:
+    listed = size is not None and size >= 0
+    blob = read_whole(src, src_key, size if listed else None)
+    if blob is None or (listed and len(blob) != size):
         return None  # deleted or changed since listed: the general path reads it afresh
+    size = len(blob)
     n = job.src_index_nbytes
     plan = _shard_copy_plan(job, blob[-n:] if size >= n else b"", size, src_key)
     if isinstance(plan, UnitResult):

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Container, Iterator, Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -64,14 +64,13 @@ from .destination import (
 )
 from .jobs import (
     StoreRef,
-    cancelling,
     check_apart,
     check_picklable,
     damage_error,
     jobs_for,
     lost_transformer,
     other_prefixes,
-    run_bounded,
+    run_units,
     with_retries,
 )
 from .options import MAX_KEPT, RunOptions, StoreOptions, VerifyOptions, legacy_options
@@ -521,11 +520,7 @@ def _check_arrays(h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, dst_i
     jobs = run.jobs_or(1)
     with progress_bar(0, "verify", object_noun(report.all_shards, 1), run.progress) as bar:
         checker.bar = bar
-        if run.executor is None:
-            with cancelling(ThreadPoolExecutor(jobs, thread_name_prefix="verify")) as pool:
-                checker.run(pool, 2 * jobs)
-        else:
-            checker.run(run.executor, 4 * jobs)
+        checker.run(jobs, run.executor)
     checker.consolidation()
 
 
@@ -666,8 +661,9 @@ class _Checker:
                 yield plan.job, unit, self.retries, self.retry_delay
             present.close()
 
-    def run(self, pool: Executor, window: int) -> None:
-        results = run_bounded(pool, _check_with_retries, self.items(), window=window)
+    def run(self, jobs: int, executor: Executor | None) -> None:
+        """Every unit (:func:`~sharding_store.ops.jobs.run_units`: inline for one job)."""
+        results = run_units(_check_with_retries, self.items(), jobs=jobs, executor=executor, name="verify")
         with closing(results):  # closed: pending units cancelled, on error or interruption
             for (job, *_), future in results:
                 self._collect(job, future)

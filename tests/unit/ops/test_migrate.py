@@ -224,19 +224,19 @@ def test_default_jobs_one_thread_per_core_between_local_paths_two_elsewhere(hier
     stores wait on the network. The rule reaches both the copy and the verification."""
     import importlib
 
-    mm, vv = (importlib.import_module(f"sharding_store.{m}") for m in ("ops.migration", "ops.verification"))
+    mm, jj = (importlib.import_module(f"sharding_store.{m}") for m in ("ops.migration", "ops.jobs"))
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert mm.default_jobs(local=True) == mm.default_jobs() == 8
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     assert (mm.default_jobs(local=True), mm.default_jobs()) == (3, 6)
     pools: list[tuple[str, int]] = []
 
-    def counting(module):
-        real = module.ThreadPoolExecutor
-        return lambda n, **kw: pools.append((kw.get("thread_name_prefix", ""), n)) or real(n, **kw)
+    class Counting(jj.ThreadPoolExecutor):  # both drivers run their units through jobs.run_units
+        def __init__(self, n: int, **kw: str) -> None:
+            pools.append((kw.get("thread_name_prefix", ""), n))
+            super().__init__(n, **kw)
 
-    monkeypatch.setattr(mm, "ThreadPoolExecutor", counting(mm))
-    monkeypatch.setattr(vv, "ThreadPoolExecutor", counting(vv))
+    monkeypatch.setattr(jj, "ThreadPoolExecutor", Counting)
     src, _ = hierarchy
     migrate(src, tmp_path / "out", progress=False)
     assert pools == [("migrate", 3), ("verify", 3)]

@@ -140,6 +140,17 @@ def test_migrate_holds_a_bounded_window_of_units(small_span):
     assert "zarr.json" in dst and "a/zarr.json" in dst
 
 
+def test_an_inline_migration_holds_only_the_interleaving_span(small_span):
+    """Two in-memory stores, jobs not given: the units run inline (no window of batches),
+    so what is held of the listing is the interleaving span (two, as the next is read) and
+    the unit in hand."""
+    src, dst = GeneratedDraft(N), TrackedDict()
+    report = migrate(src, dst, verify=False, progress=False)
+    assert src.alive.made >= N
+    assert src.alive.peak <= 2 * SPAN + 8, f"{src.alive.peak} listed source keys alive at once (span {SPAN})"
+    assert report.shards == N and report.totals.written == N and len(shard_keys(dst)) == N
+
+
 def test_verify_streams_both_listings_and_still_finds_differences(small_span):
     src, dst = GeneratedDraft(N), TrackedDict()
     migrate(src, dst, verify=False, jobs=JOBS, progress=False)
