@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 LIGHT_MODULES = [
     "sharding_store.cli",
@@ -79,3 +82,33 @@ def test_opening_a_sharded_array_does_not_import_the_lost_transformer_check(tmp_
 
     assert loaded(tmp_path / "s") == "False"
     assert loaded(tmp_path / "u") == "True"
+
+
+#: what a command on a local store must not load (issue 26, start-up): zarr-python 3 (with
+#: fsspec and asyncio, ~0.2 s) and the optional backends and ecosystems
+HEAVY = ("zarr", "fsspec", "s3fs", "botocore", "xarray", "dask", "distributed", "tensorstore", "obstore", "icechunk")
+SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "zarr-2.18-sharded.zr3"
+
+
+def _command_loads(argv: list[str], cwd: Path) -> dict[str, bool]:
+    """Run the CLI's ``main(argv)`` in a fresh interpreter; which of :data:`HEAVY` it loaded."""
+    probe = (
+        "import sys, json\nfrom sharding_store.cli import main\ncode = main(sys.argv[1:])\n"
+        f"print(json.dumps({{'code': code, **{{m: m in sys.modules for m in {HEAVY!r}}}}}), file=sys.stderr)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True, cwd=cwd)
+    return json.loads(out.stderr.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_info_and_migrate_of_a_local_store_load_no_zarr_and_no_backend(tmp_path):
+    """The sample (written by zarr-python 2.18) holds a zlib compressor and a datetime64 array:
+    what once made the translation ask zarr-python 3. ``info``, ``migrate`` (verified) and
+    ``verify`` of local stores load none of :data:`HEAVY`; the control: ``open_v3`` (a zarr-python 3 view) loads zarr."""
+    expect = {"code": 0, **dict.fromkeys(HEAVY, False)}
+    assert _command_loads(["info", str(SAMPLE)], tmp_path) == expect
+    assert _command_loads(["migrate", str(SAMPLE), str(tmp_path / "out")], tmp_path) == expect
+    assert _command_loads(["verify", str(SAMPLE), str(tmp_path / "out")], tmp_path) == expect
+    probe = f"import sys\nimport sharding_store\nsharding_store.open_v3({str(SAMPLE)!r})\nprint('zarr' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "True"

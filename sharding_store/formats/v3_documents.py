@@ -106,6 +106,38 @@ class _NumericType:
         return encode_fill_value(self.dtype.type(0) if fill is None else fill, self.dtype)
 
 
+#: time units zarr-python 3 takes (its ``DateTimeUnit``); another unit goes through zarr (its error)
+_TIME_UNITS = frozenset({"Y", "M", "W", "D", "h", "m", "s", "ms", "us", "μs", "ns", "ps", "fs", "as", "generic"})
+
+
+class _TimeType:
+    """``datetime64``/``timedelta64`` as zarr-python 3's dtype objects present them
+    (``numpy.datetime64`` with its unit and scale factor; scalars as int64, NaT the default)."""
+
+    has_endianness = True
+
+    def __init__(self, dtype: np.dtype, unit: str, scale: int) -> None:
+        self.dtype, self.unit, self.scale = dtype, unit, scale
+        self.name = "numpy.datetime64" if dtype.kind == "M" else "numpy.timedelta64"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "configuration": {"unit": self.unit, "scale_factor": self.scale}}
+
+    def fill_json(self, fill: Any) -> Any:
+        """A draft ``null`` becomes NaT; a value is its int64 view (zarr's ``to_json_scalar``)."""
+        if fill is None:
+            fill = np.datetime64("NaT") if self.dtype.kind == "M" else np.timedelta64("NaT")
+        return fill.view(np.int64).item()
+
+
+def _time_type(dtype: np.dtype) -> _TimeType | None:
+    """The :class:`_TimeType` of a plain time dtype whose unit zarr takes, else None."""
+    if dtype.kind not in "mM" or dtype.fields is not None or dtype.subdtype is not None:
+        return None
+    unit, scale = np.datetime_data(dtype)
+    return _TimeType(dtype, unit, scale) if unit in _TIME_UNITS and 1 <= scale < 2**31 else None
+
+
 class _ZarrType:
     """Any other data type, through zarr-python 3's dtype object."""
 
@@ -126,14 +158,16 @@ class _ZarrType:
             return self.zdtype.to_json_scalar(fill, zarr_format=3)
 
 
-def _data_type(dtype: np.dtype, meta: DraftArrayMeta, *, use_zarr: bool = False) -> _NumericType | _ZarrType:
-    """The v3 data type of a numpy dtype: plain numeric types directly, the rest as
-    zarr-python 3 spells them (quietly: string/structured types warn that their v3
+def _data_type(dtype: np.dtype, meta: DraftArrayMeta, *,
+               use_zarr: bool = False) -> _NumericType | _TimeType | _ZarrType:
+    """The v3 data type of a numpy dtype: plain numeric and time types directly, the rest
+    as zarr-python 3 spells them (quietly: string/structured types warn that their v3
     spelling is not yet standardised)."""
     name = None if dtype.fields is not None or dtype.subdtype is not None else _NUMERIC_NAMES.get((dtype.kind, dtype.itemsize))
     if name is not None and not use_zarr:
         return _NumericType(dtype, name)
-    return _ZarrType(_zdtype(dtype, meta))
+    time = None if use_zarr else _time_type(dtype)
+    return time if time is not None else _ZarrType(_zdtype(dtype, meta))
 
 
 def _zdtype(dtype: np.dtype, meta: DraftArrayMeta) -> Any:
@@ -156,6 +190,20 @@ def _zdtype(dtype: np.dtype, meta: DraftArrayMeta) -> Any:
             return _zarr_adapter.dtype_from_numpy(dtype)
         except Exception as e:
             raise _untranslatable(meta, f"field 'data_type': zarr v3 has no data type for {dtype}: {e}") from None
+
+
+#: codecs zarr-python 3 (3.1 and later, setup.cfg's floor) registers itself under these names
+#: (``zarr.codecs.numcodecs``): a compressor among them is known without importing zarr
+#: (~0.2 s of a command's start-up); ``tests/unit/formats/`` checks the set against zarr's registry
+ZARR_NUMCODECS = frozenset(f"numcodecs.{c}" for c in (
+    "bz2", "crc32", "crc32c", "lz4", "lzma", "zfpy", "adler32", "astype", "bitround", "blosc", "delta",
+    "fixedscaleoffset", "fletcher32", "gzip", "jenkins_lookup3", "pcodec", "packbits", "quantize", "shuffle",
+    "zlib", "zstd"))
+
+
+def _v3_known(name: str) -> bool:
+    """Whether zarr-python 3 has a codec of this name (:data:`ZARR_NUMCODECS`, else its registry)."""
+    return name in ZARR_NUMCODECS or _v3_class(name) is not None
 
 
 def _v3_class(name: str) -> type | None:
@@ -331,7 +379,7 @@ def _compressor_entry(codec: Codec, meta: DraftArrayMeta, typesize: int) -> dict
         if not isinstance(checksum, bool):
             raise _untranslatable(meta, f"field 'compressor': zstd checksum {str(checksum)[:40]!r} is not true or false")
         return {"name": "zstd", "configuration": {"level": level, "checksum": checksum}}
-    if _v3_class(f"numcodecs.{cid}") is None:
+    if not _v3_known(f"numcodecs.{cid}"):
         raise _untranslatable(meta, f"field 'compressor': {cid!r} has no zarr-python 3 codec")
     return _numcodecs_entry(codec, meta, "compressor")
 
@@ -425,7 +473,7 @@ def _dimension_names(attributes: dict[str, Any], ndim: int) -> tuple[list[Any] |
     return None, attributes
 
 
-def _type_and_fill(dt: _NumericType | _ZarrType, meta: DraftArrayMeta) -> tuple[Any, Any]:
+def _type_and_fill(dt: _NumericType | _TimeType | _ZarrType, meta: DraftArrayMeta) -> tuple[Any, Any]:
     """The v3 ``data_type`` and ``fill_value``; zarr-python 3's dtype machinery failing on
     one (e.g. the default of a structured type with a raw-bytes field) is untranslatable."""
     fld = "data_type"

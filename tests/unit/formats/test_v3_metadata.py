@@ -345,6 +345,42 @@ def test_numeric_types_match_zarr_without_importing_it(dtype: np.dtype):
     check()
 
 
+TIME_DTYPES = [np.dtype(f"{order}{kind}8{unit}") for kind in "Mm" for order in "<>"
+               for unit in ("[ns]", "[us]", "[D]", "[10s]", "[3M]", "[Y]", "[as]")]
+
+
+@pytest.mark.parametrize("dtype", TIME_DTYPES, ids=str)
+def test_time_types_match_zarr_without_importing_it(dtype: np.dtype):
+    """datetime64/timedelta64 are translated without zarr-python 3 (issue 26, start-up): the
+    result must be zarr 3's own, for the type, the bytes codec and fill values (NaT included)."""
+    from sharding_store.formats.v3_documents import _data_type
+
+    meta = make(dtype=dtype.str, fill_value=None)
+    direct, via_zarr = _data_type(dtype, meta), _data_type(dtype, meta, use_zarr=True)
+    assert type(direct).__name__ == "_TimeType"
+    assert direct.to_json() == via_zarr.to_json()
+    assert direct.has_endianness == via_zarr.has_endianness
+    for fill in (None, dtype.type("NaT"), dtype.type(0, np.datetime_data(dtype)), dtype.type(-123456789, "ns"),
+                 dtype.type(2**40, np.datetime_data(dtype)), 7):
+        try:
+            expected = json.dumps(via_zarr.fill_json(fill))
+        except Exception as e:  # noqa: BLE001 - zarr refusing the value: the direct path refuses it too
+            with pytest.raises(type(e)):
+                direct.fill_json(fill)
+            continue
+        assert json.dumps(direct.fill_json(fill)) == expected, fill
+
+
+def test_numcodecs_names_zarr_registers_are_those_known_without_it():
+    """The compressors known without importing zarr are exactly what zarr's registry resolves."""
+    from zarr.registry import get_codec_class
+
+    from sharding_store.formats.v3_documents import ZARR_NUMCODECS
+
+    for name in sorted(ZARR_NUMCODECS):
+        assert get_codec_class(name).__name__, name
+
+
 def test_migrating_numeric_arrays_does_not_import_zarr(tmp_path: Path):
     """The translation of numeric arrays with the usual codecs needs no zarr-python 3."""
     code = (
