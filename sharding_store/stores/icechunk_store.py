@@ -470,14 +470,18 @@ class IcechunkInner(ZarrStoreInner):
         if not self.virtual:
             raise NotImplementedError("a materialised Icechunk destination takes bytes, not references")
         self._check_key(key)
-        if ref.url.startswith("file://"):
+        scheme, _, path = ref.url.partition("://")
+        if not URL_SAFE.fullmatch(path):
+            raise UsageError(f"{ref.url}: Icechunk 1.1 cannot address a virtual chunk whose path holds spaces, '%', "
+                             "'#', '?' or non-ASCII characters; migrate with a copy (--icechunk) instead", key=key)
+        if scheme == "file":
             when = ref.modified_ns if ref.modified_ns is not None else ref.modified
-            checksum: str | datetime | None = local_checksum(ref.url, ref.object_size, when)
-        else:
-            checksum = ref.etag if ref.etag is not None else ref.modified
-        if checksum is None:
-            raise UsageError(f"{ref.url}: a reference without an ETag or a modification time cannot be checked by "
-                             "Icechunk; refused", key=key)
+            checksum = local_checksum(ref.url, ref.object_size, when)
+        elif ref.etag is not None:
+            checksum = ref.etag
+        else:  # a last-modified date Icechunk keeps to the second and checks as "not modified since" only
+            raise UsageError(f"{ref.url}: no ETag: Icechunk could not tell a changed object from this one; refused",
+                             key=key)
         self._call(key, lambda: self.store.set_virtual_ref(key, ref.url, offset=ref.offset, length=ref.length,
                                                            checksum=checksum))
 

@@ -214,3 +214,22 @@ def test_materialize_refuses_a_changed_source_and_commits_nothing(tmp_path, caps
     assert ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main") == before
     assert main(["materialize", str(tmp_path / "nothing")]) == 7
     assert not (tmp_path / "nothing").exists()
+
+
+@pytest.mark.parametrize("virtual", [False, True], ids=["materialised", "virtual"])
+def test_an_xarray_dataset_reads_through_the_readme_lines(tmp_path, virtual):
+    """A dataset xarray 2024 wrote as draft data, migrated into a repository, opened with the
+    reader lines of docs/destinations.md: ``xr.open_zarr`` gives what the draft store gave."""
+    xr = pytest.importorskip("xarray")
+    from tests.integration.test_xarray_backend import xarray_style
+
+    src = tmp_path / "ds.zr3"
+    xarray_style(src)
+    repo = tmp_path / "new.icechunk"
+    assert main(["migrate", str(src), str(repo), "--virtual=icechunk" if virtual else "--icechunk"]) == 0
+    grants = {f"file://{os.path.realpath(src)}/": None} if virtual else None
+    repository = ic.Repository.open(ic.local_filesystem_storage(str(repo)), authorize_virtual_chunk_access=grants)
+    ds = xr.open_zarr(repository.readonly_session("main").store, consolidated=False)
+    sub = xr.open_zarr(repository.readonly_session("main").store, group="sub", consolidated=False)
+    xr.testing.assert_identical(ds.load(), xr.open_dataset(src, engine="sharding_store").load())
+    xr.testing.assert_identical(sub.load(), xr.open_dataset(src, engine="sharding_store", group="sub").load())

@@ -224,6 +224,19 @@ def test_a_source_path_icechunk_cannot_address_is_refused(tmp_path):
         open_icechunk(str(tmp_path / "repo"), virtual=True, source=Location("file", "", str(src)))
 
 
+def test_a_reference_icechunk_cannot_address_or_check_is_refused(tmp_path):
+    src = tmp_path / "src"
+    (src / "my array").mkdir(parents=True)
+    obj = src / "my array" / "c0"
+    obj.write_bytes(DATA.tobytes())
+    dst = open_icechunk(str(tmp_path / "repo"), virtual=True, source=Location("file", "", str(src)))
+    dst.set("a/zarr.json", array_doc())
+    with pytest.raises(UsageError, match="cannot address a virtual chunk whose path holds spaces"):
+        dst.put_reference("a/c/0", ref_of(obj))
+    with pytest.raises(UsageError, match="no ETag"):
+        dst.put_reference("a/c/0", ChunkRef("s3://b/k", 0, 16, 16, modified=ref_of(obj).modified))
+
+
 def test_a_non_empty_directory_is_no_repository_to_write(tmp_path):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "x").write_bytes(b"x")
