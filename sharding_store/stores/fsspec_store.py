@@ -13,7 +13,7 @@ Other backends have no version (``None``): callers fall back to re-reading and c
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ObjectChangedError, StoreIOError, UsageError
@@ -29,6 +29,8 @@ __all__ = ["FsspecInner", "S3_COPY_LIMIT"]
 S3_COPY_LIMIT = 5 * 2**30
 #: objects taken from a streamed S3 listing at a time (one LIST request returns up to 1000)
 S3_LIST_PAGE = 1000
+#: sizes and ETags of listed objects kept for :meth:`FsspecInner.reference_to` (then forgotten)
+LISTED_ETAGS = 1 << 16
 
 
 def _no_bytes(request: RangeRequest) -> bool:
@@ -358,6 +360,7 @@ class FsspecInner(BaseInner):
                     continue
                 key = self._key(name)
                 if key.startswith(prefix) and not is_temp(key):
+                    self._remember(key, info)
                     yield key, info.get("size")
             if len(infos) < S3_LIST_PAGE:
                 return
@@ -409,17 +412,32 @@ class FsspecInner(BaseInner):
     def location(self) -> Location:
         return fs_location(self.fs, self.root)
 
+    def _remember(self, key: str, info: Mapping[str, Any]) -> None:
+        """Keep the size and ETag a listing gave (at most :data:`LISTED_ETAGS` objects), for
+        :meth:`reference_to` without a request."""
+        etag, size = info.get("ETag"), info.get("size")
+        if etag is None or size is None:
+            return
+        listed = self.__dict__.setdefault("_listed", {})
+        if len(listed) >= LISTED_ETAGS:
+            listed.clear()
+        listed[key] = (int(size), str(etag))
+
     @_translate
     def reference_to(self, key: str, offset: int, length: int, version: Version | None = None) -> ChunkRef | None:
         """S3: an ``s3://bucket/key`` reference with the object's ETag. Given a ``version``
         (the ETag a tail read returned, which also told the object's size), no request: the
-        reference is to the object up to its end (its size ``offset + length``); else one
-        HEAD. Other fsspec backends (memory, ...): None, no URL another process reads."""
+        reference is to the object up to its end (its size ``offset + length``); else the size
+        and ETag the last listing gave (no request), else one HEAD. Other fsspec backends
+        (memory, ...): None, no URL another process reads."""
         if not self._s3:
             return None
         url = f"s3://{self._path(key)}"
         if version is not None:
             return ChunkRef(url, offset, length, offset + length, etag=str(version))
+        listed = self.__dict__.get("_listed", {}).pop(key, None)
+        if listed is not None:  # the listing told its size and ETag: no request (a change since is the guard's)
+            return ChunkRef(url, offset, length, listed[0], etag=listed[1])
         head = s3_head(self, key)
         if head is None:
             return None
