@@ -259,6 +259,12 @@ def _micros(when: datetime) -> int:
     return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+def _source_cause(text: str) -> str:
+    """The innermost cause Icechunk's report of a failed virtual read gives (its last ``->`` line)."""
+    causes = [line.split("->", 1)[1].strip() for line in text.splitlines() if "->" in line]
+    return causes[-1] if causes else ""
+
+
 def _first_line(error: BaseException) -> str:
     for line in str(error).splitlines():
         line = line.strip().lstrip("x").strip()
@@ -313,9 +319,13 @@ class IcechunkInner(ZarrStoreInner):
         if "invalid zarr key" in text or "invalid chunk location" in text or "no virtual chunk container" in text:
             return UsageError(f"{key}: Icechunk cannot store this ({what}); Icechunk takes chunk keys of the default "
                               "encoding with '/' only: migrate into a directory instead", key=key)
-        if "checksum of the object" in text or "virtual" in text or "not enough data" in text:
+        fetching = "error fetching virtual reference" in text
+        if "checksum of the object" in text or "not enough data" in text or (fetching and "not found" in text):
             return SourceChangedError(f"{key}: the source object of this virtual chunk changed, shrank or is gone since "
                                       f"the migration ({what})", key=key)
+        if fetching:  # the source could not be read (a network error, a permission): not a change
+            return StoreIOError(f"{key}: Icechunk could not read the source object of this virtual chunk: "
+                                f"{_source_cause(text) or what}", key=key)
         return StoreIOError(f"{key}: Icechunk: {what}", key=key)
 
     # ------------------------------------------------------------------ side objects
