@@ -314,3 +314,19 @@ def test_chunk_keys_to_array_and_coordinates():
     assert _chunk_coords("c/0") == ("/", [0]) and _chunk_coords("c") == ("/", [])  # a root array
     assert _chunk_coords("s/c") == ("/s", [])  # 0-d
     assert _chunk_coords("a/zarr.json") is None and _chunk_coords(RECORD) is None
+
+
+def test_icechunk_read_errors_become_ours(tmp_path):
+    """Icechunk's reports (as 1.1 words them) mapped: a changed, shortened or missing source is
+    SourceChangedError; a source that cannot be read otherwise is an I/O error with its cause."""
+    from sharding_store.errors import StoreIOError
+
+    dst = open_icechunk(str(tmp_path / "repo"))
+    changed = "  x the checksum of the object owning the virtual chunk has changed (file:///s/o)"
+    short = "  x error retrieving virtual chunk, not enough data. Expected: (16), available (4)"
+    gone = "  x error fetching virtual reference\n  |-> Object at location /s/o not found: No such file"
+    denied = "  x error fetching virtual reference\n  |-> error fetching virtual reference\n  `-> Access Denied"
+    for text in (changed, short, gone):
+        assert isinstance(dst._error("a/c/0", Exception(text)), SourceChangedError), text
+    error = dst._error("a/c/0", Exception(denied))
+    assert type(error) is StoreIOError and "Access Denied" in str(error) and str(error).startswith("a/c/0: ")
