@@ -414,7 +414,8 @@ class FsspecInner(BaseInner):
 
     def _remember(self, key: str, info: Mapping[str, Any]) -> None:
         """Keep the size and ETag a listing gave (at most :data:`LISTED_ETAGS` objects), for
-        :meth:`reference_to` without a request."""
+        :meth:`reference_to` without a request: a migration refers only to objects it has just
+        listed, whose entries that listing renewed."""
         etag, size = info.get("ETag"), info.get("size")
         if etag is None or size is None:
             return
