@@ -5,7 +5,7 @@ maximal runs of its chunks that lie back to back in the source file (in whatever
 the source holds them: zarr-python 2.18 writes the chunk it wrote last first, the others
 in a set's order), then the index computed to match. Checked here, on sources whose
 shards hold their chunks in a random order, some chunks and some shards missing, partial
-edge shards included:
+edge shards included, some with dead bytes and entries sharing another chunk's bytes:
 
 * the target shards reference every source chunk exactly once (each at its coordinates,
   its bytes unchanged, no byte shared or dead) and the array reads equal;
@@ -49,10 +49,11 @@ def layout_of(root: Path) -> ArrayLayout:
     return ArrayLayout.from_meta(meta)
 
 
-def scramble(root: Path, rng: random.Random, drop: float) -> None:
+def scramble(root: Path, rng: random.Random, drop: float, *, odd: bool = False) -> None:
     """Rewrite every shard of ``a/b`` as zarr-python 2.18 might hold it: its chunks in a
     random order, back to back, some dropped (``drop``: the chance of each), the index
-    matching; a shard left without a chunk is deleted."""
+    matching; a shard left without a chunk is deleted. ``odd``: also what other writers
+    leave, dead bytes between some chunks and entries that share another chunk's bytes."""
     layout, inner = layout_of(root), LocalInner(root)
     cps = layout.chunks_per_shard
     assert cps is not None
@@ -64,11 +65,17 @@ def scramble(root: Path, rng: random.Random, drop: float) -> None:
         if not chunks:
             inner.delete(key)
             continue
-        index, pos = ShardIndex.empty(cps), 0
-        for coords, payload in chunks:
-            index.set(coords, pos, len(payload))
-            pos += len(payload)
-        inner.set(key, b"".join(p for _, p in chunks) + index.to_bytes())
+        index, body = ShardIndex.empty(cps), bytearray()
+        for i, (coords, payload) in enumerate(chunks):
+            if odd and i and rng.random() < 0.2:  # this entry reads the previous chunk's bytes
+                index.set(coords, *last)
+                continue
+            if odd and rng.random() < 0.2:
+                body += b"dead"
+            last = (len(body), len(payload))
+            index.set(coords, *last)
+            body += payload
+        inner.set(key, bytes(body) + index.to_bytes())
 
 
 def located_chunks(root: Path, layout: ArrayLayout) -> Located:
@@ -100,16 +107,16 @@ def expected_runs(located: Located, new_cps: tuple[int, ...]) -> dict[tuple[int,
     return runs
 
 
-def chunk_bytes(root: Path, layout: ArrayLayout) -> dict[tuple[int, ...], bytes]:
-    """Every chunk of ``a/b`` by global coords, each shard checked compact: a chunk's bytes
-    are referenced by its own entry only (no byte shared, none dead)."""
+def chunk_bytes(root: Path, layout: ArrayLayout, *, compact: bool = True) -> dict[tuple[int, ...], bytes]:
+    """Every chunk of ``a/b`` by global coords; with ``compact`` each shard is checked to
+    hold no dead byte and no byte referenced twice (each chunk's bytes are its own)."""
     cps = layout.chunks_per_shard
     assert cps is not None
     out: dict[tuple[int, ...], bytes] = {}
     for key in LocalInner(root).list_prefix(layout.prefix):
         blob = (root / key).read_bytes()
         index = read_index(blob, cps)
-        assert index.is_compact(len(blob)), key
+        assert not compact or index.is_compact(len(blob)), key
         shard = layout.parse(key)
         assert shard is not None
         for local, off, nb in index.live():
@@ -156,15 +163,16 @@ def test_targets_hold_each_source_run_in_one_copy(tmp_path, monkeypatch, shape, 
     new = tuple(data.draw(cps_of, label="new cps") for _ in range(ndim))
     drop = data.draw(st.sampled_from([0.0, 0.3]), label="chance a chunk is missing")
     in_place = data.draw(st.booleans(), label="in place")
+    odd = data.draw(st.booleans(), label="dead bytes and shared entries in the source")
     monkeypatch.setattr(rs, "MAX_BLOCK_FACTOR", data.draw(st.sampled_from([1, rs.MAX_BLOCK_FACTOR]), label="block"))
     base = tmp_path / f"ex{next(_N)}"
     arr = create_draft_array(str(base / "src"), PATH, shape=tuple(shape), chunks=chunks, dtype="<i4",
                              chunks_per_shard=old, compressor=None)
     arr[...] = np.arange(1, 1 + int(np.prod(shape)), dtype="<i4").reshape(shape)
-    scramble(base / "src", data.draw(st.randoms(use_true_random=False), label="order"), drop)
+    scramble(base / "src", data.draw(st.randoms(use_true_random=False), label="order"), drop, odd=odd)
     src_layout = layout_of(base / "src")
     located = located_chunks(base / "src", src_layout)
-    before, vals = chunk_bytes(base / "src", src_layout), values(base / "src")
+    before, vals = chunk_bytes(base / "src", src_layout, compact=False), values(base / "src")
     runs = expected_runs(located, new)
     if not in_place:
         shutil.copytree(base / "src", base / "pristine")
