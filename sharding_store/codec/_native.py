@@ -113,6 +113,20 @@ class Library:
     held: Any
 
 
+def _load_both_ways(path: str, sigs: dict[str, tuple[Any, Any]]) -> tuple[Any, Any]:
+    """The library at ``path`` loaded as ``ctypes.CDLL`` and as ``ctypes.PyDLL`` (see
+    :class:`Library`), each with the ``(return type, argument types)`` of ``sigs`` set on its
+    functions (a missing function raises ``AttributeError``)."""
+    libs = []
+    for dll in (ctypes.CDLL, ctypes.PyDLL):
+        lib = dll(path)
+        for name, (res, args) in sigs.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        libs.append(lib)
+    return libs[0], libs[1]
+
+
 def _bind_zstd() -> Library | None:
     import numcodecs.zstd as nz
 
@@ -134,13 +148,7 @@ def _bind_zstd() -> Library | None:
         "ZSTD_getErrorCode": (ctypes.c_int, [size_t]),
         "ZSTD_getErrorName": (ctypes.c_char_p, [size_t]),
     }
-    libs = []
-    for dll in (ctypes.CDLL, ctypes.PyDLL):
-        lib = dll(nz.__file__)
-        for name, (res, args) in sigs.items():
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-        libs.append(lib)
+    libs = _load_both_ways(nz.__file__, sigs)
     version = libs[0].ZSTD_versionNumber()
     if version != nz.VERSION_NUMBER or not ZSTD_VERSIONS[0] <= version < ZSTD_VERSIONS[1]:
         return None
@@ -159,13 +167,7 @@ def _bind_blosc() -> Library | None:
         "blosc_compress_ctx": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, size_t, size_t, vp, vp, size_t, ctypes.c_char_p, size_t,
                                               ctypes.c_int]),
     }
-    libs = []
-    for dll in (ctypes.CDLL, ctypes.PyDLL):
-        lib = dll(nb.__file__)
-        for name, (res, args) in sigs.items():
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-        libs.append(lib)
+    libs = _load_both_ways(nb.__file__, sigs)
     version = libs[0].blosc_get_version_string().decode("ascii", "replace")
     if version != nb.VERSION_STRING or not BLOSC_VERSIONS[0] <= _major_minor(version) < BLOSC_VERSIONS[1]:
         return None

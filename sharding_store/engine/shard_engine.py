@@ -44,10 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 import time
-import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
@@ -90,6 +88,7 @@ from ..formats.shard_index import (
 )
 from ..formats.v3_layout import KeyEncoding, V3ArrayMeta
 from ..stores import Inner
+from ..stores.base import renew_after_fork
 
 __all__ = [
     "ArrayLayout",
@@ -277,20 +276,6 @@ class ShardContents(NamedTuple):
 
 # --------------------------------------------------------------------------- cache and locks
 
-#: caches and locks alive in this process: a forked child gets fresh locks for them (a thread
-#: of the parent may have held one at the fork, and no thread of the child would release it)
-_FORKABLE: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for obj in list(_FORKABLE):
-        obj._after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 class IndexCache:
     """Shard indices by shard key (LRU, thread-safe), each with the version it was read at.
 
@@ -301,7 +286,7 @@ class IndexCache:
         self.capacity = max(0, int(capacity))
         self._entries: OrderedDict[str, VersionedIndex] = OrderedDict()
         self._lock = threading.Lock()
-        _FORKABLE.add(self)
+        renew_after_fork(self)  # a forked child gets fresh locks
 
     def __bool__(self) -> bool:
         return self.capacity > 0
@@ -364,7 +349,7 @@ class ShardLocks:
     def __init__(self, external: Callable[[str], AbstractContextManager[Any]] | None = None) -> None:
         self.external = external
         self._locks = [threading.Lock() for _ in range(N_LOCKS)]
-        _FORKABLE.add(self)
+        renew_after_fork(self)  # a forked child gets fresh locks
 
     def __getstate__(self) -> dict[str, Any]:
         return {"external": self.external}

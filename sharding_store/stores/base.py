@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ __all__ = [
     "Tail",
     "Version",
     "list_dir_from_keys",
+    "renew_after_fork",
     "slice_range",
 ]
 
@@ -576,16 +578,35 @@ def check_versions(key: str, expected: Version | None, actual: Version | None) -
         )
 
 
+#: caches and locks alive in this process whose ``_after_fork()`` a forked child calls
+_FORKABLE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def renew_after_fork(obj: Any) -> None:
+    """Have a forked child call ``obj._after_fork()`` (``obj`` held weakly), where it renews
+    its locks (another thread of the parent may have held one at the fork, and no thread of
+    the child would release it) or forgets what belongs to the parent (descriptors)."""
+    _FORKABLE.add(obj)
+
+
+def _after_fork_in_child() -> None:
+    for obj in list(_FORKABLE):
+        obj._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class ForkSafeLock:
     """A process-wide lock that a forked child gets fresh, so a child forked while another
     thread held it can never inherit it held (and hang on it)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._renew)
+        renew_after_fork(self)
 
-    def _renew(self) -> None:
+    def _after_fork(self) -> None:
         self._lock = threading.Lock()
 
     def __enter__(self) -> ForkSafeLock:

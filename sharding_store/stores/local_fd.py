@@ -26,10 +26,10 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 
 from ..errors import LinkOutsideStoreError, ObjectChangedError
+from .base import renew_after_fork
 
 __all__ = ["DIR_FDS_MAX", "MAX_LINKS", "O_DIR", "O_DIR_NOFOLLOW", "DirFd", "DirFds", "post_order", "refusal", "scan"]
 
@@ -57,18 +57,6 @@ class _Stale(Exception):
     """A cached directory was removed meanwhile: empty the cache and walk again."""
 
 
-_LIVE: weakref.WeakSet[DirFds] = weakref.WeakSet()
-
-
-def _after_fork() -> None:
-    for dirs in list(_LIVE):
-        dirs._forget()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
-
-
 def refusal(root: str, key: str, real: str) -> LinkOutsideStoreError:
     """The error for ``key`` of the store at ``root``, which leads to ``real``, outside it."""
     return LinkOutsideStoreError(
@@ -88,7 +76,7 @@ class DirFds:
         self.real_root = ""
         self._lock = threading.Lock()
         self._cache: dict[str, DirFd] = {}
-        _LIVE.add(self)
+        renew_after_fork(self)  # a forked child forgets the parent's descriptors
 
     # ------------------------------------------------------------------ the cache
     def acquire(self, path: str) -> DirFd | None:
@@ -132,7 +120,7 @@ class DirFds:
 
     close = clear
 
-    def _forget(self) -> None:
+    def _after_fork(self) -> None:
         """In a forked child: a fresh lock, every inherited descriptor closed."""
         self._lock = threading.Lock()
         for d in self._cache.values():
