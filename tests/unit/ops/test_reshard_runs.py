@@ -65,7 +65,7 @@ def scramble(root: Path, rng: random.Random, drop: float, *, odd: bool = False) 
         if not chunks:
             inner.delete(key)
             continue
-        index, body = ShardIndex.empty(cps), bytearray()
+        index, body, last = ShardIndex.empty(cps), bytearray(), (0, 0)
         for i, (coords, payload) in enumerate(chunks):
             if odd and i and rng.random() < 0.2:  # this entry reads the previous chunk's bytes
                 index.set(coords, *last)
