@@ -479,3 +479,38 @@ def test_cli_info_says_what_an_icechunk_repository_is(tmp_path, capsys, virtual)
     assert code == 0 and json.loads(text) == {
         "store": str(repo), "destination": "Icechunk virtual" if virtual else "Icechunk materialised",
         "virtual": virtual, "source": str(tmp_path / "src"), "arrays": 1, "groups": 1, "objects": 3}
+
+
+# --------------------------------------------------------------------------- a shard whose index is at its start
+
+
+@pytest.mark.parametrize("checksum", [False, True])
+def test_a_shard_with_its_index_at_the_start_is_referred_to_after_reading_only_that(tmp_path, checksum):
+    """The source layout keeps its index where it is: a start index is read from the head
+    (the tail read only learns size and version), checked, and the whole object referred to."""
+    from dataclasses import replace
+
+    from sharding_store.api.hierarchy import open_hierarchy
+    from sharding_store.formats.shard_index import encode_shard
+    from sharding_store.ops.jobs import Source, StoreRef
+    from sharding_store.ops.units import Options, Unit, _refer_shard, plan_array
+    from sharding_store.stores.references import ReferenceFileSink
+
+    make_big_array(tmp_path / "src", shards=1)
+    src = CountingInner(str(tmp_path / "src"))
+    node = next(iter(open_hierarchy(str(tmp_path / "src")).arrays()))
+    plan, _ = plan_array(node, StoreRef.of(src), StoreRef(None), Options(index_checksum=False))
+    job = replace(plan.job, index_location="start", checksum=checksum,
+                  src_layout=replace(plan.job.src_layout, index_location="start", index_checksum=checksum))
+    blob = encode_shard({(0, 0): b"abcd", (1, 1): b"efghij"}, (2, 2), checksum=checksum, index_location="start")
+    src.inner.set("data/root/big/c7/0", blob)
+    sink = ReferenceFileSink(str(tmp_path / "out.json"))
+    src.reset()
+    result = _refer_shard(job, Unit((Source((7, 0), "data/root/big/c7/0", len(blob)),), (7, 0)), src, sink)
+    assert result.referenced == 1 and result.chunks == 2
+    ref = sink.reference("big/c/7/0")
+    assert (ref.offset, ref.length, ref.object_size) == (0, len(blob), len(blob))
+    assert src.bytes_read == job.src_index_nbytes  # the index only
+    src.inner.set("data/root/big/c8/0", blob[:-3])  # its last chunk now reaches past the end
+    with pytest.raises(ShardCorruptError):
+        _refer_shard(job, Unit((Source((8, 0), "data/root/big/c8/0", len(blob) - 3),), (8, 0)), src, sink)
