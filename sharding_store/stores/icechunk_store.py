@@ -20,8 +20,10 @@
 Objects Icechunk has no key for (the migration's marker and record: root keys starting with
 ``.``) are kept beside the session and committed in the snapshot's metadata under
 ``"sharding-store"``; the record is read back from the branch tip's snapshot. Icechunk takes
-chunk keys of the ``default`` encoding with the ``/`` separator only: another spelling is
-refused with :class:`UsageError` before anything is committed.
+chunk keys of the ``default`` encoding with the ``/`` separator only (a migration into a
+repository respells every array so: ``Options.key_separator``); another key is refused
+with :class:`UsageError`, before anything is committed. :func:`materialize` replaces a
+repository's virtual chunks with copies of their bytes, in one commit.
 
 Icechunk is an optional dependency (the ``icechunk`` extra): this module imports it only in
 its functions.
