@@ -33,7 +33,7 @@ from typing import Any, NoReturn
 
 from ..errors import Interrupted, ShardingStoreError, UsageError
 from .options import add_assume_option, assume_item, assumed, int_tuple, storage_options  # noqa: F401 - re-exported
-from .output import error_message
+from .output import error_message, print_json_error
 from .output import one_line as _one_line
 
 PROG = "sharding-store"
@@ -151,9 +151,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the CLI never shows a traceback
         if debug:
             raise
-        code, line = exit_status(e, getattr(args, "command", None))
+        command = getattr(args, "command", None) or next((w for w in words if not w.startswith("-")), "")
+        code, line = exit_status(e, command)
+        if isinstance(e, ShardingStoreError) and _wants_json(args, words):
+            print_json_error(command or "", e, code, line.removeprefix("error: "))
         print(f"sharding-store: {line}", file=sys.stderr)
         return code
+
+
+def _wants_json(args: argparse.Namespace | None, words: list[str]) -> bool:
+    """Whether the command was given ``--json`` (before its arguments were parsed: in its words)."""
+    return bool(getattr(args, "json", False)) if args is not None else "--json" in words
 
 
 def interrupted_line(args: argparse.Namespace | None, e: BaseException) -> str:

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ShardingStoreError
-from ..ops.progress import human_bytes, progress_bar
+from ..ops.progress import human_bytes, plural, progress_bar
 from .options import add_assume_option, add_progress_option, assumed, storage_options
-from .output import print_result, warn
+from .output import print_json, print_result, warn
 
 if TYPE_CHECKING:  # the machinery loads when a command runs (numpy and numcodecs with it)
     from ..api.evidence import ArrayStats
@@ -206,7 +205,7 @@ def info_document(
     from ..formats.reshard_journal import resume_command
 
     return {
-        "store": location,
+        "source": location,
         "metadata_key_suffix": h.suffix,
         "nodes": [
             {"path": n.path, "kind": n.kind, "explicit": n.explicit, "attributes": n.attributes} for n in nodes
@@ -260,7 +259,7 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
     leftovers = upgrade_leftovers(inner, [*plan.kinds, *plan.damaged])
     if args.json:
         doc = {
-            "store": args.store,
+            "source": args.store,
             "generation": model.era,
             "leftovers": leftovers,
             "nodes": [
@@ -272,8 +271,7 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
             "damaged": [{"path": p, "key": e.key, "error": type(e).__name__, "reason": str(e)} for p, e in damaged.items()],
             "warnings": plan.warnings,
         }
-        json.dump(doc, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        print_json(args.command, doc)
     else:
         print(header(args.store, model.era, MIGRATE_DOES[model.label]))
         groups = dict(plan.groups)
@@ -312,8 +310,7 @@ def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool
     if status is None:
         return False
     if args.json:
-        json.dump({"store": args.store, "interrupted_upgrade": status}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(args.command, {"source": args.store, "interrupted_upgrade": status})
     else:
         print(f"{args.store}: interrupted in-place upgrade: {len(status['upgraded'])} of {status['documents']} "
               f"documents upgraded; finish it with `{status['resume']}` or roll it back with `{status['undo']}`")
@@ -351,15 +348,14 @@ def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None) -> 
             arrays, groups = arrays + (node == "array"), groups + (node == "group")
         elif not key.startswith(".sharding-store"):
             objects += 1
-    doc = {"store": args.store, "destination": kind, "virtual": virtual, "source": record.get("src"),
+    doc = {"destination": args.store, "destination_kind": kind, "virtual": virtual, "source": record.get("src"),
            "arrays": arrays, "groups": groups, "objects": objects}
     if args.json:
-        json.dump(doc, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        print_json(args.command, doc)
         return True
     what = "references to objects of" if virtual else "objects copied from"
     print(f"{args.store}: {kind} (Zarr v3, migrated by sharding-store)")
-    print(f"  {arrays} arrays, {groups} groups: {objects} {what} {record.get('src') or 'an unrecorded source'}")
+    print(f"  {plural(arrays, 'array')}, {plural(groups, 'group')}: {objects} {what} {record.get('src') or 'an unrecorded source'}")
     return True
 
 
@@ -396,8 +392,7 @@ def run_info(args: argparse.Namespace) -> int:
     if args.json:
         doc = info_document(args.store, h, nodes, stats, root, reshards, unreadable)
         doc["leftovers"] = leftovers
-        json.dump(doc, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        print_json(args.command, doc)
     else:
         print(header(args.store, h.era, MIGRATE_DOES[h.label]))
         if nodes:
@@ -459,5 +454,5 @@ def run_ls(args: argparse.Namespace) -> int:
 
     h = open_hierarchy(args.store, storage_options=storage_options(args.storage_options), strict=False)
     rows = ls_rows(h, args.path)
-    print_result(args, {"store": args.store, "nodes": rows}, "\n".join(ls_line(r) for r in rows))
+    print_result(args, {"source": args.store, "nodes": rows}, "\n".join(ls_line(r) for r in rows))
     return 0

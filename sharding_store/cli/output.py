@@ -13,7 +13,10 @@ from typing import Any
 
 from ..errors import OtherGenerationError
 
-__all__ = ["error_message", "one_line", "print_result", "warn"]
+__all__ = ["SCHEMA", "error_message", "one_line", "print_json", "print_json_error", "print_result", "warn"]
+
+#: the name and version of the JSON documents every command prints with ``--json``
+SCHEMA = "sharding-store/1"
 
 #: what a command that does not migrate says to a store of another generation (the error's
 #: own advice, "nothing to migrate", is ``migrate``'s, and ``info``'s and ``ls``'s)
@@ -31,15 +34,33 @@ def warn(warnings: Iterable[str]) -> None:
 
 
 def print_result(args: argparse.Namespace, doc: Mapping[str, Any], text: str, warnings: Iterable[str] = ()) -> None:
-    """A command's result: the JSON document ``doc`` with ``--json``, else ``text``, on
-    stdout; its ``warnings`` on stderr (they stay in ``doc`` too, for scripts)."""
+    """A command's result: the JSON document ``doc`` with ``--json`` (:func:`print_json`),
+    else ``text``, on stdout; its ``warnings`` on stderr (they stay in ``doc`` too)."""
     sys.stdout.flush()
     warn(warnings)
     if getattr(args, "json", False):
-        json.dump(dict(doc), sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        print_json(args.command, doc)
     elif text:
         print(text)
+
+
+def print_json(command: str, doc: Mapping[str, Any]) -> None:
+    """One JSON document on stdout, in the schema every command shares: ``schema``
+    (:data:`SCHEMA`), ``command``, ``ok`` (False for an error, or differences found), then
+    the command's own keys (``source``, ``destination``, ``objects_written``, ...)."""
+    json.dump({"schema": SCHEMA, "command": command, "ok": True, **doc}, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def print_json_error(command: str, e: BaseException, code: int, message: str) -> None:
+    """A command's ``--json`` answer when it fails: ``ok`` false, the exit code, the error's
+    class, message and key; for a store of another generation (not draft-era data), its
+    ``source`` and ``generation`` ("Zarr v3", "Zarr v2"). The error line stays on stderr."""
+    doc: dict[str, Any] = {"ok": False, "exit_code": code,
+                           "error": {"class": type(e).__name__, "message": message, "key": getattr(e, "key", None)}}
+    if isinstance(e, OtherGenerationError):
+        doc.update(source=e.location, generation=e.generation, draft=False)
+    print_json(command, doc)
 
 
 def error_message(e: BaseException, command: str | None) -> str:

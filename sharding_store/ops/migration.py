@@ -206,21 +206,24 @@ class MigrationReport:
         return moved / MiB / self.seconds
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` report, in the vocabulary every command shares (``source``,
+        ``destination``, ``objects_written``, ...): target objects are ``objects`` (shards
+        when the array is sharded, chunk objects when not), ``chunks_per_shard`` says which."""
         t = self.totals
         rate = self.throughput()
         return {
-            "src": self.src,
-            "dst": self.dst,
+            "source": self.src,
+            "destination": self.dst,
             "dry_run": self.dry_run,
-            "destination": self.destination,
-            "arrays": [asdict(a) for a in self.arrays],
+            "destination_kind": self.destination,
+            "arrays": [_array_dict(a) for a in self.arrays],
             "groups": self.groups,
-            "shards": self.shards,
+            "objects": self.shards,
             "bytes": self.bytes,
-            "written": t.written,
-            "copied": t.copied,
-            "referenced": t.referenced,
-            "empty": t.empty,
+            "objects_written": t.written,
+            "objects_copied": t.copied,
+            "objects_referenced": t.referenced,
+            "objects_empty": t.empty,
             "chunks": t.chunks,
             "bytes_read": t.bytes_read,
             "bytes_written": t.bytes_written,
@@ -229,7 +232,7 @@ class MigrationReport:
             "seconds": round(self.seconds, 3),
             "throughput_mib_s": None if rate is None else round(rate, 1),
             "warnings": list(self.warnings),
-            "skipped": {"shards": t.skipped, "arrays": list(self.skipped_arrays)},
+            "skipped": {"objects": t.skipped, "arrays": list(self.skipped_arrays)},
             "verified": None if self.verification is None else self.verification.to_dict(),
             **({"would_remove": self.removal.to_dict()} if self.removal is not None else {}),
         }
@@ -304,6 +307,13 @@ class MigrationReport:
         sign = "+" if delta > 0 else "-"
         return [f"  {human_bytes(t.bytes_now)} written for {human_bytes(self.bytes)} in the source "
                 f"({sign}{human_bytes(abs(delta))}: {', '.join(why) or 'index and layout'})"]
+
+
+def _array_dict(a: ArrayReport) -> dict[str, Any]:
+    """One array of the ``--json`` report: its target objects are ``objects``."""
+    d = asdict(a)
+    d["objects"] = d.pop("shards")
+    return d
 
 
 # --------------------------------------------------------------------------- running

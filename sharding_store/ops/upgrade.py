@@ -123,7 +123,7 @@ class InPlaceReport:
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"store": self.location, "action": self.action, "in_place": True, "arrays": self.arrays,
+        return {"source": self.location, "destination": None, "action": self.action, "in_place": True, "arrays": self.arrays,
                 "groups": self.groups, "created": self.created, "written": self.written, "restored": self.restored,
                 "deleted": self.deleted, "already_done": self.already, "shards_checked": self.shards_checked,
                 "leftovers_removed": self.leftovers_removed,

@@ -148,7 +148,7 @@ class VerifyReport:
     def to_dict(self) -> dict[str, Any]:
         c = self.check
         return {
-            "src": self.src, "dst": self.dst, "ok": self.ok, "arrays": self.arrays, "groups": self.groups,
+            "source": self.src, "destination": self.dst, "ok": self.ok, "arrays": self.arrays, "groups": self.groups,
             "objects": c.objects, "chunks": c.chunks, "bytes": c.bytes, "seconds": round(self.seconds, 3),
             "differences": c.n_problems, "first": [{"key": k, "problem": m} for k, m in c.problems],
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped.items()],

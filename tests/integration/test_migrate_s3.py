@@ -100,7 +100,7 @@ def test_interrupted_s3_migration_resumes(buckets, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["skipped"]["shards"] >= 6 and report["written"] + report["copied"] == 16 - report["skipped"]["shards"]
+    assert report["skipped"]["objects"] >= 6 and report["objects_written"] + report["objects_copied"] == 16 - report["skipped"]["objects"]
     assert report["verified"]["ok"]
     store = zarr.storage.FsspecStore.from_url("s3://dst/big", storage_options=s3.storage_options, read_only=True)
     assert np.array_equal(zarr.open_array(store, path="big", mode="r")[...], values["big"])

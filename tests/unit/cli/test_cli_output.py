@@ -288,7 +288,7 @@ def test_ls_lists_nodes_in_text_and_json(draft):
     assert text.returncode == 0 and text.stderr == ""
     assert text.stdout.splitlines() == ["/\tgroup", "/g\tgroup", "/g/img\tarray\t8 x 8\t<u2", "/g/zl\tarray\t6\t<i4"]
     doc = json.loads(cli("ls", draft, "--json").stdout)
-    assert doc["store"] == str(draft)
+    assert doc["source"] == str(draft)
     assert doc["nodes"] == [{"path": "", "kind": "group"}, {"path": "g", "kind": "group"},
                             {"path": "g/img", "kind": "array", "shape": [8, 8], "dtype": "<u2"},
                             {"path": "g/zl", "kind": "array", "shape": [6], "dtype": "<i4"}]
@@ -308,3 +308,88 @@ def test_ls_json_lists_damaged_nodes(draft, tmp_path):
 
 def test_the_readme_shows_ls():
     assert "sharding-store ls " in (ROOT / "README.md").read_text()
+
+
+# --------------------------------------------------------------------------- items 15 and 1: one JSON schema
+
+
+SCHEMA = "sharding-store/1"
+#: keys of the shared vocabulary no JSON report may use (what they were renamed to)
+RETIRED_KEYS = {"src": "source", "dst": "destination", "store": "source", "written": "objects_written",
+                "copied": "objects_copied", "shards": "objects"}
+#: the keys each command's report holds besides schema, command and ok
+REQUIRED = {
+    "info": {"source", "nodes", "arrays", "damaged"},
+    "ls": {"source", "nodes"},
+    "migrate": {"source", "destination", "arrays", "objects", "objects_written", "objects_copied", "bytes"},
+    "verify": {"source", "destination", "objects", "chunks", "differences"},
+    "reshard": {"source", "destination", "objects_written", "objects_copied", "objects_removed"},
+}
+
+
+def check_schema(doc: dict, command: str) -> None:
+    """The shared part of every ``--json`` document, and none of the retired key names
+    anywhere in it (nested reports and array entries included)."""
+    assert doc["schema"] == SCHEMA and doc["command"] == command and isinstance(doc["ok"], bool), doc
+    todo: list = [doc]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            assert not set(node) & set(RETIRED_KEYS), (command, sorted(set(node) & set(RETIRED_KEYS)))
+            todo += node.values()
+        elif isinstance(node, list):
+            todo += node
+
+
+def test_every_command_answers_json_in_one_schema(draft, tmp_path):
+    dst = tmp_path / "out.zarr"
+    runs = {
+        "info": cli("info", draft, "--json"),
+        "ls": cli("ls", draft, "--json"),
+        "migrate": cli("migrate", draft, dst, "--json"),
+        "verify": cli("verify", draft, dst, "--json"),
+        "reshard": cli("reshard", draft, tmp_path / "re.zr3", "--chunks-per-shard", "1", "--json"),
+    }
+    for command, proc in runs.items():
+        assert proc.returncode == 0, (command, proc.stderr)
+        doc = json.loads(proc.stdout)
+        check_schema(doc, command)
+        assert doc["ok"] is True and REQUIRED[command] <= set(doc), (command, sorted(REQUIRED[command] - set(doc)))
+    migrated = json.loads(runs["migrate"].stdout)
+    assert migrated["source"] == str(draft) and migrated["destination"] == str(dst)
+    by_path = {a["path"]: a for a in migrated["arrays"]}  # an unsharded array's objects are not called shards
+    assert by_path["g/zl"]["chunks_per_shard"] is None and by_path["g/zl"]["objects"] == 2
+    assert by_path["g/img"]["objects"] == 4 and migrated["objects"] == 6
+    check_schema(migrated["verified"] | {"schema": SCHEMA, "command": "migrate", "ok": True}, "migrate")
+    dry = json.loads(cli("migrate", draft, tmp_path / "dry.zarr", "--dry-run", "--json").stdout)
+    check_schema(dry, "migrate")
+
+
+@pytest.mark.parametrize("kind, generation", [("v3", "Zarr v3"), ("v2", "Zarr v2")])
+def test_not_draft_data_is_a_json_answer_in_every_command(draft, tmp_path, kind, generation):
+    import zarr
+
+    other = tmp_path / f"{kind}.zarr"
+    zarr.open_group(str(other), mode="w", zarr_format=3 if kind == "v3" else 2).create_array("x", shape=(2,), dtype="i1")
+    migrated = tmp_path / "migrated.zarr"
+    assert cli("migrate", draft, migrated).returncode == 0
+    for words in (["info", other], ["ls", other], ["migrate", other, tmp_path / "out"], ["verify", other, migrated],
+                  ["reshard", other, "--chunks-per-shard", "2"]):
+        proc = cli(*words, "--json")
+        assert proc.returncode == 7, (words, proc.stderr)
+        doc = json.loads(proc.stdout)
+        check_schema(doc, words[0])
+        assert doc["ok"] is False and doc["exit_code"] == 7 and doc["draft"] is False, doc
+        assert doc["generation"] == generation and doc["source"] == str(other), doc
+        assert doc["error"]["class"] == "OtherGenerationError" and str(other) in doc["error"]["message"]
+        (line,) = proc.stderr.splitlines()  # the error line stays on stderr
+        assert line == f"sharding-store: error: {doc['error']['message']}"
+    assert cli("info", other).stdout == ""  # without --json: nothing on stdout, as before
+
+
+def test_a_usage_error_with_json_is_a_json_answer():
+    proc = cli("migrate", "A", "B", "--json", "--overwite")
+    doc = json.loads(proc.stdout)
+    check_schema(doc, "migrate")
+    assert proc.returncode == 2 and doc["exit_code"] == 2 and doc["error"]["class"] == "UsageError"
+    assert "did you mean --overwrite?" in doc["error"]["message"]

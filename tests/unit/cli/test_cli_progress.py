@@ -243,7 +243,7 @@ def test_interrupted_migration_exits_130_with_one_line_then_resumes(sharded, tmp
     done = subprocess.run([*CLI, *shlex.split(resume)[1:], "--json"], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["skipped"]["shards"] + report["written"] + report["copied"] == N_SHARDS and report["verified"]["ok"]
+    assert report["skipped"]["objects"] + report["objects_written"] + report["objects_copied"] == N_SHARDS and report["verified"]["ok"]
     assert cli("verify", str(src), str(out)).returncode == 0
     assert np.array_equal(read_v3(out, "big"), values)
 
@@ -378,7 +378,7 @@ def test_a_resumed_run_reports_what_it_wrote_apart_from_what_was_done(sharded, t
         p.unlink()
     code, text, _ = run(capsys, "migrate", str(src), str(out), "--resume", "--json")
     report = json.loads(text)
-    assert (report["written"] + report["copied"], report["skipped"]["shards"]) == (5, N_SHARDS - 5)
+    assert (report["objects_written"] + report["objects_copied"], report["skipped"]["objects"]) == (5, N_SHARDS - 5)
     assert np.array_equal(read_v3(out, "big"), values)
 
 

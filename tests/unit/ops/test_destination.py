@@ -93,7 +93,7 @@ def test_resume_from_another_source_into_a_finished_destination_is_refused(two_s
     again = cli("migrate", a, dst, "--resume", "--json", "--no-progress")
     assert again.returncode == 0, again.stderr
     report = json.loads(again.stdout)
-    assert report["written"] + report["copied"] == 0 and report["verified"]["ok"]
+    assert report["objects_written"] + report["objects_copied"] == 0 and report["verified"]["ok"]
 
 
 def test_resume_with_other_options_on_a_finished_destination_is_refused(two_sources, tmp_path):

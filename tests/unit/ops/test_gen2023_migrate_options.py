@@ -259,7 +259,7 @@ def test_a_dask_cluster_runs_the_units_of_a_2023_store(cluster, tmp_path, capsys
     assert main(["migrate", str(src), str(tmp_path / "dask"), "--scheduler", cluster.scheduler_address,
                  "--chunks-per-shard", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["verified"]["ok"] and report["written"] + report["copied"] == report["shards"]
+    assert report["verified"]["ok"] and report["objects_written"] + report["objects_copied"] == report["objects"]
     assert main(["verify", str(src), str(tmp_path / "dask"), "--scheduler", cluster.scheduler_address]) == 0
     assert main(["migrate", str(src), str(tmp_path / "threads"), "--chunks-per-shard", "2"]) == 0
     dask_tree = {p.relative_to(tmp_path / "dask"): p.read_bytes() for p in (tmp_path / "dask").rglob("*") if p.is_file()}

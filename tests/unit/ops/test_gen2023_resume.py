@@ -45,8 +45,8 @@ def test_a_killed_copy_migration_is_resumed(tmp_path, at):
     report = json.loads(done.stdout)
     # the killed run's worker may have finished a few more objects than the main thread
     # counted (copies are atomic: whole or absent); the rest are copied now
-    assert at <= report["skipped"]["shards"] <= 92
-    assert report["skipped"]["shards"] + report["written"] + report["copied"] == 92 and report["verified"]["ok"]
+    assert at <= report["skipped"]["objects"] <= 92
+    assert report["skipped"]["objects"] + report["objects_written"] + report["objects_copied"] == 92 and report["verified"]["ok"]
     assert not (dst / MARKER_KEY).exists() and tree_hash(src) == before
     for path in _array_paths(src):
         _same(_read_zarr(dst, path), expected(path))
@@ -60,7 +60,7 @@ def test_nothing_to_resume_and_another_source_are_refused(tmp_path, capsys):
     # a finished destination, same source and options: nothing left to do, everything verified again
     assert main(["migrate", str(src), str(dst), "--resume", "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
-    assert again["written"] + again["copied"] == 0 and again["skipped"]["shards"] == 92 and again["verified"]["ok"]
+    assert again["objects_written"] + again["objects_copied"] == 0 and again["skipped"]["objects"] == 92 and again["verified"]["ok"]
     stranger = tmp_path / "stranger"
     stranger.mkdir()
     (stranger / "notes.md").write_text("mine")

@@ -371,10 +371,10 @@ def test_cli_json_report(hierarchy, tmp_path, capsys):
     src, _ = hierarchy
     assert main(["migrate", str(src), str(tmp_path / "out"), "--json", "--jobs", "2"]) == 0
     report = json.loads(capsys.readouterr().out)
-    for field in ("arrays", "shards", "bytes", "seconds", "throughput_mib_s", "warnings", "skipped", "verified"):
+    for field in ("arrays", "objects", "bytes", "seconds", "throughput_mib_s", "warnings", "skipped", "verified"):
         assert field in report, field
-    assert len(report["arrays"]) == 5 and report["shards"] == 30
-    assert report["verified"]["ok"] is True and report["skipped"] == {"shards": 0, "arrays": []}
+    assert len(report["arrays"]) == 5 and report["objects"] == 30
+    assert report["verified"]["ok"] is True and report["skipped"] == {"objects": 0, "arrays": []}
     assert any("imgs/zl" in w for w in report["warnings"])
 
 

@@ -136,7 +136,7 @@ def test_a_materialised_icechunk_migration_is_committed_once_as_such(monkeypatch
     fake.open_icechunk = lambda *a, **k: dst
     monkeypatch.setitem(sys.modules, "sharding_store.stores.icechunk_store", fake)
     report = migrate(source, tmp_path / "repo", MigrateOptions(target="icechunk", verify=False), progress=False)
-    assert report.destination == "Icechunk materialised" and report.to_dict()["destination"] == report.destination
+    assert report.destination == "Icechunk materialised" and report.to_dict()["destination_kind"] == report.destination
     assert "(destination: Icechunk materialised)" in report.summary().splitlines()[0]
     assert dst.calls["commit"] == 1 and dst.log[-1][0] == "commit"
     assert dst.log[-1][1].startswith("sharding-store ") and str(source) in dst.log[-1][1]
@@ -151,7 +151,7 @@ def test_a_materialised_icechunk_migration_is_committed_once_as_such(monkeypatch
 def test_a_copy_migration_commits_once_after_its_last_write(source):
     dst = CountingInner({})
     report = migrate(source, dst, progress=False)
-    assert report.destination == "copy" and report.to_dict()["destination"] == "copy"
+    assert report.destination == "copy" and report.to_dict()["destination_kind"] == "copy"
     names = [name for name, _ in dst.log]
     assert names.count("commit") == 1
     assert names.index("commit") > max(i for i, n in enumerate(names) if n in ("set", "delete"))
@@ -424,7 +424,7 @@ def test_cli_migrates_into_a_reference_file_and_says_so(source, tmp_path, capsys
     assert code == 0 and "(destination: reference file)" in out and "referenced: 30 objects" in out
     code, out, _ = _cli(capsys, "migrate", str(source), str(tmp_path / "again"), "--virtual=references", "--json",
                         "--no-progress")
-    assert code == 0 and json.loads(out)["destination"] == "reference file"  # named without .json: asked for
+    assert code == 0 and json.loads(out)["destination_kind"] == "reference file"  # named without .json: asked for
     assert json.loads((tmp_path / "again").read_bytes())["version"] == 1
 
 
@@ -464,7 +464,8 @@ def test_cli_info_says_what_a_destination_is(source, tmp_path, capsys):
         f"{out}: reference file (Zarr v3, migrated by sharding-store)",
         f"  5 arrays, 5 groups: 30 references to objects of {source}"]
     code, text, _ = _cli(capsys, "info", str(out), "--json")
-    assert json.loads(text) == {"store": str(out), "destination": "reference file", "virtual": True,
+    assert json.loads(text) == {"schema": "sharding-store/1", "command": "info", "ok": True,
+                                "destination": str(out), "destination_kind": "reference file", "virtual": True,
                                 "source": str(source), "arrays": 5, "groups": 5, "objects": 30}
 
 
@@ -477,7 +478,8 @@ def test_cli_info_says_what_an_icechunk_repository_is(tmp_path, capsys, virtual)
     assert _cli(capsys, "migrate", str(tmp_path / "src"), str(repo), *argv, "--no-progress")[0] == 0
     code, text, _ = _cli(capsys, "info", str(repo), "--json")
     assert code == 0 and json.loads(text) == {
-        "store": str(repo), "destination": "Icechunk virtual" if virtual else "Icechunk materialised",
+        "schema": "sharding-store/1", "command": "info", "ok": True,
+        "destination": str(repo), "destination_kind": "Icechunk virtual" if virtual else "Icechunk materialised",
         "virtual": virtual, "source": str(tmp_path / "src"), "arrays": 1, "groups": 1, "objects": 3}
 
 
