@@ -40,6 +40,7 @@ from typing import Any
 
 from ..errors import DestinationExistsError, ObjectChangedError, SourceChangedError, StoreNotFoundError
 from .base import BaseInner, ChunkRef, Inner, Location, RangeRequest, Tail, Version, slice_range
+from .local import write_all
 
 __all__ = ["REFERENCE_KEY", "ReferenceFileSink", "open_references", "read_reference_file"]
 
@@ -112,7 +113,7 @@ class ReferenceFileSink(BaseInner):
         self.source = source
         self.source_options = dict(source_options if source_options is not None else self.storage_options)
         self._lock = threading.Lock()
-        self._reader = Guard({}, self.source_options)
+        self._reader = Guard(_Objects(self), self.source_options)
         self._load()
 
     def __repr__(self) -> str:
@@ -145,7 +146,6 @@ class ReferenceFileSink(BaseInner):
             else:
                 raise StoreNotFoundError(f"{self.path}: refs[{key!r}] is neither a document nor [url, offset, length]",
                                          key=key)
-        self._reader = Guard(dict(zip(self.urls, self.objects)), self.source_options)
 
     # ------------------------------------------------------------------ references
     def _add(self, key: str, url: str, offset: int, length: int, info: ObjectInfo) -> None:
@@ -171,7 +171,6 @@ class ReferenceFileSink(BaseInner):
             raise ObjectChangedError(f"{ref.url}: [{ref.offset}, {ref.offset + ref.length}) does not lie inside its "
                                      f"{ref.object_size} bytes", key=ref.url)
         self._add(key, ref.url, ref.offset, ref.length, (ref.object_size, ref.etag, ref.modified_ns))
-        self._reader.objects[ref.url] = (ref.object_size, ref.etag, ref.modified_ns)
 
     def reference(self, key: str) -> ChunkRef | None:
         """The reference ``key`` holds (None: a document, or nothing)."""
@@ -191,36 +190,56 @@ class ReferenceFileSink(BaseInner):
 
     # ------------------------------------------------------------------ the file
     def encode(self, message: str = "") -> bytes:
-        """The reference file's bytes: documents inline as text (base64 where not UTF-8),
-        references as ``[url, offset, length]``, keys sorted; the source objects recorded."""
-        refs: dict[str, Any] = {}
-        for key in sorted({*self.docs, *self.refs}):
-            doc = self.docs.get(key)
-            if doc is None:
-                number, offset, length = self.refs[key]
-                refs[key] = [self.urls[number], offset, length]
-            else:
-                try:
-                    refs[key] = doc.decode()
-                except UnicodeDecodeError:
-                    refs[key] = "base64:" + base64.b64encode(doc).decode()
-        objects = {}
-        for url, (size, etag, modified_ns) in zip(self.urls, self.objects):
-            info: dict[str, Any] = {"size": size}
-            if etag is not None:
-                info["etag"] = etag
-            if modified_ns is not None:
-                info["modified_ns"] = modified_ns
-            objects[url] = info
-        block = {"schema": SCHEMA, "source": self.source, "message": message, "objects": objects}
-        return json.dumps({"version": 1, "refs": refs, REFERENCE_KEY: block}, separators=(",", ":")).encode()
+        """The reference file's bytes (:meth:`pieces` joined)."""
+        return b"".join(self.pieces(message))
+
+    def pieces(self, message: str = "", batch: int = 4096) -> Iterator[bytes]:
+        """The reference file in pieces of ``batch`` entries, never all of it at once besides
+        what this sink holds: documents inline as text (base64 where not UTF-8), references as
+        ``[url, offset, length]``, keys sorted; then the source objects as recorded."""
+        dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        yield b'{"version":1,"refs":{'
+        keys = sorted({*self.docs, *self.refs})
+        for at in range(0, len(keys), batch):
+            out = []
+            for key in keys[at : at + batch]:
+                doc = self.docs.get(key)
+                if doc is None:
+                    number, offset, length = self.refs[key]
+                    value: Any = [self.urls[number], offset, length]
+                else:
+                    try:
+                        value = doc.decode()
+                    except UnicodeDecodeError:
+                        value = "base64:" + base64.b64encode(doc).decode()
+                out.append(f"{dumps(key)}:{dumps(value)}")
+            yield ("," if at else "").encode() + ",".join(out).encode()
+        head = {"schema": SCHEMA, "source": self.source, "message": message}
+        yield f'}},{dumps(REFERENCE_KEY)}:{dumps(head)[:-1]},"objects":{{'.encode()
+        for at in range(0, len(self.urls), batch):
+            out = []
+            for url, (size, etag, modified_ns) in zip(self.urls[at : at + batch], self.objects[at : at + batch]):
+                info: dict[str, Any] = {"size": size}
+                if etag is not None:
+                    info["etag"] = etag
+                if modified_ns is not None:
+                    info["modified_ns"] = modified_ns
+                out.append(f"{dumps(url)}:{dumps(info)}")
+            yield ("," if at else "").encode() + ",".join(out).encode()
+        yield b"}}}"
 
     def commit(self, message: str) -> str:
-        """Write the reference file, atomically (a local file renamed into place, one PUT on an
-        object store); returns its name."""
+        """Write the reference file, atomically (a local file written piece by piece and
+        renamed into place; one PUT on an object store); returns its name."""
         if self.read_only:
             raise StoreNotFoundError(f"{self.path}: opened read-only", key=self.path)
-        self.parent.set(self.name, self.encode(message))
+        local = self.parent.create_local(self.name)
+        if local is None:
+            self.parent.set(self.name, self.encode(message))
+            return self.path
+        with local as fd:
+            for piece in self.pieces(message):
+                write_all(fd, piece)
         return self.path
 
     # ------------------------------------------------------------------ the store interface
@@ -291,12 +310,28 @@ class ReferenceFileSink(BaseInner):
 # --------------------------------------------------------------------------- the guard
 
 
+class _Objects(Mapping[str, ObjectInfo]):
+    """A sink's recorded source objects by URL (a view: nothing held twice)."""
+
+    def __init__(self, sink: ReferenceFileSink) -> None:
+        self.sink = sink
+
+    def __getitem__(self, url: str) -> ObjectInfo:
+        return self.sink.objects[self.sink.numbers[url]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.sink.urls)
+
+    def __len__(self) -> int:
+        return len(self.sink.urls)
+
+
 class Guard:
     """Reads bytes of source objects by URL, each checked against what was recorded of it
     (``objects``: URL -> (size, ETag, st_mtime_ns)) before and after the read:
     :class:`SourceChangedError` naming the URL and what changed."""
 
-    def __init__(self, objects: dict[str, ObjectInfo], storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, objects: Mapping[str, ObjectInfo], storage_options: Mapping[str, Any] | None = None) -> None:
         self.objects = objects
         self.storage_options = dict(storage_options or {})
         self._stores: dict[str, Inner] = {}
@@ -365,7 +400,7 @@ def _read_local(url: str, path: str, start: int, end: int, info: ObjectInfo) -> 
     return data
 
 
-def _guarded_fs(objects: dict[str, ObjectInfo], storage_options: Mapping[str, Any] | None) -> Any:
+def _guarded_fs(objects: Mapping[str, ObjectInfo], storage_options: Mapping[str, Any] | None) -> Any:
     """An asynchronous fsspec filesystem whose ``cat_file(url, start, end)`` is the guard's
     read, for ``ReferenceFileSystem``'s ``fs=`` (one per protocol)."""
     from fsspec import AbstractFileSystem

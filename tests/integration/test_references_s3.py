@@ -98,3 +98,14 @@ def test_a_changed_source_object_is_refused_by_the_guard(source, tmp_path, chang
     words = {"rewrite": "rewritten", "truncate": "rewritten", "delete": "deleted"}[change]
     with pytest.raises(SourceChangedError, match=f"s3://{key}: {words}"):
         _guarded(s3, out)["big"][...]
+
+
+def test_a_reference_file_on_s3_is_written_at_the_commit_and_read_back(source, tmp_path):
+    s3, data = source
+    s3.make_bucket("dst")
+    dst = "s3://dst/refs/out.json"
+    report = migrate(SRC, dst, stores=StoreOptions(src=s3.storage_options, dst=s3.storage_options), progress=False)
+    assert report.verification.ok and report.destination == "reference file"
+    assert s3.fs.ls("dst/refs") == ["dst/refs/out.json"]
+    store = open_references(dst, s3.storage_options)
+    np.testing.assert_array_equal(zarr.open_group(store, mode="r")["big"][...], data)

@@ -159,3 +159,15 @@ def test_a_reference_past_the_end_of_its_object_is_refused_on_read(migrated):
         _guarded(out)["big"][...]
     with pytest.raises(SourceChangedError, match="past the object's recorded"):
         verify(str(out.parent / "src"), str(out))
+
+
+def test_a_local_commit_streams_the_file_in_pieces(tmp_path, monkeypatch):
+    """The file is written piece by piece into its temporary file, never joined in memory."""
+    sink = ReferenceFileSink(str(tmp_path / "out.json"))
+    for i in range(10):
+        sink.put_reference(f"a/c/{i}", ChunkRef(f"file:///x{i}", 0, 1, 1, modified_ns=i))
+    monkeypatch.setattr(sink, "encode", lambda message="": pytest.fail("the whole file was built in memory"))
+    sink.commit("m")
+    doc = json.loads((tmp_path / "out.json").read_bytes())
+    assert list(doc["refs"]) == [f"a/c/{i}" for i in range(10)] and len(doc[REFERENCE_KEY]["objects"]) == 10
+    assert [p for p in os.listdir(tmp_path) if p != "out.json"] == []  # no temporary file left
