@@ -172,13 +172,33 @@ class _Hints:
             raise UsageError(f"dimension_names: no array {', '.join(repr(u) for u in unused)} {where}", key=unused[0])
 
 
+def _example(arrays: Sequence[DraftArray], hints: _Hints) -> str:
+    """The ``dimension_names={...}`` that names every one of ``arrays`` (``dim_0``, ...)."""
+    items = [f"{hints.relative(a.path)!r}: [{', '.join(repr(f'dim_{i}') for i in range(a.ndim))}]" for a in arrays]
+    return f"dimension_names={{{', '.join(items)}}}"
+
+
+def require_dimensions(arrays: Iterable[DraftArray], hints: _Hints) -> None:
+    """Every array that neither its metadata nor ``hints`` names, in one :class:`UsageError`
+    with the whole ``dimension_names={...}`` to pass: a group of several unnamed arrays then
+    fails once, not once per array."""
+    unnamed = [a for a in arrays if hints.lookup(a.path) is None and _dims_from_metadata(a) is None]
+    if len(unnamed) > 1:
+        paths = ", ".join(f"'/{a.path}'" for a in unnamed)
+        raise UsageError(
+            f"{len(unnamed)} arrays have no dimension names (no 'dimension_names', no '{DIMENSION_KEY}' attribute: "
+            f"not written by xarray): {paths}; name them with {_example(unnamed, hints)}", key=unnamed[0].path)
+    for a in unnamed:
+        dimensions_of(a, hints)
+
+
 def dimensions_of(array: DraftArray, hints: _Hints) -> tuple[str, ...]:
     """The array's dimension names (a hint first), or :class:`UsageError` naming the array."""
     names = hints.lookup(array.path)
     given = names is not None
     if names is None:
         names = _dims_from_metadata(array)
-    example = f"dimension_names={{{hints.relative(array.path)!r}: [{', '.join(repr(f'dim_{i}') for i in range(array.ndim))}]}}"
+    example = _example([array], hints)
     if names is None:
         raise UsageError(
             f"array '/{array.path}' has no dimension names (no 'dimension_names', no '{DIMENSION_KEY}' "
@@ -376,6 +396,12 @@ def _cf_decoding(given: Mapping[str, Any], method: str = "open_dataset") -> dict
     return {**_CF_DEFAULTS, **given}
 
 
+def _kept(arrays: Mapping[str, DraftArray], drop_variables: Any) -> list[DraftArray]:
+    """The arrays of a group that ``drop_variables`` leaves (as :func:`_decode` drops them)."""
+    drop = set() if drop_variables is None else {drop_variables} if isinstance(drop_variables, str) else set(drop_variables)
+    return [a for name, a in arrays.items() if name not in drop]
+
+
 def _decode(store: DraftDataStore, drop_variables: Any, decode: Mapping[str, Any]) -> Any:
     """xarray's CF decoding of one group (the same code path as ``xr.open_zarr``)."""
     if drop_variables is not None:
@@ -428,6 +454,7 @@ class ShardingStoreBackendEntrypoint(BackendEntrypoint):
         for arrays without (paths from the root or from ``group``)."""
         opened = _Opened(filename_or_obj, group, storage_options, dimension_names, use_zarr_fill_value_as_mask)
         arrays, _ = opened.members(opened.root)
+        require_dimensions(_kept(arrays, drop_variables), opened.hints)
         store = opened.store(opened.root, arrays)
         ds = _decode(store, drop_variables, _cf_decoding(decode))
         opened.hints.check_all_used()
@@ -449,14 +476,18 @@ class ShardingStoreBackendEntrypoint(BackendEntrypoint):
         cf = _cf_decoding(decode, "open_groups_as_dict")
         opened = _Opened(filename_or_obj, group, storage_options, dimension_names, use_zarr_fill_value_as_mask)
         base = opened.root.path
-        out: dict[str, Any] = {}
+        walked: list[tuple[DraftGroup, dict[str, DraftArray]]] = []
         todo = [opened.root]
-        while todo:
+        while todo:  # every group's arrays first: the unnamed ones of all groups are named in one error
             g = todo.pop(0)
             arrays, groups = opened.members(g)
+            walked.append((g, arrays))
+            todo.extend(groups[name] for name in sorted(groups))
+        require_dimensions([a for _, arrays in walked for a in _kept(arrays, drop_variables)], opened.hints)
+        out: dict[str, Any] = {}
+        for g, arrays in walked:
             rel = g.path[len(base) :].lstrip("/") if base else g.path
             out["/" + rel] = _decode(opened.store(g, arrays), drop_variables, cf)
-            todo.extend(groups[name] for name in sorted(groups))
         opened.hints.check_all_used()
         return out
 

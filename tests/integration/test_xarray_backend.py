@@ -266,3 +266,29 @@ def test_dimension_names_of_per_node_documents_come_first():
     assert dimensions_of(arr(dimension_names=("y", "x")), _Hints({"v": ["p", "q"]}, "g")) == ("p", "q")
     with pytest.raises(UsageError, match=r"'/g/v'.*\['y', None\].*dimension_names=\{'g/v'"):
         dimensions_of(arr(dimension_names=("y", None)), none)
+
+
+def test_every_unnamed_array_is_named_in_one_error(tmp_path):
+    """Issue 27 item 11: a group with several arrays lacking dimension names fails once, naming
+    all of them and the whole ``dimension_names={...}`` to pass, which then opens it; for a
+    tree, the unnamed arrays of every group at once."""
+    root = tmp_path / "unnamed.zr3"
+    create_draft_group(str(root), "images")
+    for path, shape in (("images/raw", (4, 6)), ("images/mask", (4, 6)), ("images/sub/t", (4,))):
+        create_draft_array(str(root), path, shape=shape, chunks=(2,) * len(shape), dtype="u2")[...] = 1
+    with pytest.raises(UsageError) as e:
+        xr.open_dataset(root, engine=Engine, group="images")
+    message = str(e.value)
+    assert "2 arrays have no dimension names" in message and "'/images/mask', '/images/raw'" in message
+    hint = message.split("name them with dimension_names=", 1)[1]
+    assert eval(hint) == {"mask": ["dim_0", "dim_1"], "raw": ["dim_0", "dim_1"]}  # noqa: S307 - our own message
+    ds = xr.open_dataset(root, engine=Engine, group="images", dimension_names=eval(hint))  # noqa: S307
+    assert set(ds.data_vars) == {"raw", "mask"} and ds["raw"].dims == ("dim_0", "dim_1")
+    assert set(xr.open_dataset(root, engine=Engine, group="images", drop_variables=["mask"],
+                               dimension_names={"raw": ["y", "x"]}).data_vars) == {"raw"}
+    with pytest.raises(UsageError) as tree_error:
+        xr.open_datatree(root, engine=Engine)
+    tree_hint = eval(str(tree_error.value).split("name them with dimension_names=", 1)[1])  # noqa: S307
+    assert set(tree_hint) == {"images/mask", "images/raw", "images/sub/t"}
+    tree = xr.open_datatree(root, engine=Engine, dimension_names=tree_hint)
+    assert tree["images/sub"]["t"].dims == ("dim_0",)
