@@ -188,6 +188,8 @@ def _open_repository(storage: Any, location: Location, source: Location | None,
     ic = _icechunk()
     exists = _exists(storage, location)
     if not exists and location.kind == "file" and os.path.isdir(location.path) and os.listdir(location.path):
+        exists = _exists(storage, location)  # a repository another run made meanwhile
+    if not exists and location.kind == "file" and os.path.isdir(location.path) and os.listdir(location.path):
         raise DestinationExistsError(f"{location.path}: not an Icechunk repository and not empty; choose another "
                                      "destination", key=location.path)
     config = (ic.Repository.fetch_config(storage) if exists else None) or ic.RepositoryConfig.default()
@@ -200,7 +202,12 @@ def _open_repository(storage: Any, location: Location, source: Location | None,
         authorise[container.url_prefix] = credentials
     grants = ic.containers_credentials(authorise) if authorise else None
     if not exists:
-        return ic.Repository.create(storage, config=config, authorize_virtual_chunk_access=grants)
+        try:
+            return ic.Repository.create(storage, config=config, authorize_virtual_chunk_access=grants)
+        except ic.IcechunkError:
+            if not _exists(storage, location):
+                raise
+            # another run created it meanwhile: open it (of two sessions only one commits)
     repo = ic.Repository.open(storage, config=config, authorize_virtual_chunk_access=grants)
     if source is not None and configure:
         repo.save_config()
@@ -220,7 +227,11 @@ def open_icechunk(dst: str, storage_options: Mapping[str, Any] | None = None, *,
     storage, location = _storage(dst, storage_options)
     if not create and not _exists(storage, location):
         storage = _icechunk().in_memory_storage()
-    repo = _open_repository(storage, location, source, source_options, configure=virtual)
+    try:
+        repo = _open_repository(storage, location, source, source_options, configure=virtual)
+    except _icechunk().IcechunkError as e:
+        raise StoreIOError(f"{dst}: cannot open or create an Icechunk repository there: {_first_line(e)}",
+                           key=dst) from e
     try:
         session = repo.writable_session(branch)
     except _icechunk().IcechunkError as e:
@@ -322,7 +333,8 @@ class IcechunkInner(ZarrStoreInner):
             return UsageError(f"{key}: Icechunk cannot store this ({what}); Icechunk takes chunk keys of the default "
                               "encoding with '/' only: migrate into a directory instead", key=key)
         fetching = "error fetching virtual reference" in text
-        if "checksum of the object" in text or "not enough data" in text or (fetching and "not found" in text):
+        gone = ("not found" in text or "NoSuchKey" in text or "does not exist" in text)
+        if "checksum of the object" in text or "not enough data" in text or (fetching and gone):
             return SourceChangedError(f"{key}: the source object of this virtual chunk changed, shrank or is gone since "
                                       f"the migration ({what})", key=key)
         if fetching:  # the source could not be read (a network error, a permission): not a change

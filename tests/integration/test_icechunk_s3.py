@@ -125,3 +125,16 @@ def test_a_draft_hierarchy_on_s3_migrated_into_a_repository_on_s3(s3, tmp_path, 
     store = reader(s3, None)  # no container authorised, no source: every chunk is the repository's own
     for path, value in values.items():
         np.testing.assert_array_equal(zarr.open_group(store, mode="r")[path][...], value)
+
+
+def test_a_repository_that_cannot_be_reached_is_one_line_exit_12(s3, tmp_path, capsys):
+    """No bucket for the repository: an I/O error naming DST (exit 12), not a traceback."""
+    from sharding_store.cli import main
+    from tests.draft_factory import make_hierarchy
+
+    make_hierarchy(tmp_path / "src")
+    options = json.dumps(s3.storage_options)
+    code = main(["migrate", str(tmp_path / "src"), "s3://no-such-bucket/repo", "--icechunk", "--dst-storage-options",
+                 options])
+    err = capsys.readouterr().err
+    assert code == 12 and "s3://no-such-bucket/repo" in err and len(err.strip().splitlines()) == 1, err

@@ -326,7 +326,30 @@ def test_icechunk_read_errors_become_ours(tmp_path):
     short = "  x error retrieving virtual chunk, not enough data. Expected: (16), available (4)"
     gone = "  x error fetching virtual reference\n  |-> Object at location /s/o not found: No such file"
     denied = "  x error fetching virtual reference\n  |-> error fetching virtual reference\n  `-> Access Denied"
-    for text in (changed, short, gone):
+    s3_gone = ("  x error fetching virtual reference\n  |-> service error\n  |-> NoSuchKey: The specified key does not "
+               "exist.")
+    for text in (changed, short, gone, s3_gone):
         assert isinstance(dst._error("a/c/0", Exception(text)), SourceChangedError), text
     error = dst._error("a/c/0", Exception(denied))
     assert type(error) is StoreIOError and "Access Denied" in str(error) and str(error).startswith("a/c/0: ")
+
+
+def test_a_repository_created_by_another_run_meanwhile_is_opened(tmp_path, monkeypatch):
+    """Two runs find no repository and both create it: the second's create fails, and it opens
+    the one the first made (their commits then decide: only one of two sessions commits)."""
+    import sharding_store.stores.icechunk_store as module
+
+    repo = tmp_path / "repo"
+    first = open_icechunk(str(repo))
+    first.set("zarr.json", GROUP)
+    first.commit("first")
+    seen = []
+    real = module._exists
+
+    def raced(storage, location):  # the check ran before the other run created it
+        seen.append(1)
+        return False if len(seen) == 1 else real(storage, location)
+
+    monkeypatch.setattr(module, "_exists", raced)
+    second = open_icechunk(str(repo))
+    assert second.get("zarr.json") == GROUP and len(seen) >= 2
