@@ -90,11 +90,11 @@ HEAVY = ("zarr", "fsspec", "s3fs", "botocore", "xarray", "dask", "distributed", 
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "zarr-2.18-sharded.zr3"
 
 
-def _command_loads(argv: list[str], cwd: Path) -> dict[str, bool]:
-    """Run the CLI's ``main(argv)`` in a fresh interpreter; which of :data:`HEAVY` it loaded."""
+def _command_loads(argv: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY) -> dict[str, bool]:
+    """Run the CLI's ``main(argv)`` in a fresh interpreter; which of ``modules`` it loaded."""
     probe = (
         "import sys, json\nfrom sharding_store.cli import main\ncode = main(sys.argv[1:])\n"
-        f"print(json.dumps({{'code': code, **{{m: m in sys.modules for m in {HEAVY!r}}}}}), file=sys.stderr)\n"
+        f"print(json.dumps({{'code': code, **{{m: m in sys.modules for m in {modules!r}}}}}), file=sys.stderr)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True, cwd=cwd)
     return json.loads(out.stderr.strip().splitlines()[-1])
@@ -112,3 +112,21 @@ def test_info_and_migrate_of_a_local_store_load_no_zarr_and_no_backend(tmp_path)
     probe = f"import sys\nimport sharding_store\nsharding_store.open_v3({str(SAMPLE)!r})\nprint('zarr' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "True"
+
+
+DRIVERS = ("sharding_store.ops.migration", "sharding_store.ops.resharding", "sharding_store.ops.upgrade",
+           "sharding_store.ops.units", "sharding_store.ops.verification")
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_info_of_a_2022_store_loads_no_driver(tmp_path):
+    """``info`` asks whether an upgrade or a reshard was interrupted, and what they left, from
+    the journals' own modules: none of the drivers (~0.1 s of imports) loads. The control:
+    ``info`` of a 2023-generation store plans its upgrade, and loads the upgrade driver."""
+    assert _command_loads(["info", str(SAMPLE)], tmp_path, DRIVERS) == {"code": 0, **dict.fromkeys(DRIVERS, False)}
+    import numpy as np
+
+    from tests.gen2023_writer import write_2023
+
+    write_2023(tmp_path / "g", "a", np.arange(16, dtype="<u2").reshape(4, 4), chunks=(2, 2), cps=(2, 1))
+    assert _command_loads(["info", str(tmp_path / "g")], tmp_path, DRIVERS)["sharding_store.ops.upgrade"] is True

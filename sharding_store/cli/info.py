@@ -240,13 +240,13 @@ def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: An
     from ..api.hierarchy import inner_of, walked_model
     from ..errors import StoreNotFoundError, UsageError
     from ..formats.draft_metadata import normalize_path
-    from ..ops.node_plan import plan_hierarchy
-    from ..ops.upgrade import upgrade_leftovers
 
     inner = inner_of(args.store, opts)
     model = walked_model(inner)
     if model is None or not model.upgradable_in_place:
         return False
+    from ..ops.node_plan import plan_hierarchy  # a 2023 store only: the drivers load here
+    from ..ops.upgrade import upgrade_leftovers
     if assume:
         raise UsageError("--assume-chunks-per-shard does not apply to a 2023-generation store")
     root = normalize_path(args.path)
@@ -302,8 +302,7 @@ def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool
     """An interrupted in-place upgrade (``migrate --in-place``): its documents are a mix of
     old and new, so that is what ``info`` says (``--strict``: exit 10); False when none."""
     from ..api.hierarchy import inner_of
-    from ..formats.upgrade_journal import interrupted_upgrade, interrupted_upgrade_error
-    from ..ops.upgrade import upgrade_status
+    from ..formats.upgrade_journal import interrupted_upgrade, interrupted_upgrade_error, upgrade_status
 
     inner = inner_of(args.store, opts)
     status = upgrade_status(inner, args.store)
@@ -363,8 +362,7 @@ def run_info(args: argparse.Namespace) -> int:
     from ..api.evidence import hierarchy_stats, stats_nodes
     from ..api.hierarchy import open_hierarchy
     from ..formats.draft_metadata import normalize_path
-    from ..formats.reshard_journal import interrupted_error, resume_command
-    from ..ops.resharding import staging_leftovers
+    from ..formats.reshard_journal import interrupted_error, resume_command, staging_leftovers
 
     opts = storage_options(args.storage_options)
     assume = assumed(args)

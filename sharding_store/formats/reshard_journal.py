@@ -35,6 +35,7 @@ __all__ = [
     "journal_key",
     "refuse_interrupted_reshards",
     "resume_command",
+    "staging_leftovers",
 ]
 
 #: everything an in-place reshard writes lives under this prefix, outside ``meta/`` and ``data/``
@@ -53,6 +54,10 @@ _VISIBILITY = {
 class _Readable(Protocol):
     def list_prefix(self, prefix: str) -> Iterator[str]: ...
     def get(self, key: str) -> bytes | None: ...
+
+
+class _Listable(_Readable, Protocol):
+    def temp_leftovers(self, key: str) -> list[str]: ...
 
 
 class _Writable(Protocol):
@@ -179,3 +184,14 @@ def refuse_interrupted_reshards(inner: _Readable, location: str, consequence: st
     journals = interrupted_reshards(inner)
     if journals:
         raise interrupted_error(journals, location, consequence)
+
+
+def staging_leftovers(inner: _Listable) -> list[str]:
+    """Keys below ``__reshard__/`` that no journal accounts for: staged objects and
+    temporary files an interrupted in-place reshard left (one listing, plus a walk of the
+    staging directory on local stores). Empty while any journal exists (they are its
+    staging then) and in a store no reshard ever ran in. Here, not in the driver: ``info``
+    asks without loading it."""
+    if interrupted_reshards(inner):
+        return []
+    return sorted({*inner.list_prefix(STAGING_PREFIX), *inner.temp_leftovers(STAGING_PREFIX)})

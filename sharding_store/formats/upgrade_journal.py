@@ -63,6 +63,7 @@ __all__ = [
     "refuse_interrupted_upgrade",
     "resume_upgrade_command",
     "undo_upgrade_command",
+    "upgrade_status",
 ]
 
 #: the journal's key, at the store's root (not a node document: every reader ignores it)
@@ -296,3 +297,18 @@ def refuse_interrupted_upgrade(inner: _Readable, location: str, consequence: str
     journal = interrupted_upgrade(inner)
     if journal is not None:
         raise interrupted_upgrade_error(journal, location, consequence)
+
+
+def upgrade_status(inner: _Readable, location: str) -> dict[str, Any] | None:
+    """An interrupted in-place upgrade of ``inner`` for ``info`` (one get, plus one per
+    document when there is one), or None. Here, not in the driver: ``info`` asks without
+    loading it."""
+    journal = interrupted_upgrade(inner)
+    if journal is None:
+        return None
+    progress = journal.progress(inner)
+    return {"journal": UPGRADE_JOURNAL_KEY, "documents": len(journal.steps), "upgraded": progress["new"],
+            "original": progress["original"], "changed_by_others": progress["other"], "skipped": journal.skipped,
+            "held_by": None if journal.owner is None else journal.owner.describe(),
+            "holder_running": None if journal.owner is None else journal.owner.alive(),
+            "resume": resume_upgrade_command(location), "undo": undo_upgrade_command(location)}

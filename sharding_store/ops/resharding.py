@@ -91,7 +91,7 @@ from ..engine.shard_engine import ArrayLayout, gather, read_objects
 from ..errors import DraftMetadataError, MigrationError, ObjectChangedError, UsageError
 from ..formats import draft_metadata as dm
 from ..formats.keys import Coords, chunk_to_shard, local_to_global
-from ..formats.reshard_journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshards
+from ..formats.reshard_journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshards, staging_leftovers
 from ..formats.shard_index import MAX_UINT64, encode_shard, index_nbytes, n_entries, parse_indices
 from ..stores import Inner, Part, Tail, Version
 from .jobs import (
@@ -582,16 +582,6 @@ def _resume_all(inner: Inner, report: ReshardReport, opts: _Options) -> None:
     if staging_leftovers(inner):  # a run killed after its journal went (older versions) left these
         inner.delete_prefix(STAGING)
         inner.tidy(STAGING, keep_top=False)
-
-
-def staging_leftovers(inner: Inner) -> list[str]:
-    """Keys below ``__reshard__/`` that no journal accounts for: staged objects and
-    temporary files an interrupted in-place reshard left (one listing, plus a walk of the
-    staging directory on local stores). Empty while any journal exists (they are its
-    staging then) and in a store no reshard ever ran in."""
-    if interrupted_reshards(inner):
-        return []
-    return sorted({*inner.list_prefix(STAGING), *inner.temp_leftovers(STAGING)})
 
 
 # --------------------------------------------------------------------------- copying

@@ -80,6 +80,7 @@ from ..formats.upgrade_journal import (
     interrupted_upgrade_error,
     resume_upgrade_command,
     undo_upgrade_command,
+    upgrade_status,
 )
 from ..formats.v3_documents import consolidated_metadata, same_json
 from ..stores import Inner
@@ -573,15 +574,3 @@ def upgrade_leftovers(inner: Inner, paths: Sequence[str]) -> list[str]:
     return [leftover for key in keys for leftover in inner.temp_leftovers(key)]
 
 
-def upgrade_status(inner: Inner, location: str) -> dict[str, Any] | None:
-    """An interrupted in-place upgrade of ``inner`` for ``info`` (one get, plus one per
-    document when there is one), or None."""
-    journal = interrupted_upgrade(inner)
-    if journal is None:
-        return None
-    progress = journal.progress(inner)
-    return {"journal": UPGRADE_JOURNAL_KEY, "documents": len(journal.steps), "upgraded": progress["new"],
-            "original": progress["original"], "changed_by_others": progress["other"], "skipped": journal.skipped,
-            "held_by": None if journal.owner is None else journal.owner.describe(),
-            "holder_running": None if journal.owner is None else journal.owner.alive(),
-            "resume": resume_upgrade_command(location), "undo": undo_upgrade_command(location)}
