@@ -11,6 +11,7 @@ values) or, when the run finished, the new snapshot with B's values: never anyth
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import shutil
 import subprocess
@@ -144,3 +145,35 @@ def test_resume_over_another_migrations_snapshot_is_refused(setting, tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 2 and "--overwrite" in done.stderr
     assert state(repo)[0] == before[0]
+
+
+def test_materialize_killed_at_random_instants_leaves_one_of_the_two_snapshots(tmp_path):
+    """``materialize`` killed wherever it is: the tip is the virtual snapshot or the
+    materialised one, and reads the same values either way (bounded attempts)."""
+    from sharding_store.api.arrays import create_draft_array, create_draft_group
+
+    src = tmp_path / "src"
+    create_draft_group(str(src), "", {})
+    values = np.arange(3000 * 4, dtype="<u2")
+    create_draft_array(str(src), "a", shape=values.shape, dtype=values.dtype, chunks=(2,), chunks_per_shard=(2,),
+                       compressor=None)[...] = values
+    migrate(str(src), str(tmp_path / "repo"), MigrateOptions(virtual=True, verify=False), progress=False)
+    virtual_snapshot = ic.Repository.open(ic.local_filesystem_storage(str(tmp_path / "repo"))).lookup_branch("main")
+    rng = random.Random(7)
+    outcomes = set()
+    for attempt in range(4):
+        repo = tmp_path / f"repo{attempt}"
+        shutil.copytree(tmp_path / "repo", repo)
+        proc = subprocess.Popen([*CLI, "materialize", str(repo)], cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.5, 3.0))
+        proc.kill()
+        code = proc.wait(timeout=60)
+        repository = ic.Repository.open(ic.local_filesystem_storage(str(repo)),
+                                        authorize_virtual_chunk_access={f"file://{os.path.realpath(src)}/": None})
+        tip = repository.lookup_branch("main")
+        assert (code == 0) == (tip != virtual_snapshot), (code, tip)
+        outcomes.add(code == 0)
+        np.testing.assert_array_equal(zarr.open_array(repository.readonly_session("main").store, path="a",
+                                                      mode="r")[...], values)
+    assert False in outcomes, "no attempt was killed before it committed: the delays are too long for this machine"
