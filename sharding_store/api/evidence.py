@@ -87,6 +87,12 @@ class ArrayStats:
     portability_problems: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()  # damaged shards, suspected legacy defects
     damage: ShardingStoreError | None = None  # the first problem as an error (``info --strict`` raises it)
+    #: an undeclared shard index as its shards read (``"plain"``, ``"crc32c-hidden"``, ``"none"``:
+    #: no shard); None when the document declares it or the array is unsharded
+    index_reading: str | None = None
+    #: the chunks per shard of an array that lost its storage transformer (its objects are
+    #: shards, ``n_chunks`` counts their chunks), the likeliest shape; None for any other
+    lost_chunks_per_shard: Coords | None = None
 
     @property
     def path(self) -> str:
@@ -114,6 +120,9 @@ class ArrayStats:
             "portable": self.portable,
             "portability_problems": list(self.portability_problems),
             "problems": list(self.problems),
+            "index_reading": self.index_reading,
+            "lost_transformer_chunks_per_shard": None if self.lost_chunks_per_shard is None
+            else list(self.lost_chunks_per_shard),
         }
 
 
@@ -696,12 +705,17 @@ def array_stats(
     """Statistics of one array. ``exclude_prefixes``: other arrays' data under this prefix
     (a root array's ``data/root/`` holds every other array's keys too). ``assumed``: its
     ``chunks_per_shard`` is a guess (``--assume-chunks-per-shard``), checked against the
-    evidence first (:func:`check_assumed_layout`, on the same listing)."""
+    evidence first (:func:`check_assumed_layout`, on the same listing). An array whose
+    document declares its keys and shard index (a v3 one) is read as it declares
+    (:func:`_declared_stats`)."""
+    if getattr(meta, "declares_codecs", False):
+        return _declared_stats(inner, meta)
     keys, stray = data_keys(inner, meta, exclude_prefixes)
     if assumed:
         check_assumed_layout(inner, meta, keys)
     portable, why = _portability(meta)
     problems: list[ShardingStoreError]
+    lost_cps = None
     try:
         if meta.is_sharded:
             n_chunks, stored, dead, corrupt = _sharded_stats(inner, meta, keys)
@@ -711,12 +725,99 @@ def array_stats(
             sizes = _object_sizes(inner, keys)
             n_objects = n_chunks = len(sizes)
             stored, dead = _sum_or_none(s for _, s in sizes), 0
-            lost = _lost_transformer_problem(inner, meta, sorted(keys))
-            problems = [] if lost is None else [lost]
+            lost = detect_lost_transformer(inner, meta, sorted(keys))
+            problems = [] if lost is None else [lost.error()]
+            if lost is not None and lost.candidates:  # its objects are shards: count their chunks
+                lost_cps = lost.candidates[0]
+                n_chunks, _, dead, _ = _sharded_stats(inner, meta.with_chunks_per_shard(lost_cps), keys)
     except LinkOutsideStoreError as e:  # one of its objects links out of the store: its problem only
         return ArrayStats(meta, len(keys), 0, None, None, tuple(stray), portable, why, (str(e),), e)
     return ArrayStats(meta, n_objects, n_chunks, stored, dead, tuple(stray), portable, why,
-                      tuple(str(p) for p in problems), problems[0] if problems else None)
+                      tuple(str(p) for p in problems), problems[0] if problems else None,
+                      lost_chunks_per_shard=lost_cps)
+
+
+def _declared_stats(inner: Inner, meta: dm.DraftArrayMeta) -> ArrayStats:
+    """:func:`array_stats` of an array whose document declares its chunk keys and shard index
+    (key encoding, index location, CRC32C; an undeclared index is read from each shard's tail,
+    which must all agree): one listing of its directory, one index read per shard."""
+    from ..engine.shard_engine import ArrayLayout
+
+    layout = ArrayLayout.from_meta(meta)
+    node_key = getattr(meta, "node_key", "")
+    objects: list[tuple[str, int | None]] = []
+    stray: list[str] = []
+    portable, why = _portability(meta)
+    try:
+        for key, size in sorted(inner.list_sized(layout.prefix)):
+            if layout.parse(key) is not None:
+                objects.append((key, _size(inner, key, size)))
+            elif key != node_key:
+                stray.append(key)
+        if not meta.is_sharded:
+            stored = _sum_or_none(size for _, size in objects)
+            return ArrayStats(meta, len(objects), len(objects), stored, 0, tuple(stray), portable, why)
+        n_chunks, dead, problems, reading = _declared_shards(inner, layout, objects)
+    except LinkOutsideStoreError as e:  # one of its objects links out of the store: its problem only
+        return ArrayStats(meta, len(objects), 0, None, None, tuple(stray), portable, why, (str(e),), e)
+    return ArrayStats(meta, len(objects), n_chunks, _sum_or_none(size for _, size in objects), dead, tuple(stray),
+                      portable, why, tuple(str(p) for p in problems), problems[0] if problems else None,
+                      index_reading=reading)
+
+
+def _declared_shards(inner: Inner, layout: Any, objects: list[tuple[str, int | None]]
+                     ) -> tuple[int, int | None, list[ShardingStoreError], str | None]:
+    """``(live chunks, dead bytes, problems, index reading)`` of the shards ``objects`` of a
+    declared ``layout``: each index read once (in byte-bounded batches); an undeclared one
+    read from the tail as :func:`~sharding_store.formats.shard_index.index_reading` decides."""
+    cps = layout.chunks_per_shard
+    n = math.prod(cps)
+    undeclared = layout.index_checksum is None
+    readings: dict[str, str] = {}
+    problems: list[ShardingStoreError] = []
+    n_chunks, dead = 0, list[int | None]()
+    for key, raw, size in _declared_indices(inner, layout, objects):
+        try:
+            checksum = bool(layout.index_checksum)
+            if undeclared:
+                checksum = index_reading(raw, n, size, key=key) == "crc32c-hidden"
+                readings.setdefault("crc32c-hidden" if checksum else "plain", key)
+            nbytes = index_nbytes(cps, checksum)
+            if size < nbytes or len(raw) < nbytes:
+                raise ShardCorruptError(f"{key}: object is {size} bytes, shorter than its {nbytes}-byte shard index",
+                                        key=key)
+            start, limit = (nbytes, size) if layout.index_location == "start" else (0, size - nbytes)
+            raw = raw[:nbytes] if layout.index_location == "start" else raw[len(raw) - nbytes:]
+            index = ShardIndex.from_bytes(raw, cps, checksum=checksum, key=key, payload_limit=limit, payload_start=start)
+        except ShardCorruptError as e:
+            problems.append(e)
+            dead.append(None)
+            continue
+        n_chunks += index.n_live()
+        dead.append(max(0, size - nbytes - covered_bytes(index)))
+    if len(readings) > 1:
+        plain, hidden = readings["plain"], readings["crc32c-hidden"]
+        problems.insert(0, ShardCorruptError(
+            f"{plain}: array '{layout.path or '/'}' declares no index_codecs and its shards disagree: {plain} has a "
+            f"plain index, {hidden} an index followed by its CRC32C", key=plain))
+    reading = (next(iter(readings)) if readings else "none") if undeclared else None
+    return n_chunks, _sum_or_none(dead), problems, reading
+
+
+def _declared_indices(inner: Inner, layout: Any, objects: list[tuple[str, int | None]]
+                      ) -> Iterator[tuple[str, bytes, int]]:
+    """``(key, index bytes, size)`` of each shard: its head or tail as long as its declared
+    index (with the CRC32C an undeclared one may have), read in byte-bounded batches."""
+    checksum = layout.index_checksum is not False
+    nbytes = index_nbytes(layout.chunks_per_shard, checksum)
+    for batch in _batches(objects, nbytes=nbytes):
+        sized = [(key, size or 0) for key, size in batch]
+        ranges = [(key, 0, min(nbytes, size)) if layout.index_location == "start" else
+                  (key, max(0, size - nbytes), size) for key, size in sized]
+        for (key, size), raw in zip(sized, inner.get_ranges(ranges)):
+            if raw is None:  # deleted while we looked
+                continue
+            yield key, bytes(raw), size
 
 
 def first_shard_damage(inner: Inner, meta: dm.DraftArrayMeta, exclude_prefixes: Iterable[str] = ()) -> ShardingStoreError | None:

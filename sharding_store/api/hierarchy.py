@@ -103,10 +103,13 @@ def _mixed(key: str, what: str) -> DraftMetadataError:
     )
 
 
-def walk_v3_nodes(inner: Inner, root_raw: bytes | None = _UNREAD) -> V3Walk:
+def walk_v3_nodes(inner: Inner, root_raw: bytes | None = _UNREAD,
+                  root_class: tuple[gen2023.NodeClass, str | None] | None = None) -> V3Walk:
     """Walk a per-node hierarchy once: list each group's directory (never below an array:
-    chunk keys are not enumerated), read each ``zarr.json``. ``root_raw``: the root's
-    ``zarr.json`` when the caller has read it (None: absent). Iterative: any depth.
+    chunk keys are not enumerated), read each ``zarr.json`` and classify it once
+    (:func:`gen2023.classify`). ``root_raw``: the root's ``zarr.json`` when the caller has
+    read it (None: absent); ``root_class``: its classification when the caller has made it.
+    Iterative: any depth.
 
     Every directory below a group is walked: nothing is cut off once the store has shown it is
     a v3 hierarchy (a root ``zarr.json``, or a node document found). Only the search for a
@@ -126,7 +129,7 @@ def walk_v3_nodes(inner: Inner, root_raw: bytes | None = _UNREAD) -> V3Walk:
     a final v1.0 document is also how a 2023 writer spelled many nodes (groups, and arrays of
     late 2023), so they are one hierarchy, DRAFT_2023 if any node is 2023.
     """
-    state = _WalkState(root_raw is not _UNREAD and root_raw is not None)
+    state = _WalkState(root_raw is not _UNREAD and root_raw is not None, root_class)
     stack: list[tuple[str, str, str | None]] = [("", "", None)]  # (key prefix, node path, illegal path above)
     while stack:
         prefix, path, illegal = stack.pop()
@@ -157,8 +160,9 @@ def _legal_name(name: str) -> bool:
 class _WalkState:
     """What :func:`walk_v3_nodes` has found so far."""
 
-    def __init__(self, evidence: bool) -> None:
+    def __init__(self, evidence: bool, root_class: tuple[gen2023.NodeClass, str | None] | None = None) -> None:
         self.evidence = evidence  # a root zarr.json, or a node document found: walk everything
+        self.root_class = root_class  # the given root document's classification, if made
         self.searched = 0  # document-less directories listed while there was no evidence
         self.nodes: list[V3Node] = []
         self.damaged: dict[str, ShardingStoreError] = {}
@@ -167,7 +171,8 @@ class _WalkState:
     def node(self, path: str, prefix: str, names: set[str], raw: bytes, illegal: str | None) -> bool:
         """Record the node document at ``prefix``; True when the walk goes on below it (a group)."""
         doc_key = prefix + gen2023.NODE_KEY
-        spelling, node_type = gen2023.classify(raw, doc_key)
+        known = self.root_class if path == "" else None
+        spelling, node_type = known if known is not None else gen2023.classify(raw, doc_key)
         if spelling == "draft-2022":
             raise _mixed(doc_key, "a draft-era (2022) entry point")
         for v2 in V2_NODE_KEYS:
@@ -241,8 +246,8 @@ def _ancestors(path: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(len(parts))]
 
 
-def _entry_point_generation(raw: bytes) -> Generation:
-    spelling = gen2023.classify_node(raw, dm.ENTRY_POINT_KEY)
+def _generation_of(spelling: gen2023.NodeClass) -> Generation:
+    """The generation a root ``zarr.json`` of this classification says (before the walk)."""
     if spelling == "draft-2022":
         return Generation.DRAFT_2022
     if spelling in ("final", "2023"):
@@ -250,9 +255,36 @@ def _entry_point_generation(raw: bytes) -> Generation:
     return Generation.UNKNOWN
 
 
+def _entry_point_generation(raw: bytes) -> Generation:
+    return _generation_of(gen2023.classify_node(raw, dm.ENTRY_POINT_KEY))
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What a store is (:func:`detect`): its generation, the key that told (None for NONE),
+    and the walk of a per-node hierarchy when one was made (the node model is built from it:
+    each node is listed, read and classified once per operation)."""
+
+    generation: Generation
+    key: str | None
+    walk: V3Walk | None = None
+
+    @property
+    def per_node(self) -> bool:
+        """Whether the root is not a 2022 entry point (a per-node store, or none): one an
+        in-place upgrade may have left half done."""
+        return self.generation is not Generation.DRAFT_2022
+
+
 def detect_generation(
     inner: Inner, entry_point: bytes | None = _UNREAD, *, deep: bool = True
 ) -> tuple[Generation, str | None]:
+    """The store's generation and the key that told: :func:`detect` without its walk."""
+    found = detect(inner, entry_point, deep=deep)
+    return found.generation, found.key
+
+
+def detect(inner: Inner, entry_point: bytes | None = _UNREAD, *, deep: bool = True) -> Detection:
     """The store's generation, and the key that told (None for NONE).
 
     ``entry_point``: the ``zarr.json`` bytes when the caller has read them already (None:
@@ -272,22 +304,25 @@ def detect_generation(
     """
     raw = inner.get(dm.ENTRY_POINT_KEY) if entry_point is _UNREAD else entry_point
     if raw is not None:
-        generation = _entry_point_generation(raw)
+        root_class = gen2023.classify(raw, dm.ENTRY_POINT_KEY)
+        generation = _generation_of(root_class[0])
         if generation in (Generation.DRAFT_2022, Generation.UNKNOWN) or not deep:
-            return generation, dm.ENTRY_POINT_KEY
-        walk = walk_v3_nodes(inner, raw)
+            return Detection(generation, dm.ENTRY_POINT_KEY)
+        walk = walk_v3_nodes(inner, raw, root_class)
         key = walk.first_2023()
-        return (Generation.DRAFT_2023, key) if key is not None else (Generation.FINAL_V3, dm.ENTRY_POINT_KEY)
+        if key is not None:
+            return Detection(Generation.DRAFT_2023, key, walk)
+        return Detection(Generation.FINAL_V3, dm.ENTRY_POINT_KEY, walk)
     for key in V2_ROOT_KEYS:
         if inner.exists(key):
-            return Generation.ZARR_V2, key
+            return Detection(Generation.ZARR_V2, key)
     top = set(inner.list_dir("")[1])
     if "meta/" in top and top <= {"meta/", "data/"} and _draft_2022_tree(inner, *inner.list_dir("meta/")):
-        return Generation.NONE, None  # only a 2022 layout is here: its entry point is missing
+        return Detection(Generation.NONE, None)  # only a 2022 layout is here: its entry point is missing
     walk = walk_v3_nodes(inner, None)
     if walk.nodes:
-        return Generation.DRAFT_2023, walk.nodes[0].key
-    return Generation.NONE, None
+        return Detection(Generation.DRAFT_2023, walk.nodes[0].key, walk)
+    return Detection(Generation.NONE, None, walk)
 
 
 def is_draft_2023(inner: Inner, raw: bytes | None = _UNREAD) -> bool:
@@ -302,15 +337,17 @@ def is_draft_2023(inner: Inner, raw: bytes | None = _UNREAD) -> bool:
     return detect_generation(inner, raw)[0] is Generation.DRAFT_2023
 
 
-def draft_entry_point(inner: Inner, raw: bytes | None, location: str) -> dm.EntryPoint:
-    """The entry point of the draft-era hierarchy in ``inner`` (``raw``: its ``zarr.json``).
+def draft_entry_point(inner: Inner, raw: bytes | None, location: str,
+                      detected: Detection | None = None) -> dm.EntryPoint:
+    """The entry point of the draft-era hierarchy in ``inner`` (``raw``: its ``zarr.json``;
+    ``detected``: what :func:`detect` said of it, when the caller asked).
 
     A store of another generation raises :class:`StoreNotFoundError` (exit 7) saying what
     it is (:class:`OtherGenerationError` for final v3 and v2: it names the generation); a
     ``zarr.json`` of no known generation is parsed as a draft entry point, so its defect is
     reported as invalid metadata (exit 3) naming the field.
     """
-    generation, key = detect_generation(inner, raw)
+    generation, key = (detected.generation, detected.key) if detected is not None else detect_generation(inner, raw)
     if generation is Generation.DRAFT_2022 or (generation is Generation.UNKNOWN and raw is not None):
         return dm.parse_entry_point(raw)  # type: ignore[arg-type]
     if generation is Generation.FINAL_V3:
@@ -395,14 +432,16 @@ class DraftHierarchy:
     #: whether ``upgrade_in_place`` applies (the node documents are rewritten where they are)
     upgradable_in_place = False
 
-    def __init__(self, inner: Inner, *, location: str = "store", strict: bool = True, entry_point: bytes | None = _UNREAD) -> None:
-        """``entry_point``: the ``zarr.json`` bytes when the caller has read them (None: absent)."""
+    def __init__(self, inner: Inner, *, location: str = "store", strict: bool = True, entry_point: bytes | None = _UNREAD,
+                 detected: Detection | None = None) -> None:
+        """``entry_point``: the ``zarr.json`` bytes when the caller has read them (None: absent);
+        ``detected``: what :func:`detect` said of the store, when the caller asked."""
         self.inner = inner
         self.strict = strict
         self.damaged: dict[str, ShardingStoreError] = {}
         self.unreadable: dict[str, ShardingStoreError] = {}  # arrays listed with meta None: why
         raw = inner.get(dm.ENTRY_POINT_KEY) if entry_point is _UNREAD else entry_point
-        self.entry_point = draft_entry_point(inner, raw, location)
+        self.entry_point = draft_entry_point(inner, raw, location, detected)
         self.suffix = self.entry_point.metadata_key_suffix
         self.nodes: dict[str, Node] = self._read_nodes()
 
@@ -529,6 +568,8 @@ class DraftHierarchy:
                 m = n.meta
                 shard = f" chunks per shard {m.chunks_per_shard}" if m.is_sharded else ""
                 lines.append((n, f"{indent}{name} {m.shape} {m.dtype.str} chunks {m.chunks}{shard}"))
+            elif n.kind == "array":
+                lines.append((n, f"{indent}{name} (an array sharding-store does not decode)"))
             else:
                 lines.append((n, f"{indent}{name}{'' if n.explicit else ' (implicit)'}"))
         return lines
@@ -624,17 +665,9 @@ def hierarchy_2023(inner: Inner, raw: bytes | None = _UNREAD) -> Hierarchy2023 |
     """The 2023 intermediate hierarchy in ``inner`` (``raw``: the root ``zarr.json`` when the
     caller has read it, None: absent); None when the store is of another generation (the
     caller reports it). A 2022 entry point decides at once; a hierarchy mixing generations
-    raises :class:`DraftMetadataError` naming the first node of the other one."""
-    if raw is _UNREAD:
-        raw = inner.get(dm.ENTRY_POINT_KEY)
-    if raw is not None:
-        if _entry_point_generation(raw) not in (Generation.DRAFT_2023, Generation.FINAL_V3):
-            return None
-        walk = walk_v3_nodes(inner, raw)
-        return Hierarchy2023(inner, walk) if walk.first_2023() is not None else None
-    if detect_generation(inner, None)[0] is not Generation.DRAFT_2023:
-        return None
-    return Hierarchy2023(inner, walk_v3_nodes(inner, None))
+    raises :class:`DraftMetadataError` naming the first node of the other one. One walk."""
+    found = detect(ReadCache(inner), raw)
+    return Hierarchy2023(inner, found.walk) if found.generation is Generation.DRAFT_2023 and found.walk else None
 
 
 def reader_label(inner: Inner) -> str | None:
@@ -654,10 +687,13 @@ def walked_model(inner: Inner, raw: bytes | None = _UNREAD) -> DraftHierarchy | 
     return hierarchy_2023(inner, raw)
 
 
-def refuse_in_place_upgrade(inner: Inner, location: str, root_raw: bytes | None) -> None:
+def refuse_in_place_upgrade(inner: Inner, location: str, root_raw: bytes | None,
+                            detected: Detection | None = None) -> None:
     """Raise unless the store is (by its root) a candidate for the in-place upgrade (the
-    generation readers decide which generations rewrite their documents where they are)."""
-    generation, key = detect_generation(inner, root_raw, deep=False)
+    generation readers decide which generations rewrite their documents where they are;
+    ``detected``: :func:`detect` of the store, when the caller made it)."""
+    found = detected if detected is not None else detect(inner, root_raw, deep=False)
+    generation, key = found.generation, found.key
     if generation in (Generation.DRAFT_2023, Generation.FINAL_V3):
         return
     if generation is Generation.NONE and root_raw is None:
@@ -699,21 +735,21 @@ class ReadCache:
         return getattr(self._inner, name)
 
 
-def node_model(inner: Inner, raw: bytes | None = _UNREAD, *, location: str = "store") -> DraftHierarchy:
+def node_model(inner: Inner, raw: bytes | None = _UNREAD, *, location: str = "store",
+               detected: Detection | None = None) -> DraftHierarchy:
     """The nodes of a draft-era store of any generation (damaged ones recorded, not raised),
     from whichever generation reader matches (``raw``: the root ``zarr.json`` when the
-    caller has read it, None: absent): a per-node hierarchy of the 2023 generation from one
-    walk (each document read once: the generation check's reads are reused), else the 2022
-    drafts' (which names any other generation: final v3, v2, nothing). A hierarchy mixing
-    generations raises :class:`DraftMetadataError` naming the first node of the other one."""
+    caller has read it, None: absent; ``detected``: :func:`detect` of the store when the
+    caller made it): a per-node hierarchy of the 2023 generation from the detection's one
+    walk (each document listed, read and classified once), else the 2022 drafts' (which
+    names any other generation: final v3, v2, nothing). A hierarchy mixing generations
+    raises :class:`DraftMetadataError` naming the first node of the other one."""
     if raw is _UNREAD:
         raw = inner.get(dm.ENTRY_POINT_KEY)
-    if raw is None or gen2023.classify_node(raw) in ("final", "2023"):
-        cached = ReadCache(inner)
-        generation, _ = detect_generation(cached, raw)
-        if generation is Generation.DRAFT_2023:
-            return Hierarchy2023(inner, walk_v3_nodes(cached, raw))
-    return DraftHierarchy(inner, location=location, strict=False, entry_point=raw)
+    found = detected if detected is not None else detect(ReadCache(inner), raw)
+    if found.generation is Generation.DRAFT_2023 and found.walk is not None:
+        return Hierarchy2023(inner, found.walk)
+    return DraftHierarchy(inner, location=location, strict=False, entry_point=raw, detected=found)
 
 
 def in_subtree(path: str, root: str) -> bool:

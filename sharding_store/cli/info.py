@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ShardingStoreError
 from ..ops.progress import human_bytes, plural, progress_bar
 from .options import add_assume_option, add_progress_option, assumed, storage_options
-from .output import print_json, print_result, warn
+from .output import print_json, print_result
 
 if TYPE_CHECKING:  # the machinery loads when a command runs (numpy and numcodecs with it)
     from ..api.evidence import ArrayStats
@@ -138,22 +140,22 @@ def _nodes(h: DraftHierarchy, root: str) -> list[Node]:
     return [n for p, n in h.nodes.items() if _in_subtree(p, root)]
 
 
-def format_array(s: ArrayStats) -> str:
-    """A short human-readable block for one array."""
+def format_array(s: ArrayStats, changes: Sequence[str] = ()) -> str:
+    """A short human-readable block for one array; ``changes``: what ``migrate`` changes in
+    its document (shown as ``will change:`` lines)."""
     from ..api.evidence import codec_chain_text
     from ..formats.draft_metadata import escape_name
 
     m = s.meta
-    objects = ("shard" if m.is_sharded else "chunk object") + ("" if s.n_objects == 1 else "s")
     lines = [
         display_path(m.path),
         f"  shape {_dims(m.shape)}  dtype {m.dtype.str}  order {m.order}",
         f"  inner chunks {_dims(m.chunks)}"
         + (f"  chunks per shard {_dims(m.chunks_per_shard)}  shard shape {_dims(m.shard_shape)}" if m.is_sharded else "  (unsharded)"),
         f"  codecs {codec_chain_text(m)}",
+        f"  fill value {_printable(m.raw.get('fill_value'))}",
         *_attributes_line(m.attributes),
-        f"  stored {s.n_objects} {objects}, {s.n_chunks} inner chunk{'' if s.n_chunks == 1 else 's'}, {human_bytes(s.bytes_stored)}"
-        + (f", dead {human_bytes(s.dead_bytes)}" if m.is_sharded else ""),
+        f"  stored {_stored_text(s)}",
     ]
     if s.portable is None:
         lines.append("  portable unknown")
@@ -161,8 +163,23 @@ def format_array(s: ArrayStats) -> str:
         lines.append("  portable yes" if s.portable else f"  portable no: {'; '.join(s.portability_problems)}")
     if s.stray_keys:
         lines.append(f"  stray keys {len(s.stray_keys)} (e.g. {escape_name(s.stray_keys[0])})")
+    lines += [f"  will change: {c}" for c in changes]
     lines += [f"  problem: {p}" for p in s.problems]
     return "\n".join(lines)
+
+
+def _stored_text(s: ArrayStats) -> str:
+    """``4 shards, 16 inner chunks, 1.2 KiB, dead 0 B``: the objects (shards, or chunk objects
+    when unsharded; the shards of an array that lost its storage transformer said so), the
+    live inner chunks they hold, the bytes stored."""
+    m = s.meta
+    if s.lost_chunks_per_shard is not None:
+        objects = (f"{plural(s.n_objects, 'shard')} (chunks per shard {_dims(s.lost_chunks_per_shard)} by the "
+                   "evidence: the metadata lost its storage transformer)")
+    else:
+        objects = plural(s.n_objects, "shard" if m.is_sharded else "chunk object")
+    dead = f", dead {human_bytes(s.dead_bytes)}" if m.is_sharded or s.lost_chunks_per_shard is not None else ""
+    return f"{objects}, {plural(s.n_chunks, 'inner chunk')}, {human_bytes(s.bytes_stored)}{dead}"
 
 
 def _subtree_text(h: DraftHierarchy, root: str) -> str:
@@ -202,21 +219,39 @@ def info_document(
     location: str, h: DraftHierarchy, nodes: list[Node], stats: list[ArrayStats], root: str = "",
     reshards: list[Journal] | None = None, unreadable_journals: list[ShardingStoreError] | None = None,
 ) -> dict[str, Any]:
+    """``info --json``: the same report as the text, for every generation."""
     from ..formats.reshard_journal import resume_command
 
+    by_path = {s.path: s for s in stats}
     return {
         "source": location,
+        "generation": h.era,
         "metadata_key_suffix": h.suffix,
-        "nodes": [
-            {"path": n.path, "kind": n.kind, "explicit": n.explicit, "attributes": n.attributes} for n in nodes
-        ],
+        "nodes": [_node_json(h, n, by_path.get(n.path)) for n in nodes],
         "arrays": [s.to_json() for s in stats],
         "damaged": [
             {"path": p, "key": e.key, "error": type(e).__name__, "reason": str(e)} for p, e in _damaged(h, root).items()
         ],
         "interrupted_reshards": [{**j.to_json(), "resume": resume_command(location)} for j in reshards or ()]
         + [{"journal": e.key, "error": type(e).__name__, "reason": str(e)} for e in unreadable_journals or ()],
+        "warnings": [],
     }
+
+
+def _node_json(h: DraftHierarchy, n: Node, s: ArrayStats | None) -> dict[str, Any]:
+    """One node of ``info --json``: what it is, its attributes, what ``migrate`` changes in its
+    document; an array also its shape, data type, objects and shard index reading."""
+    doc: dict[str, Any] = {"path": n.path, "kind": n.kind, "explicit": n.explicit, "attributes": n.attributes,
+                           "changes": node_changes(h, n, s)}
+    if n.kind == "array":
+        try:
+            m = n.meta if n.meta is not None else h.copy_meta(n)
+        except ShardingStoreError:
+            return doc
+        doc.update(shape=list(m.shape), data_type=m.raw.get("data_type", m.dtype.str),
+                   fill_value=m.raw.get("fill_value"), objects=None if s is None else s.n_objects,
+                   index_reading=None if s is None else s.index_reading)
+    return doc
 
 
 # --------------------------------------------------------------------------- commands
@@ -231,71 +266,6 @@ def leftover_error(keys: list[str], location: str, remedy: str = "") -> Sharding
 
     how = remedy or "no journal needs them: delete them"
     return MigrationError(f"{keys[0]}: {LEFTOVER_TEXT} ({len(keys)} such keys in {location}); {how}", key=keys[0])
-
-
-def _info_2023(args: argparse.Namespace, opts: dict[str, Any] | None, assume: Any) -> bool:
-    """``info`` of a store of the 2023 intermediate generation: the generation, every node and
-    what ``migrate`` changes in it (the shard index decided from the shards' tails), damaged
-    nodes; False (nothing printed) for any other generation."""
-    from ..api.hierarchy import inner_of, walked_model
-    from ..errors import StoreNotFoundError, UsageError
-    from ..formats.draft_metadata import normalize_path
-
-    inner = inner_of(args.store, opts)
-    model = walked_model(inner)
-    if model is None or not model.upgradable_in_place:
-        return False
-    from ..ops.node_plan import plan_hierarchy  # a 2023 store only: the drivers load here
-    from ..ops.upgrade import upgrade_leftovers
-    if assume:
-        raise UsageError("--assume-chunks-per-shard does not apply to a 2023-generation store")
-    root = normalize_path(args.path)
-    plan = plan_hierarchy(inner)
-    kinds = {p: k for p, k in plan.kinds.items() if _in_subtree(p, root)}
-    damaged = {p: e for p, e in plan.damaged.items() if _in_subtree(p, root)}
-    if not kinds and not damaged:
-        raise StoreNotFoundError(f"{args.store}: no node at '{root}'", key=root)
-    arrays = {a.path: a for a in plan.arrays}
-    leftovers = upgrade_leftovers(inner, [*plan.kinds, *plan.damaged])
-    if args.json:
-        doc = {
-            "source": args.store,
-            "generation": model.era,
-            "leftovers": leftovers,
-            "nodes": [
-                {"path": p, "kind": k, "changes": plan.changes.get(p, []),
-                 **({"shape": arrays[p].normalised.document["shape"], "data_type": arrays[p].normalised.document["data_type"],
-                     "objects": len(arrays[p].objects), "index_reading": arrays[p].reading} if p in arrays else {})}
-                for p, k in sorted(kinds.items())
-            ],
-            "damaged": [{"path": p, "key": e.key, "error": type(e).__name__, "reason": str(e)} for p, e in damaged.items()],
-            "warnings": plan.warnings,
-        }
-        print_json(args.command, doc)
-    else:
-        print(header(args.store, model.era, MIGRATE_DOES[model.label]))
-        groups = dict(plan.groups)
-        for p, k in sorted(kinds.items()):
-            print()
-            head = f"{display_path(p)}  {k}"
-            doc = groups.get(p, {})
-            if p in arrays:
-                doc = arrays[p].normalised.document
-                head += f"  shape {_dims(tuple(doc['shape']))}  {doc['data_type']}  {len(arrays[p].objects)} objects"
-            print("\n".join([head, *_attributes_line(doc.get("attributes"))]))
-            changes = plan.changes.get(p, [])
-            print("  unchanged (already final v1.0)" if not changes else "\n".join(f"  will change: {c}" for c in changes))
-        for p, e in damaged.items():
-            print()
-            print(f"{display_path(p)}\n  damaged ({type(e).__name__}): {e}")
-        warn(plan.warnings)
-        for key in leftovers:
-            print(f"leftover: {key}: {LEFTOVER_TEXT}")
-    if args.strict and damaged:
-        raise next(iter(damaged.values()))
-    if args.strict and leftovers:
-        raise leftover_error(leftovers, args.store)
-    return True
 
 
 def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool:
@@ -358,11 +328,136 @@ def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None) -> 
     return True
 
 
-def run_info(args: argparse.Namespace) -> int:
+def _open_model(args: argparse.Namespace, opts: dict[str, Any] | None, assume: Any) -> DraftHierarchy:
+    """The node model of the store (any generation: :func:`~sharding_store.api.hierarchy.node_model`);
+    a location inside a hierarchy is refused saying so, with the ``--path`` that reaches it."""
+    from ..api.hierarchy import inner_of, node_model
+    from ..errors import StoreNotFoundError
+
+    try:
+        h = node_model(inner_of(args.store, opts), location=args.store)
+    except StoreNotFoundError as e:
+        hint = enclosing_hierarchy(args.store, opts)
+        if hint is None:
+            raise
+        raise StoreNotFoundError(f"{e}; {hint}", key=e.key) from None
+    h.assume_sharded(assume)
+    return h
+
+
+#: parent directories looked at for the hierarchy a location is inside of (``info``'s hint)
+MAX_PARENTS = 32
+
+
+def enclosing_hierarchy(location: str, opts: dict[str, Any] | None) -> str | None:
+    """When ``location`` holds no ``zarr.json`` but lies inside a hierarchy (``store.zr3/meta``,
+    a group or array of a 2022 store): what to run instead (``info ROOT --path P``), else
+    None. Looks at up to :data:`MAX_PARENTS` parents for a ``zarr.json`` (one get each)."""
+    from ..api.hierarchy import inner_of
+
+    try:
+        if inner_of(location, opts).get(ENTRY_POINT) is not None:
+            return None  # a hierarchy's root itself (of another generation): not inside one
+    except ShardingStoreError:
+        return None
+    scheme, sep, rest = location.rpartition("://")
+    parts = rest.rstrip("/").split("/")
+    for i in range(len(parts) - 1, max(0, len(parts) - 1 - MAX_PARENTS), -1):
+        root = scheme + sep + "/".join(parts[:i])
+        if not "/".join(parts[:i]).strip("/"):
+            return None
+        try:
+            if inner_of(root, opts).get(ENTRY_POINT) is None:
+                continue
+        except ShardingStoreError:
+            return None
+        below = "/".join(parts[i:])
+        path = _node_path(below)
+        return (f"{location} is inside the hierarchy at {root}: run `sharding-store info {root}"
+                + (f" --path {path}`" if path else "`") + " for it")
+    return None
+
+
+ENTRY_POINT = "zarr.json"
+#: the 2022 layout's folders a location inside a hierarchy may name (not node paths themselves)
+_LAYOUT_FOLDERS = ("meta/root", "data/root", "meta", "data")
+
+
+def _node_path(below: str) -> str:
+    """The node path a location below a hierarchy's root names in the 2022 layout
+    (``meta/root/a/b.array.json``, ``data/root/a/b``: ``a/b``); "" for anything else (the
+    root itself, or a folder inside a per-node node: its chunks)."""
+    for folder in _LAYOUT_FOLDERS:
+        if below == folder:
+            return ""
+        if below.startswith(folder + "/") and folder.endswith("/root"):
+            below = below[len(folder) + 1:]
+            for suffix in (".array.json", ".group.json"):
+                below = below.removesuffix(suffix)
+            return below
+    return ""
+
+
+def _scan(args: argparse.Namespace, h: DraftHierarchy, root: str, assume: Any) -> _Info:
+    """What ``info`` reports about the subtree at ``root`` of the model ``h`` (a scan: one
+    listing and one index read per shard of every array, counted by the progress bar)."""
     from ..api.evidence import hierarchy_stats, stats_nodes
-    from ..api.hierarchy import open_hierarchy
+    from ..formats.reshard_journal import staging_leftovers
+
+    found = _Info(root)
+    found.reshards = _interrupted(h, root, found.unreadable_journals)
+    if not (found.reshards or found.unreadable_journals):
+        found.leftovers = staging_leftovers(h.inner)
+        found.remedy = bool(found.leftovers)
+    if h.upgradable_in_place:  # temporary files an interrupted upgrade left next to the documents
+        from ..ops.upgrade import upgrade_leftovers  # only then: info of a 2022 store loads no driver
+
+        found.leftovers += upgrade_leftovers(h.inner, [*h.nodes, *h.damaged])
+    if root not in h.damaged and not (root not in h.nodes and found.reshards):
+        # else only its damage (or the interrupted reshard that hides it) is shown
+        found.nodes = _nodes(h, root)
+        with progress_bar(len(stats_nodes(h, root)), "info", "array", args.progress) as bar:
+            found.stats = hierarchy_stats(args.store, root, hierarchy=h, assumed=assume,
+                                          on_array=lambda s: bar.advance(1, s.bytes_stored or 0))[1]
+    found.damaged = _damaged(h, root)
+    return found
+
+
+@dataclass
+class _Info:
+    """What ``info`` found in a subtree (its text and JSON render this, for every generation)."""
+
+    root: str
+    nodes: list[Node] = field(default_factory=list)
+    stats: list[ArrayStats] = field(default_factory=list)
+    damaged: dict[str, ShardingStoreError] = field(default_factory=dict)
+    reshards: list[Journal] = field(default_factory=list)
+    unreadable_journals: list[ShardingStoreError] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)
+    remedy: bool = False  # the leftovers are a reshard's staging: `reshard --resume` removes them
+
+
+def node_changes(h: DraftHierarchy, node: Node, stats: ArrayStats | None = None) -> list[str]:
+    """What ``migrate`` changes in the document of ``node`` beyond the translation the header
+    names: its respellings (a per-node document), the document an implicit group of a walked
+    model gets, a stale consolidated block left out, an undeclared shard index as its shards read."""
+    if node.spelled is None and not (h.walked and not node.explicit):
+        return []  # (before the import: info of a 2022 store loads no driver)
+    from ..ops.node_plan import CONSOLIDATED_TEXT, IMPLICIT_TEXT, READING_TEXT
+
+    if node.spelled is None:
+        return [IMPLICIT_TEXT]
+    changes = list(node.spelled.changes)
+    if node.kind == "group" and "consolidated_metadata" in node.spelled.document:
+        changes.append(CONSOLIDATED_TEXT)
+    if stats is not None and stats.index_reading is not None:
+        changes.append(f"shard index: {READING_TEXT[stats.index_reading]}")
+    return changes
+
+
+def run_info(args: argparse.Namespace) -> int:
     from ..formats.draft_metadata import normalize_path
-    from ..formats.reshard_journal import interrupted_error, resume_command, staging_leftovers
+    from ..formats.reshard_journal import interrupted_error, resume_command
 
     opts = storage_options(args.storage_options)
     assume = assumed(args)
@@ -370,54 +465,63 @@ def run_info(args: argparse.Namespace) -> int:
         return 0
     if _info_upgrade(args, opts):
         return 0
-    if _info_2023(args, opts, assume):
-        return 0
-    h = open_hierarchy(args.store, storage_options=opts, strict=False, assume_chunks_per_shard=assume)
-    root = normalize_path(args.path)
-    unreadable: list[ShardingStoreError] = []
-    reshards = _interrupted(h, root, unreadable)
-    leftovers = [] if reshards or unreadable else staging_leftovers(h.inner)
-    nodes: list[Node] = []
-    stats: list[ArrayStats] = []
-    if root not in h.damaged and not (root not in h.nodes and reshards):
-        # else only its damage (or the interrupted reshard that hides it) is shown
-        nodes = _nodes(h, root)
-        # a scan: one tail read per shard of every array, counted by the bar (with the bytes stored)
-        with progress_bar(len(stats_nodes(h, root)), "info", "array", args.progress) as bar:
-            stats = hierarchy_stats(args.store, root, hierarchy=h, assumed=assume,
-                                    on_array=lambda s: bar.advance(1, s.bytes_stored or 0))[1]
-    damaged = _damaged(h, root)
+    h = _open_model(args, opts, assume)
+    found = _scan(args, h, normalize_path(args.path), assume)
     if args.json:
-        doc = info_document(args.store, h, nodes, stats, root, reshards, unreadable)
-        doc["leftovers"] = leftovers
-        print_json(args.command, doc)
+        doc = info_document(args.store, h, found.nodes, found.stats, found.root, found.reshards,
+                            found.unreadable_journals)
+        doc["leftovers"] = found.leftovers
+        print_result(args, doc, "")
     else:
-        print(header(args.store, h.era, MIGRATE_DOES[h.label]))
-        if nodes:
-            print()
-            print(_subtree_text(h, root))
-        for s in stats:
-            print()
-            print(format_array(s))
-        for path, e in damaged.items():
-            print()
-            print(f"{display_path(path)}\n  damaged ({type(e).__name__}): {e}")
-        for j in reshards:
-            print()
-            print(_interrupted_text(j, args.store))
-        for e in unreadable:
-            print()
-            print(f"{e.key}\n  damaged reshard journal ({type(e).__name__}): {e}")
-        for key in leftovers:
-            print(f"leftover: {key}: {LEFTOVER_TEXT}")
-    problems = [*unreadable, *damaged.values(), *(s.damage for s in stats if s.damage is not None)]
-    if reshards:  # a hidden array outweighs any other problem
-        problems.insert(0, interrupted_error(reshards, args.store))
-    elif leftovers:
-        problems.append(leftover_error(leftovers, args.store, f"`{resume_command(args.store)}` removes them"))
+        print_result(args, {}, _info_text(args.store, h, found))
+    problems = [*found.unreadable_journals, *found.damaged.values(),
+                *(s.damage for s in found.stats if s.damage is not None)]
+    if found.reshards:  # a hidden array outweighs any other problem
+        problems.insert(0, interrupted_error(found.reshards, args.store))
+    elif found.leftovers:
+        remedy = f"`{resume_command(args.store)}` removes them" if found.remedy else ""
+        problems.append(leftover_error(found.leftovers, args.store, remedy))
     if args.strict and problems:
         raise problems[0]
     return 0
+
+
+def _info_text(location: str, h: DraftHierarchy, found: _Info) -> str:
+    """``info``'s text: the header, the tree, one block per array (and per node whose document
+    ``migrate`` changes), damage, interrupted reshards, leftovers -- for every generation."""
+    blocks = [header(location, h.era, MIGRATE_DOES[h.label])]
+    if found.nodes:
+        blocks.append(_subtree_text(h, found.root))
+    stats = {s.path: s for s in found.stats}
+    for node in found.nodes:
+        changes = node_changes(h, node, stats.get(node.path))
+        if node.path in stats:
+            blocks.append(format_array(stats[node.path], changes))
+        elif node.kind == "array":
+            blocks.append(_undecoded_text(h, node, changes))
+        elif changes:
+            blocks.append("\n".join([display_path(node.path), *(f"  will change: {c}" for c in changes)]))
+    blocks += [f"{display_path(p)}\n  damaged ({type(e).__name__}): {e}" for p, e in found.damaged.items()]
+    blocks += [_interrupted_text(j, location) for j in found.reshards]
+    blocks += [f"{e.key}\n  damaged reshard journal ({type(e).__name__}): {e}" for e in found.unreadable_journals]
+    text = "\n\n".join(blocks)
+    leftovers = [f"leftover: {key}: {LEFTOVER_TEXT}" for key in found.leftovers]
+    return "\n".join([text, *leftovers])
+
+
+def _undecoded_text(h: DraftHierarchy, node: Node, changes: Sequence[str]) -> str:
+    """The block of an array our reader cannot decode (``migrate`` copies its objects as they
+    are, or names why it cannot)."""
+    lines = [display_path(node.path)]
+    try:
+        m = h.copy_meta(node)
+        lines.append(f"  shape {_dims(m.shape)}  dtype {m.dtype.str}  fill value {_printable(m.raw.get('fill_value'))}")
+        lines.append(f"  not decoded by sharding-store ({h.unreadable.get(node.path)}): migrate copies its objects as they are")
+    except ShardingStoreError as e:
+        lines.append(f"  problem: {e}")
+    lines += _attributes_line(node.attributes)
+    lines += [f"  will change: {c}" for c in changes]
+    return "\n".join(lines)
 
 
 def ls_rows(h: DraftHierarchy, path: str) -> list[dict[str, Any]]:
@@ -428,8 +532,8 @@ def ls_rows(h: DraftHierarchy, path: str) -> list[dict[str, Any]]:
     for n in _nodes(h, path):
         if n.kind == "array" and n.meta is not None:
             rows.append({"path": n.path, "kind": "array", "shape": list(n.meta.shape), "dtype": n.meta.dtype.str})
-        else:
-            rows.append({"path": n.path, "kind": "group"})
+        else:  # a group, or an array our reader does not decode (no shape said)
+            rows.append({"path": n.path, "kind": n.kind})
     root = h.node(path).path
     rows += [{"path": p, "kind": "damaged", "error": type(e).__name__} for p, e in _damaged(h, root).items()]
     unreadable: list[ShardingStoreError] = []
@@ -442,15 +546,15 @@ def ls_line(row: dict[str, Any]) -> str:
     """One row as ``ls`` prints it: tab-separated path (escaped), kind, then shape and dtype,
     the error class or the reshard's phase."""
     where = display_path(row["path"]) if "path" in row else str(row["key"])
-    extra = ([_dims(tuple(row["shape"])), row["dtype"]] if row["kind"] == "array"
+    extra = ([_dims(tuple(row["shape"])), row["dtype"]] if "shape" in row
              else [row[k] for k in ("error", "phase") if k in row])
     return "\t".join([where, row["kind"], *extra])
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from ..api.hierarchy import open_hierarchy
+    from ..api.hierarchy import inner_of, node_model
 
-    h = open_hierarchy(args.store, storage_options=storage_options(args.storage_options), strict=False)
+    h = node_model(inner_of(args.store, storage_options(args.storage_options)), location=args.store)
     rows = ls_rows(h, args.path)
     print_result(args, {"source": args.store, "nodes": rows}, "\n".join(ls_line(r) for r in rows))
     return 0

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ..api.evidence import check_assumed_layouts
-from ..api.hierarchy import DraftHierarchy, node_model
+from ..api.hierarchy import DraftHierarchy, ReadCache, detect, node_model
 from ..errors import (
     DestinationExistsError,
     DraftMetadataError,
@@ -56,7 +56,6 @@ from ..errors import (
     UsageError,
 )
 from ..formats import draft_metadata as dm
-from ..formats.gen2023 import classify_node
 from ..formats.reshard_journal import refuse_interrupted_reshards
 from ..formats.upgrade_journal import refuse_interrupted_upgrade
 from ..formats.v3_documents import consolidated_metadata, v3_group_document
@@ -702,12 +701,12 @@ def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreO
     started = time.perf_counter()
     sides = _Sides.open(src, dst, o, run, stores)
     root_raw = sides.src.get(dm.ENTRY_POINT_KEY)
-    if root_raw is None or classify_node(root_raw, dm.ENTRY_POINT_KEY) != "draft-2022":
-        # an in-place upgrade (of a per-node store only) left half done: one get
+    detected = detect(ReadCache(sides.src), root_raw)  # the one detection (and walk) the model is built from
+    if detected.per_node:  # an in-place upgrade (of a per-node store only) left half done: one get
         refuse_interrupted_upgrade(sides.src, sides.src_ref.describe())
     refuse_interrupted_reshards(sides.src, sides.src_ref.describe())
     run = replace(run, jobs=jobs_for(run.jobs, sides.src, sides.dst, run.executor))
-    h = node_model(sides.src, root_raw, location=sides.src_ref.describe())
+    h = node_model(sides.src, root_raw, location=sides.src_ref.describe(), detected=detected)
     h.assume_sharded(o.assume_chunks_per_shard)
     check_assumed_layouts(h, o.assume_chunks_per_shard)  # a guess the evidence contradicts is refused
     report = MigrationReport(sides.src_ref.describe(), sides.dst_ref.describe(), dry_run=o.dry_run,

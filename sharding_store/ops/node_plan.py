@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.evidence import _batches, decide_reading
-from ..api.hierarchy import V3Walk, walk_v3_nodes
+from ..api.hierarchy import DraftHierarchy
 from ..errors import (
     DraftMetadataError,
     LinkOutsideStoreError,
@@ -157,39 +157,39 @@ def _plan_array(src: Inner, path: str, key: str, norm: gen2023.Normalised, plan:
     return a
 
 
-def plan_hierarchy(src: Inner, walk: V3Walk | None = None, *, left_out: str = "not copied") -> Plan2023:
-    """Every node of the 2023 hierarchy in ``src``: documents normalised, each array's chunk
-    objects listed and its undeclared index decided. Damage is recorded, not raised.
+def plan_hierarchy(model: DraftHierarchy, *, left_out: str = "not copied") -> Plan2023:
+    """Every node of the walked hierarchy ``model`` (:func:`~sharding_store.api.hierarchy.node_model`
+    of a per-node store: one walk, each document normalised once): its final documents, each
+    array's chunk objects listed and its undeclared index decided. No second walk: the
+    model's nodes, documents and damage are the plan's. Damage is recorded, not raised.
     ``left_out``: what the warning about a key that is no chunk key says happens to it."""
-    walk = walk if walk is not None else walk_v3_nodes(src)
+    if not model.walked:
+        raise TypeError("plan_hierarchy plans a walked (per-node) node model")
     plan = Plan2023()
-    plan.damaged.update(walk.damaged)  # nodes with illegal names
-    documented = {n.path for n in walk.nodes}
-    for path in walk.implicit:
-        if path not in documented:
+    plan.damaged.update(model.damaged)  # illegal names, damaged documents, nodes below them
+    for path in sorted(model.nodes, key=lambda p: p.split("/") if p else []):  # the walk's order
+        norm = model.nodes[path].spelled
+        if norm is None:  # a group without a document
             plan.groups.append((path, dict(GROUP_DOCUMENT)))
             plan.kinds[path] = "implicit group"
-            plan.changes[path] = ["no zarr.json (an implicit group): an explicit group document is written"]
-    for node in walk.nodes:
-        try:
-            norm = gen2023.normalise_node(node.raw, node.key)
-        except DraftMetadataError as e:
-            plan.damaged[node.path] = e
+            plan.changes[path] = [IMPLICIT_TEXT]
             continue
-        plan.kinds[node.path] = norm.node_type
-        plan.changes[node.path] = list(norm.changes)
+        plan.kinds[path] = norm.node_type
+        plan.changes[path] = list(norm.changes)
         if norm.node_type == "group":
-            plan.groups.append((node.path, _without_consolidated(plan, node.path, norm.document)))
+            plan.groups.append((path, _without_consolidated(plan, path, norm.document)))
             continue
         try:
-            a = _plan_array(src, node.path, node.key, norm, plan, left_out)
+            plan.arrays.append(_plan_array(model.inner, path, norm.key, norm, plan, left_out))
         except (DraftMetadataError, ShardCorruptError, LinkOutsideStoreError) as e:
-            plan.damaged[node.path] = e
-            continue
-        plan.arrays.append(a)
+            plan.damaged[path] = e
     _leave_out_below_damage(plan)
     plan.groups.sort(key=lambda g: (g[0] == "", -g[0].count("/"), g[0]))  # deepest first, the root last
     return plan
+
+
+#: what ``info`` and the plan say about a group without a document
+IMPLICIT_TEXT = "no zarr.json (an implicit group): an explicit group document is written"
 
 
 #: what ``info`` and the plan say about a group's stale consolidated metadata

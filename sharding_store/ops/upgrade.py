@@ -58,7 +58,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api.hierarchy import refuse_in_place_upgrade, walk_v3_nodes
+from ..api.hierarchy import ReadCache, detect, node_model, refuse_in_place_upgrade, walk_v3_nodes
 from ..errors import (
     MigrationError,
     OtherGenerationError,
@@ -177,14 +177,16 @@ def _plan(inner: Inner, location: str, *, index_checksum: bool,
           skip_damaged: bool) -> tuple[UpgradeJournal, InPlaceReport]:
     """The journal of a fresh upgrade (every refusal raised here, before any write)."""
     root_raw = inner.get(ENTRY_POINT_KEY)
-    refuse_in_place_upgrade(inner, location, root_raw)
-    walk = walk_v3_nodes(inner, root_raw)
-    if not walk.nodes:
+    found = detect(ReadCache(inner), root_raw)  # the one walk: the node model and the plan use it
+    refuse_in_place_upgrade(inner, location, root_raw, found)
+    walk = found.walk
+    if walk is None or not walk.nodes:
         raise StoreNotFoundError(f"{location}: no Zarr hierarchy here (no zarr.json)", key=ENTRY_POINT_KEY)
     if walk.first_2023() is None:
         raise OtherGenerationError(location, "Zarr v3", "already Zarr v3 (every zarr.json is final v1.0)",
                                    "nothing to upgrade; open it with zarr-python 3", key=ENTRY_POINT_KEY)
-    plan = node_plan.plan_hierarchy(inner, walk, left_out="left as it is")
+    model = node_model(inner, root_raw, location=location, detected=found)
+    plan = node_plan.plan_hierarchy(model, left_out="left as it is")
     node_plan.refuse_damage(plan, skip_damaged, "nothing was changed")
     _refuse_links(inner, plan)
     for a in plan.arrays:

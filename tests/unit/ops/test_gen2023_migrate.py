@@ -294,7 +294,8 @@ def test_info_says_the_generation_and_what_will_change(tmp_path, capsys):
     _copy(fixtures.require(fixtures.ZARRJS_ZARRITA_2023) / SHARDED, src)
     assert main(["info", str(src)]) == 0
     out = capsys.readouterr().out
-    assert "2023 intermediate" in out and "/  implicit group" in out
+    assert "2023 intermediate" in out and "/ (implicit)\n" in out
+    assert "/\n  will change: no zarr.json (an implicit group): an explicit group document is written" in out
     assert "undeclared CRC32C" in out and "'bytes' (little endian) inserted" in out
     assert main(["info", str(src), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
