@@ -332,12 +332,12 @@ def _open_model(args: argparse.Namespace, opts: dict[str, Any] | None, assume: A
     """The node model of the store (any generation: :func:`~sharding_store.api.hierarchy.node_model`);
     a location inside a hierarchy is refused saying so, with the ``--path`` that reaches it."""
     from ..api.hierarchy import inner_of, node_model
-    from ..errors import StoreNotFoundError
+    from ..errors import OtherGenerationError, StoreNotFoundError
 
     try:
         h = node_model(inner_of(args.store, opts), location=args.store)
     except StoreNotFoundError as e:
-        hint = enclosing_hierarchy(args.store, opts)
+        hint = None if isinstance(e, OtherGenerationError) else enclosing_hierarchy(args.store, opts)
         if hint is None:
             raise
         raise StoreNotFoundError(f"{e}; {hint}", key=e.key) from None
