@@ -371,8 +371,7 @@ def enclosing_hierarchy(location: str, opts: dict[str, Any] | None) -> str | Non
                 continue
         except ShardingStoreError:
             return None
-        below = "/".join(parts[i:])
-        path = _node_path(below)
+        path = _deepest_node(root, opts, _node_path("/".join(parts[i:])))
         return (f"{location} is inside the hierarchy at {root}: run `sharding-store info {root}"
                 + (f" --path {path}`" if path else "`") + " for it")
     return None
@@ -381,6 +380,21 @@ def enclosing_hierarchy(location: str, opts: dict[str, Any] | None) -> str | Non
 ENTRY_POINT = "zarr.json"
 #: the 2022 layout's folders a location inside a hierarchy may name (not node paths themselves)
 _LAYOUT_FOLDERS = ("meta/root", "data/root", "meta", "data")
+
+
+def _deepest_node(root: str, opts: dict[str, Any] | None, path: str) -> str:
+    """The deepest node of the hierarchy at ``root`` on ``path`` ("" when none is, or the
+    hierarchy cannot be read): a location inside an array's chunk folders names the array."""
+    from ..api.hierarchy import inner_of, node_model
+
+    if not path:
+        return ""
+    try:
+        nodes = node_model(inner_of(root, opts), location=root).nodes
+    except ShardingStoreError:
+        return ""
+    parts = path.split("/")
+    return next(("/".join(parts[:k]) for k in range(len(parts), 0, -1) if "/".join(parts[:k]) in nodes), "")
 
 
 def _node_path(below: str) -> str:

@@ -111,8 +111,8 @@ def test_an_array_that_lost_its_transformer_shows_the_chunks_its_shards_hold(tmp
     assert stats["n_chunks"] == 16 and stats["lost_transformer_chunks_per_shard"] == [2, 2]
 
 
-@pytest.mark.parametrize("below, path", [("meta", ""), ("meta/root", ""), ("meta/root/bad.array.json", "bad"),
-                                         ("data/root/good", "good")])
+@pytest.mark.parametrize("below, path", [("meta", ""), ("meta/root", ""), ("data/root/good", "good"),
+                                         ("data/root/bad/c0", "bad")])
 def test_a_location_inside_a_hierarchy_names_it_and_the_path(tmp_path, below, path):
     store = hostile.build(hostile.CASE_BY_NAME["lost_transformer"], tmp_path)
     proc = cli("info", str(store / below))
