@@ -349,7 +349,7 @@ class _Driver:
         self.listing: dict[str, Listed] = {}  # per array, while its units are planned
         self.root_doc: dict[str, Any] | None = None
         self.by_path = {p.node.path: p for p in plans}
-        self.bar = progress_bar(0, "migrate", object_noun(report.all_shards, 1), progress)
+        self.bar = progress_bar(None, "migrate", object_noun(report.all_shards, 1), progress)
 
     def present(self, plan: ArrayPlan) -> Present | None:
         """Under ``resume``: what the destination holds for this array, as a sorted stream."""
@@ -374,6 +374,7 @@ class _Driver:
                 yield job, unit, self.attempts, self.delay
             self.report.warnings += listed.warnings(path)
             self.done_if_complete(plan)
+        self.bar.planned()  # every array listed: the bar's total is known
 
     def done_if_complete(self, plan: ArrayPlan) -> None:
         """Write an array's ``zarr.json`` once its units are all planned and finished."""

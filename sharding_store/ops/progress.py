@@ -13,6 +13,9 @@ from typing import Any
 
 #: seconds between two redraws caused by a growing total (planning streams while units run)
 REDRAW = 0.2
+#: seconds between two frames written to a file or pipe (``--progress 2>log``): a log gets a
+#: few frames, then the final one on a line of its own
+LOG_INTERVAL = 2.0
 
 
 def human_bytes(n: int | None) -> str:
@@ -55,6 +58,9 @@ class NullBar:
     def grow(self, n: int) -> None:
         return None
 
+    def planned(self) -> None:
+        return None
+
     def advance(self, n: int = 1, nbytes: int = 0) -> None:
         return None
 
@@ -63,41 +69,75 @@ class NullBar:
 
 
 class Bar(NullBar):
-    """A tqdm bar on stderr: a count (its total may grow while the work is planned) and the
-    running total of bytes after it. Driven from one thread (the one collecting results)."""
+    """A tqdm bar on stderr: a count and the running total of bytes after it. Driven from one
+    thread (the one collecting results).
 
-    def __init__(self, total: int, desc: str, unit: str, *, file: Any = None, mininterval: float = 0.1) -> None:
+    A total that is not known yet (``total=None``: the work is still being planned while
+    units run) shows no percentage and no ETA, only the counts done and planned so far, as
+    a spinner does; :meth:`planned` (or the end) fixes the total, and the bar then shows a
+    percentage that means something. On a terminal the bar is erased when done; elsewhere
+    (``--progress 2>log``) it is redrawn rarely and its final frame is left as a whole line."""
+
+    def __init__(self, total: int | None, desc: str, unit: str, *, file: Any = None,
+                 mininterval: float | None = None) -> None:
         from tqdm import tqdm
 
+        out = file if file is not None else sys.stderr
+        tty = _isatty(out)
         self.count = 0
         self.nbytes = 0
+        self.known = total is not None
+        self._planned = total or 0
         self._drawn = 0.0
-        self._tqdm = tqdm(total=total, desc=desc, unit=unit, leave=False, file=file if file is not None else sys.stderr,
-                          mininterval=mininterval, dynamic_ncols=True)
+        self._redraw = (REDRAW if tty else LOG_INTERVAL) if mininterval is None else mininterval
+        self._tqdm = tqdm(total=total, desc=desc, unit=unit, leave=not tty, file=out, dynamic_ncols=tty,
+                          mininterval=(0.1 if tty else LOG_INTERVAL) if mininterval is None else mininterval)
+        self._set_counts()
 
     @property
     def total(self) -> int:
-        return int(self._tqdm.total or 0)
+        """What is planned so far (the final total once :meth:`planned` was called)."""
+        return self._planned
 
     def __enter__(self) -> Bar:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.planned()  # all the work was planned, or the bar would not be closing without an error
         self._tqdm.close()
 
+    def _set_counts(self) -> None:
+        """The words after the bar: the bytes so far and, while the total is not known, how
+        much is planned (``of 30 planned so far``)."""
+        planning = "" if self.known else f", {self._planned} planned so far"
+        self._tqdm.set_postfix_str(human_bytes(self.nbytes) + planning, refresh=False)
+
     def grow(self, n: int) -> None:
-        """``n`` more to do (redrawn at most every :data:`REDRAW` seconds)."""
-        self._tqdm.total = (self._tqdm.total or 0) + n
+        """``n`` more to do (redrawn at most every :data:`REDRAW` seconds; in a log, every
+        :data:`LOG_INTERVAL`)."""
+        self._planned += n
+        if self.known:
+            self._tqdm.total = self._planned
+        self._set_counts()
         now = time.monotonic()
-        if now - self._drawn >= REDRAW:
+        if now - self._drawn >= self._redraw:
             self._drawn = now
+            self._tqdm.refresh()
+
+    def planned(self) -> None:
+        """Everything is planned: the total is known, and shown with a percentage from now on."""
+        if not self.known:
+            self.known = True
+            self._tqdm.total = self._planned
+            self._set_counts()
             self._tqdm.refresh()
 
     def advance(self, n: int = 1, nbytes: int = 0) -> None:
         """``n`` more done, ``nbytes`` more bytes: the bytes shown are the run's total so far."""
         self.count += n
         self.nbytes += nbytes
-        self._tqdm.set_postfix_str(human_bytes(self.nbytes), refresh=False)
+        self._set_counts()
         self._tqdm.update(n)
 
     def reach(self, count: int, nbytes: int) -> None:
@@ -105,9 +145,17 @@ class Bar(NullBar):
         self.advance(max(0, count - self.count), max(0, nbytes - self.nbytes))
 
 
-def progress_bar(total: int, desc: str, unit: str, enabled: bool | None) -> NullBar:
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def progress_bar(total: int | None, desc: str, unit: str, enabled: bool | None) -> NullBar:
     """A :class:`Bar` on stderr when ``enabled``, or (None) only when stderr is a terminal;
-    else a :class:`NullBar` (tqdm is not imported)."""
+    else a :class:`NullBar` (tqdm is not imported). ``total`` None: not known until the
+    driver calls ``planned()``."""
     show = sys.stderr.isatty() if enabled is None else enabled
     if not show:
         return NullBar()

@@ -518,7 +518,7 @@ def _check_arrays(h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, dst_i
     checker.plan_arrays()
     checker.extra_nodes()  # the bar counts shards only when every array checked is sharded
     jobs = run.jobs_or(1)
-    with progress_bar(0, "verify", object_noun(report.all_shards, 1), run.progress) as bar:
+    with progress_bar(None, "verify", object_noun(report.all_shards, 1), run.progress) as bar:
         checker.bar = bar
         checker.run(jobs, run.executor)
     checker.consolidation()
@@ -660,6 +660,7 @@ class _Checker:
                 self.bar.grow(unit.objects)
                 yield plan.job, unit, self.retries, self.retry_delay
             present.close()
+        self.bar.planned()  # every array listed: the bar's total is known
 
     def run(self, jobs: int, executor: Executor | None) -> None:
         """Every unit (:func:`~sharding_store.ops.jobs.run_units`: inline for one job)."""

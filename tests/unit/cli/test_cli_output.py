@@ -393,3 +393,42 @@ def test_a_usage_error_with_json_is_a_json_answer():
     check_schema(doc, "migrate")
     assert proc.returncode == 2 and doc["exit_code"] == 2 and doc["error"]["class"] == "UsageError"
     assert "did you mean --overwrite?" in doc["error"]["message"]
+
+
+# --------------------------------------------------------------------------- item 14: progress
+
+
+@pytest.fixture(scope="module")
+def many_arrays(tmp_path_factory) -> Path:
+    """40 small sharded arrays: planning (one listing per array) runs while units complete."""
+    root = tmp_path_factory.mktemp("many") / "many.zr3"
+    create_draft_group(str(root), "g")
+    for i in range(40):
+        a = create_draft_array(str(root), f"g/a{i:02d}", shape=(4,), chunks=(1,), dtype="<u1", chunks_per_shard=(2,))
+        a[...] = i
+    return root
+
+
+def frames(log: str) -> list[str]:
+    """Every frame a bar drew into a log (tqdm separates them with carriage returns)."""
+    return [f.strip() for line in log.split("\n") for f in line.split("\r") if f.strip()]
+
+
+def test_progress_in_a_log_shows_a_percentage_only_of_the_final_total_and_ends_cleanly(many_arrays, tmp_path):
+    log = tmp_path / "progress.log"
+    with log.open("w") as err:
+        proc = subprocess.run([*CLI, "migrate", str(many_arrays), str(tmp_path / "out.zarr"), "--progress", "--jobs", "1"],
+                              stdout=subprocess.PIPE, stderr=err, text=True, timeout=300)
+    assert proc.returncode == 0
+    text = log.read_bytes().decode()  # not read_text: its universal newlines would turn "\r" into "\n"
+    assert text.endswith("\n")
+    lines = text.rstrip("\n").split("\n")
+    final = {line.split("\r")[-1].split(":")[0]: line.split("\r")[-1] for line in lines}  # the last frame of each bar
+    assert set(final) == {"migrate", "verify"}, repr(text)
+    for bar in ("migrate", "verify"):  # each bar's last frame is a whole line: done, with its final total
+        assert "100%" in final[bar] and "80/80" in final[bar], final[bar]
+    drawn = frames(text)
+    with_percent = [f for f in drawn if "%" in f]
+    assert with_percent and all("/80 " in f for f in with_percent), with_percent  # never a percentage of a partial total
+    counting = [f for f in drawn if "planned so far" in f]  # before the total is known: counts only
+    assert all("%" not in f for f in counting)

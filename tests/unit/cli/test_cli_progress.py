@@ -75,8 +75,8 @@ class SpyBar(NullBar):
 
     made: list[SpyBar] = []
 
-    def __init__(self, total: int, desc: str, unit: str, enabled: bool | None) -> None:
-        self.desc, self.unit, self.total, self.count, self.nbytes = desc, unit, total, 0, 0
+    def __init__(self, total: int | None, desc: str, unit: str, enabled: bool | None) -> None:
+        self.desc, self.unit, self.total, self.count, self.nbytes = desc, unit, total or 0, 0, 0
         self.steps: list[tuple[int, int]] = []
         SpyBar.made.append(self)
 
