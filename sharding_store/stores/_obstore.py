@@ -40,7 +40,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from ..errors import ObjectChangedError, StoreIOError, UsageError
-from .base import Location, RangeRequest, Tail, Version
+from .base import ForkSafeLock, Location, RangeRequest, Tail, Version
 from .fsspec_store import FsspecInner
 from .location import endpoint_location
 
@@ -149,6 +149,33 @@ _POOL_LOCK = threading.Lock()
 _RUNTIME_PID = 0
 
 
+#: this process's obstore clients by their settings (bucket, config, client options): building
+#: one loads the system's TLS root certificates (rustls parses every file of /etc/ssl/certs:
+#: 15-50 ms on the benchmark machine, most of a cold open's client time), so every store of
+#: one bucket with the same settings in a process shares one client (each has its own prefix)
+_CLIENTS: dict[str, Any] = {}
+_CLIENTS_PID = 0
+_CLIENTS_LOCK = ForkSafeLock()
+
+
+def _shared_client(settings: Mapping[str, Any]) -> Any:
+    """The obstore ``S3Store`` for these settings, built once per process."""
+    global _CLIENTS_PID
+    key = repr((settings["bucket"], sorted(settings["config"].items()), sorted(settings["client_options"].items())))
+    with _CLIENTS_LOCK:
+        if _CLIENTS_PID != os.getpid():  # a forked child: the parent's clients do not work here
+            _CLIENTS.clear()
+            _CLIENTS_PID = os.getpid()
+        store = _CLIENTS.get(key)
+        if store is None:
+            from obstore.store import S3Store
+
+            store = S3Store(settings["bucket"], config=settings["config"], client_options=settings["client_options"],
+                            retry_config=_RETRY)
+            _CLIENTS[key] = store
+        return store
+
+
 def _native() -> bool:
     """Whether obstore can be used in this process (not a fork of one that used it)."""
     global _RUNTIME_PID
@@ -228,13 +255,10 @@ class ObstoreInner(FsspecInner):
         return self._fs
 
     def client(self) -> Any:
-        """The obstore ``S3Store`` of this process."""
+        """The obstore ``S3Store`` of this process (shared with every store of the same bucket
+        and settings: :func:`_shared_client`)."""
         if self._store is None or self._store_pid != os.getpid():
-            from obstore.store import S3Store
-
-            s = self.settings
-            self._store = S3Store(s["bucket"], config=s["config"], client_options=s["client_options"],
-                                  retry_config=_RETRY)
+            self._store = _shared_client(self.settings)
             self._store_pid = os.getpid()
         return self._store
 
