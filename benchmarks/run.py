@@ -193,7 +193,11 @@ STATED_AT = f"target stated for {TARGET_MIB} MiB and more: ratio shown without i
 #: issue 26 states its reshard target (≤ 1.2× cp -r) at a store written by zarr-python 2.18:
 #: 1024 shards of 8x8 uint16/blosc-lz4 chunks, ~833 MiB on disk (100x104 chunks: 1300 MiB raw)
 RESHARD_LEGACY = LegacyGridCase(1300, "u2", "lz4", 64, chunk=(100, 104), shards=(32, 32))
+#: issue 26 states its S3 targets (full read <= tensorstore, open + one chunk <= tensorstore) at a
+#: store written by zarr-python 2.18: 105 MiB uint16/blosc-lz4, 128 shards of 8x8 chunks
+LATENCY_LEGACY = LegacyGridCase(105, "u2", "lz4", 64, chunk=(80, 84), shards=(8, 16))
 EXTRA_CASES: dict[str, list[Case]] = {"reshard": [Case(1024, "f4", "zstd", 16), RESHARD_LEGACY],
+                                      "latency": [LATENCY_LEGACY],
                                       "migrate": [Case(105, "u2", "lz4", 16), Case(1024, "f4", "zstd", 16)]}
 #: issue 15's targets for ``sharding-store migrate`` as a whole command (interpreter start-up,
 #: imports and verification included) against ``cp -r`` of the source, by case key: the 105 MiB

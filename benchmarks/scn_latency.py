@@ -89,12 +89,18 @@ class LatencyProxy:
             self.bytes_down = 0  # server -> client
             self.connections = 0
             self.peak_open = 0
+            #: every request as (method, path without the query, requests held at its arrival, itself included)
+            self.log: list[tuple[str, str, int]] = []
+            #: most requests held at once (sent by the client, not yet answered: the client's concurrency)
+            self.peak_held = 0
         self._open = getattr(self, "_open", 0)
+        self._held = getattr(self, "_held", 0)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
             return {"requests": sum(self.methods.values()), "methods": dict(self.methods), "bytes_up": self.bytes_up,
-                    "bytes_down": self.bytes_down, "connections": self.connections, "peak_open": self.peak_open}
+                    "bytes_down": self.bytes_down, "connections": self.connections, "peak_open": self.peak_open,
+                    "peak_held": self.peak_held}
 
     # -- life
     def start(self) -> int:
@@ -176,7 +182,14 @@ class LatencyProxy:
             with self._lock:
                 self.methods[method] += 1
                 self.bytes_up += len(head)
-            await asyncio.sleep(self.delay_s)
+                self._held += 1
+                self.peak_held = max(self.peak_held, self._held)
+                self.log.append((method, lines[0].split(" ")[1].partition("?")[0] if " " in lines[0] else "", self._held))
+            try:
+                await asyncio.sleep(self.delay_s)
+            finally:
+                with self._lock:
+                    self._held -= 1
             writer.write(head)
             if "chunked" in headers.get("transfer-encoding", "").lower():
                 while True:
@@ -341,8 +354,9 @@ def worker_main() -> None:
 
 
 def wanted(case: Any, quick: bool) -> bool:
-    """One case per size: uint16/blosc-lz4 at 256 chunks per shard (the quick run's only case)."""
-    return quick or (case.dtype == "u2" and case.codec == "lz4" and case.cps == 256)
+    """One case per size: uint16/blosc-lz4 at 256 chunks per shard (the quick run's only case),
+    and issue 26's store written by zarr-python 2.18 (``run.LATENCY_LEGACY``)."""
+    return quick or case.legacy_source or (case.dtype == "u2" and case.codec == "lz4" and case.cps == 256)
 
 
 def run_scenario(bench: Any, case: Any, run: Any) -> None:
@@ -409,8 +423,9 @@ def _traffic(m: dict) -> str:
     methods = ", ".join(f"{k} {v}" for k, v in sorted(extra["methods"].items()))
     opens = sorted(e["open_s"] for e in extras if "open_s" in e)
     opened = f", open {opens[len(opens) // 2] * 1e3:.0f} ms of it" if opens else ""
+    held = f", ≤ {extra['peak_held']} requests in flight" if "peak_held" in extra else ""
     return (f"{extra['requests']} requests ({methods}), {extra['bytes_down'] / 2**20:.1f} MiB down, "
-            f"{extra['bytes_up'] / 2**20:.1f} MiB up, ≤ {extra['peak_open']} connections{opened}")
+            f"{extra['bytes_up'] / 2**20:.1f} MiB up, ≤ {extra['peak_open']} connections{held}{opened}")
 
 
 def _scenario(bench: Any, case: Any, run: Any, src: Path, v1: Path, moto: Moto, proxy: LatencyProxy, endpoint: str,
@@ -427,8 +442,9 @@ def _scenario(bench: Any, case: Any, run: Any, src: Path, v1: Path, moto: Moto, 
     so = storage_options(endpoint)
     draft_url, v1_url = f"s3://{SRC_BUCKET}/draft.zr3", f"s3://{SRC_BUCKET}/v1.zarr"
     base = {"input": str(bench.input_path(case)), "so": so, "endpoint": endpoint}
-    rows = case.shape[0]
-    chunk = [[rows // 2, rows // 2 + 64], [64, 128]]  # one inner chunk (64x64), away from the edges
+    rows, (ch0, ch1) = case.shape[0], case.inner
+    row0 = rows // 2 // ch0 * ch0
+    chunk = [[row0, row0 + ch0], [ch1, 2 * ch1]]  # one whole inner chunk, away from the edges
     rep = bench.reps(case)
     warm = not bench.args.quick
     lat = f"{DELAY_S * 1e3:.0f} ms added per request"
