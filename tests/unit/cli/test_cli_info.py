@@ -128,3 +128,11 @@ def test_a_location_in_no_hierarchy_is_refused_as_before(tmp_path):
     (tmp_path / "plain" / "sub").mkdir(parents=True)
     proc = cli("info", str(tmp_path / "plain" / "sub"))
     assert proc.returncode == 7 and "no draft-era hierarchy here" in proc.stderr and "inside" not in proc.stderr
+
+
+@pytest.mark.parametrize("generation", sorted(STORES))
+def test_ls_lists_every_generation_from_the_same_model(tmp_path, generation):
+    store = STORES[generation](tmp_path / "store")
+    proc = cli("ls", str(store))
+    assert proc.returncode == 0, proc.stderr
+    assert "/a\tarray\t8\t<f4" in proc.stdout.splitlines()
