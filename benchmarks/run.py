@@ -44,7 +44,8 @@ WORKER = HERE / "_worker.py"
 LEGACY_WORKER = HERE / "_legacy_worker.py"
 DATA = HERE / ".data"
 TIME_BIN = shutil.which("time", path="/usr/bin:/bin")
-SCENARIOS = ("write", "read", "chunk", "migrate", "reshard", "gen2023", "scale", "latency", "xarray", "virtual")
+SCENARIOS = ("write", "read", "chunk", "migrate", "reshard", "gen2023", "scale", "latency", "xarray", "virtual",
+             "mapping", "startup")
 TASK_TIMEOUT = 1200
 #: CPU busy (% of all cores, sampled while this benchmark is idle) before each run
 LOADS: list[float] = []
@@ -855,6 +856,35 @@ class Bench:
             self.log(f"  scale {n}: {json.dumps(r)}")
             results.append(r)
         self.rows += scn_scale.rows(results, make_row)
+
+    def s_mapping(self, case: Case) -> None:
+        """Scenario 11 (benchmarks/scn_mapping.py, issue 26): a plain mapping's µs per shard; once per run."""
+        if getattr(self, "_mapping_done", False):
+            return
+        self._mapping_done = True
+        import scn_mapping
+
+        work = self.data / "mapping"
+        work.mkdir(parents=True, exist_ok=True)
+        quick = {"sizes": (10_000,), "side": 20} if self.args.quick else {}
+        result = scn_mapping.compare(work, self.args.old_tree, self.reps(case), **quick)  # type: ignore[arg-type]
+        self.log(f"  mapping: {json.dumps(result)}")
+        self.rows += scn_mapping.rows(result, make_row)
+
+    def s_startup(self, case: Case) -> None:
+        """Scenario 12 (benchmarks/scn_startup.py, issue 26): info start-up, migrate 128 MiB vs cp -r; once per run."""
+        if getattr(self, "_startup_done", False):
+            return
+        self._startup_done = True
+        import scn_startup
+
+        work = self.data / "startup"
+        work.mkdir(parents=True, exist_ok=True)
+        quick = {"n": 1024, "count": False} if self.args.quick else {}
+        result = scn_startup.compare(work, self.args.old_tree, 1 if self.args.quick else max(5, self.reps(case)),
+                                     **quick)  # type: ignore[arg-type]
+        self.log(f"  startup: {json.dumps(result)}")
+        self.rows += scn_startup.rows(result, make_row)
 
     def timed_command(self, case: Case, argv: list[str], dst: Path, verify: bool, sync: bool = False) -> dict:
         """One whole command writing ``dst`` (removed before and after), timed from outside;

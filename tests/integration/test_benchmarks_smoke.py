@@ -32,7 +32,7 @@ def test_quick_benchmark_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
     for scenario in ("1 write", "2 read", "3 one chunk", "4 migrate", "5 reshard", "7 scale", "8 latency", "9 xarray",
-                     "10 virtual"):
+                     "10 virtual", "11 mapping", "12 startup"):
         assert scenario in text, scenario
     assert "error" not in text.lower().split("## profile notes")[0], text[:3000]
     # the rows behind the markdown are kept machine-readable, and every plot is drawn from them

@@ -169,7 +169,9 @@ def test_verify_streams_both_listings_and_still_finds_differences(small_span):
     assert "missing" in report.check.problems[0][1] and "unexpected" in report.check.problems[1][1]
 
 
-def test_resume_merges_the_destination_listing_as_a_stream(small_span):
+@pytest.mark.parametrize("jobs", [JOBS, None], ids=["threads", "inline"])
+def test_resume_merges_the_destination_listing_as_a_stream(small_span, jobs):
+    """Also inline (two in-memory stores, jobs not given): the crash leaves what threads leave."""
     src, dst = GeneratedDraft(N), TrackedDict()
     done = [0]
 
@@ -180,11 +182,11 @@ def test_resume_merges_the_destination_listing_as_a_stream(small_span):
                 raise KeyboardInterrupt("simulated crash after 1000 units")
 
     with fault_hook(crash), pytest.raises(KeyboardInterrupt):
-        migrate(src, dst, verify=False, jobs=JOBS, progress=False)
+        migrate(src, dst, verify=False, jobs=jobs, progress=False)
     assert "a/zarr.json" not in dst and 1000 <= len(shard_keys(dst)) < N
     dst["a/c/0"] = dst["a/c/0"][:-3]  # a torn shard is rewritten, not skipped
     dst.alive = Alive()
-    report = migrate(src, dst, resume=True, verify=False, jobs=JOBS, progress=False)
+    report = migrate(src, dst, resume=True, verify=False, jobs=jobs, progress=False)
     assert dst.alive.made >= 1000  # the listing of what was there went through the merge ...
     assert dst.alive.peak <= 4, f"{dst.alive.peak} listed destination keys alive at once"  # ... never held
     assert report.totals.skipped >= 999 and report.totals.skipped + report.totals.written == N
