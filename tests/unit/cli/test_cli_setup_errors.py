@@ -174,7 +174,8 @@ def _commands(src: Path, migrated: Path, tmp_path: Path) -> dict[str, list[str]]
 
 @pytest.mark.parametrize(
     "kind, fragments",
-    [("v3", ("already Zarr v3", "nothing to migrate")), ("v3_array", ("already Zarr v3",)),
+    [("v3", ("already Zarr v3", "nothing to migrate")),
+     pytest.param("v3_array", ("already Zarr v3",), marks=pytest.mark.slow),  # six commands each: v3 and v2 stay fast
      ("v2", ("Zarr v2", "not draft-era"))],
 )
 def test_other_generations_are_named_in_every_command(other_generations, tmp_path, kind, fragments):

@@ -231,9 +231,10 @@ class LocalStoreMachine(StoreMachine):
 _settings = dict(stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TestStoreOverDict = StoreMachine.TestCase
 TestStoreOverDict.settings = settings(max_examples=60, **_settings)
-TestStoreOverDict.pytestmark = [pytest.mark.slow]  # the same machine over a directory stays in the fast loop
+TestStoreOverDict.pytestmark = [pytest.mark.slow]  # slow: both store machines (engine tests stay fast)
 TestStoreOverLocalDirectory = LocalStoreMachine.TestCase
 TestStoreOverLocalDirectory.settings = settings(max_examples=20, **_settings)
+TestStoreOverLocalDirectory.pytestmark = [pytest.mark.slow]
 
 
 # ---------------------------------------------------------------------- the stores themselves
@@ -416,7 +417,7 @@ _inner_settings = settings(max_examples=100, stateful_step_count=30, deadline=No
                            suppress_health_check=[HealthCheck.too_slow])
 TestMappingInner = InnerMachine.TestCase
 TestMappingInner.settings = _inner_settings
-TestMappingInner.pytestmark = [pytest.mark.slow]  # slow: the machines but the fsspec one
+TestMappingInner.pytestmark = [pytest.mark.slow]  # slow: the inner machines but the fsspec one
 TestLocalInner = LocalInnerMachine.TestCase
 TestLocalInner.settings = _inner_settings
 TestLocalInner.pytestmark = [pytest.mark.slow]
