@@ -23,17 +23,26 @@ ETag), else :class:`~sharding_store.errors.SourceChangedError` naming the URL an
 changed. A rewrite that keeps both the size and the modification time (``cp -p``/``rsync -t``
 of other bytes) cannot be told locally.
 
-Memory: one small tuple per reference (an index into the table of URLs, the offset, the
-length) and one entry per source object; the documents as bytes.
+Memory: flat in the number of references. They and the source objects go into a
+temporary SQLite file beside the destination (a temporary directory for a remote one;
+unlinked once open, so a killed run leaves nothing), one row each; a key put again (a
+retried unit) replaces its row. Only the documents (``zarr.json``, few) are held as bytes.
+The commit reads the table a page at a time, sorted by key, into the file: locally a
+temporary file renamed into place; on an object store the file is built in memory and
+uploaded in one PUT.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import heapq
 import json
 import os
 import posixpath
+import sqlite3
 import stat
+import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -90,11 +99,87 @@ def _objects(doc: Mapping[str, Any], path: str) -> dict[str, ObjectInfo]:
     return out
 
 
+class _Table:
+    """The references and source objects of a sink, in a temporary SQLite file beside the
+    destination (a local temporary directory for a remote one), unlinked once open: memory
+    stays flat in the number of references (SQLite's page cache, a few MiB), a key put again
+    (a retried unit) replaces its row (the last writer wins), and every read the driver and
+    ``verify`` make is one indexed lookup. Not thread-safe: the sink's lock serialises it."""
+
+    def __init__(self, where: str | None) -> None:
+        fd, name = tempfile.mkstemp(prefix=".sharding-store-refs-", suffix=".sqlite", dir=where)
+        os.close(fd)
+        try:
+            self.db = sqlite3.connect(name, check_same_thread=False, isolation_level=None)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(name)  # the open connection keeps it; nothing is left after a kill
+        for pragma in ("journal_mode=OFF", "synchronous=OFF", "temp_store=FILE", "cache_size=-4096"):
+            self.db.execute(f"PRAGMA {pragma}")
+        self.db.execute("CREATE TABLE objects (id INTEGER PRIMARY KEY, url TEXT UNIQUE NOT NULL, size INTEGER NOT NULL,"
+                        " etag TEXT, modified_ns INTEGER)")
+        self.db.execute("CREATE TABLE refs (key TEXT PRIMARY KEY, object INTEGER NOT NULL, offset INTEGER NOT NULL,"
+                        " length INTEGER NOT NULL) WITHOUT ROWID")
+        self.db.execute("BEGIN")  # one transaction for the sink's life: nothing is ever synced
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self.db.close()
+
+    def add(self, key: str, url: str, offset: int, length: int, info: ObjectInfo) -> None:
+        """``key`` -> bytes of ``url``; the object's ``info`` recorded once (a second
+        reference to it with other ``info``: :class:`ObjectChangedError`)."""
+        got = self.db.execute("INSERT OR IGNORE INTO objects (url, size, etag, modified_ns) VALUES (?, ?, ?, ?)",
+                              (url, *info))
+        number = got.lastrowid if got.rowcount == 1 else None
+        if number is None:
+            number, *known = self.db.execute("SELECT id, size, etag, modified_ns FROM objects WHERE url = ?",
+                                             (url,)).fetchone()
+            if tuple(known) != info:
+                raise ObjectChangedError(f"{url}: changed between two references to it ({tuple(known)} then {info})",
+                                         key=url)
+        self.db.execute("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", (key, number, offset, length))
+
+    def get(self, key: str) -> tuple[str, int, int, ObjectInfo] | None:
+        """``(url, offset, length, info)`` of ``key`` (None: no reference)."""
+        row = self.db.execute("SELECT url, offset, length, size, etag, modified_ns FROM refs JOIN objects "
+                              "ON objects.id = refs.object WHERE key = ?", (key,)).fetchone()
+        return None if row is None else (row[0], row[1], row[2], (row[3], row[4], row[5]))
+
+    def length(self, key: str) -> int | None:
+        row = self.db.execute("SELECT length FROM refs WHERE key = ?", (key,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def object(self, url: str) -> ObjectInfo | None:
+        row = self.db.execute("SELECT size, etag, modified_ns FROM objects WHERE url = ?", (url,)).fetchone()
+        return None if row is None else (row[0], row[1], row[2])
+
+    def delete(self, key: str) -> None:
+        self.db.execute("DELETE FROM refs WHERE key = ?", (key,))
+
+    def count(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM refs").fetchone()[0])
+
+    def page(self, after: str | None, prefix: str, n: int) -> list[tuple[str, str, int, int]]:
+        """Up to ``n`` ``(key, url, offset, length)``, sorted by key (code points: SQLite
+        compares UTF-8 bytes), from ``prefix`` on, or past ``after``."""
+        where, arg = ("key >= ?", prefix) if after is None else ("key > ?", after)
+        return self.db.execute(f"SELECT key, url, offset, length FROM refs JOIN objects ON objects.id = refs.object "
+                               f"WHERE {where} ORDER BY key LIMIT ?", (arg, n)).fetchall()
+
+    def objects_after(self, after: int, n: int) -> list[tuple[int, str, int, str | None, int | None]]:
+        """Up to ``n`` recorded objects with ids past ``after``, in the order first referred to."""
+        return self.db.execute("SELECT id, url, size, etag, modified_ns FROM objects WHERE id > ? ORDER BY id "
+                               "LIMIT ?", (after, n)).fetchall()
+
+
 class ReferenceFileSink(BaseInner):
-    """A reference file being written (or read): documents and references held here,
-    written as one file at :meth:`commit`. Opened on an existing file it holds that file's
-    content (a migration then finds DST not empty; ``--overwrite`` empties this, and the
-    commit replaces the file). ``read_only``: for verify and readers (no commit)."""
+    """A reference file being written (or read): documents held here, references and the
+    source objects they point into in a temporary table (:class:`_Table`: memory flat in
+    their number), written as one file at :meth:`commit`. Opened on an existing file it
+    holds that file's content (a migration then finds DST not empty; ``--overwrite``
+    empties this, and the commit replaces the file). ``read_only``: for verify and readers
+    (no commit)."""
 
     def __init__(self, path: str, storage_options: Mapping[str, Any] | None = None, *, read_only: bool = False,
                  source: str = "", source_options: Mapping[str, Any] | None = None) -> None:
@@ -106,18 +191,21 @@ class ReferenceFileSink(BaseInner):
         self.parent: Inner = as_inner(head, storage_options=storage_options)
         self.read_only = read_only
         self.docs: dict[str, bytes] = {}
-        self.refs: dict[str, tuple[int, int, int]] = {}  # key -> (URL number, offset, length)
-        self.urls: list[str] = []
-        self.numbers: dict[str, int] = {}
-        self.objects: list[ObjectInfo] = []
         self.source = source
         self.source_options = dict(source_options if source_options is not None else self.storage_options)
         self._lock = threading.Lock()
+        where = self.parent.location()
+        self._table = _Table(where.path if where.kind == "file" and os.path.isdir(where.path) else None)
         self._reader = Guard(_Objects(self), self.source_options)
         self._load()
 
     def __repr__(self) -> str:
         return f"ReferenceFileSink({self.path!r})"
+
+    def __del__(self) -> None:
+        table = getattr(self, "_table", None)
+        if table is not None:
+            table.close()
 
     def _load(self) -> None:
         try:
@@ -150,23 +238,15 @@ class ReferenceFileSink(BaseInner):
     # ------------------------------------------------------------------ references
     def _add(self, key: str, url: str, offset: int, length: int, info: ObjectInfo) -> None:
         with self._lock:
-            number = self.numbers.get(url)
-            if number is None:
-                number = self.numbers[url] = len(self.urls)
-                self.urls.append(url)
-                self.objects.append(info)
-            elif self.objects[number] != info:
-                raise ObjectChangedError(f"{url}: changed between two references to it ({self.objects[number]} "
-                                         f"then {info})", key=url)
+            self._table.add(key, url, offset, length, info)
             self.docs.pop(key, None)
-            self.refs[key] = (number, offset, length)
 
     def takes_references(self) -> bool:
         return not self.read_only
 
     def put_reference(self, key: str, ref: ChunkRef) -> None:
         """``key`` reads bytes ``[offset, offset+length)`` of ``ref.url``; the object's size and
-        ETag or modification time are recorded for the guard."""
+        ETag or modification time are recorded for the guard. Put again, the last one holds."""
         if ref.offset < 0 or ref.length < 0 or ref.offset + ref.length > ref.object_size:
             raise ObjectChangedError(f"{ref.url}: [{ref.offset}, {ref.offset + ref.length}) does not lie inside its "
                                      f"{ref.object_size} bytes", key=ref.url)
@@ -174,58 +254,81 @@ class ReferenceFileSink(BaseInner):
 
     def reference(self, key: str) -> ChunkRef | None:
         """The reference ``key`` holds (None: a document, or nothing)."""
-        got = self.refs.get(key)
+        with self._lock:
+            got = self._table.get(key)
         if got is None:
             return None
-        number, offset, length = got
-        size, etag, modified_ns = self.objects[number]
-        return ChunkRef(self.urls[number], offset, length, size, etag=etag, modified_ns=modified_ns)
+        url, offset, length, (size, etag, modified_ns) = got
+        return ChunkRef(url, offset, length, size, etag=etag, modified_ns=modified_ns)
+
+    def _rows(self, prefix: str = "", batch: int = 4096) -> Iterator[tuple[str, str, int, int]]:
+        """Every ``(key, url, offset, length)`` under ``prefix``, sorted by key, read a page
+        at a time (the lock is never held between pages)."""
+        after: str | None = None
+        while True:
+            with self._lock:
+                rows = self._table.page(after, prefix, batch)
+            for row in rows:
+                if not row[0].startswith(prefix):
+                    return
+                yield row
+            if len(rows) < batch:
+                return
+            after = rows[-1][0]
 
     def references(self) -> Iterator[tuple[str, ChunkRef]]:
         """Every ``(key, reference)``, sorted by key."""
-        for key in sorted(self.refs):
+        for key, *_ in self._rows():
             ref = self.reference(key)
-            assert ref is not None
-            yield key, ref
+            if ref is not None:  # deleted meanwhile
+                yield key, ref
 
     # ------------------------------------------------------------------ the file
     def encode(self, message: str = "") -> bytes:
         """The reference file's bytes (:meth:`pieces` joined)."""
         return b"".join(self.pieces(message))
 
+    def _entries(self) -> Iterator[tuple[str, Any]]:
+        """Every ``(key, value)`` of ``refs``, sorted by key: the documents (few, held here)
+        merged into the references (read a page at a time)."""
+        docs = sorted(self.docs.items())
+        refs = ((key, [url, offset, length]) for key, url, offset, length in self._rows())
+        value: Any
+        for key, value in heapq.merge(docs, refs, key=lambda item: item[0]):
+            if isinstance(value, bytes):
+                try:
+                    value = value.decode()
+                except UnicodeDecodeError:
+                    value = "base64:" + base64.b64encode(value).decode()
+            yield key, value
+
     def pieces(self, message: str = "", batch: int = 4096) -> Iterator[bytes]:
-        """The reference file in pieces of ``batch`` entries, never all of it at once besides
-        what this sink holds: documents inline as text (base64 where not UTF-8), references as
-        ``[url, offset, length]``, keys sorted; then the source objects as recorded."""
+        """The reference file in pieces of ``batch`` entries, never all of it at once:
+        documents inline as text (base64 where not UTF-8), references as ``[url, offset,
+        length]``, keys sorted; then the source objects as recorded."""
         dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         yield b'{"version":1,"refs":{'
-        keys = sorted({*self.docs, *self.refs})
-        for at in range(0, len(keys), batch):
-            out = []
-            for key in keys[at : at + batch]:
-                doc = self.docs.get(key)
-                if doc is None:
-                    number, offset, length = self.refs[key]
-                    value: Any = [self.urls[number], offset, length]
-                else:
-                    try:
-                        value = doc.decode()
-                    except UnicodeDecodeError:
-                        value = "base64:" + base64.b64encode(doc).decode()
-                out.append(f"{dumps(key)}:{dumps(value)}")
-            yield ("," if at else "").encode() + ",".join(out).encode()
+        out: list[str] = []
+        first = True
+        for key, value in self._entries():
+            out.append(f"{dumps(key)}:{dumps(value)}")
+            if len(out) == batch:
+                yield ("" if first else ",").encode() + ",".join(out).encode()
+                out, first = [], False
+        if out:
+            yield ("" if first else ",").encode() + ",".join(out).encode()
         head = {"schema": SCHEMA, "source": self.source, "message": message}
         yield f'}},{dumps(REFERENCE_KEY)}:{dumps(head)[:-1]},"objects":{{'.encode()
-        for at in range(0, len(self.urls), batch):
-            out = []
-            for url, (size, etag, modified_ns) in zip(self.urls[at : at + batch], self.objects[at : at + batch]):
-                info: dict[str, Any] = {"size": size}
-                if etag is not None:
-                    info["etag"] = etag
-                if modified_ns is not None:
-                    info["modified_ns"] = modified_ns
-                out.append(f"{dumps(url)}:{dumps(info)}")
-            yield ("," if at else "").encode() + ",".join(out).encode()
+        after = 0
+        while True:
+            with self._lock:
+                rows = self._table.objects_after(after, batch)
+            if not rows:
+                break
+            yield ("," if after else "").encode() + ",".join(
+                f"{dumps(url)}:{dumps(_info(size, etag, modified_ns))}" for _, url, size, etag, modified_ns in rows
+            ).encode()
+            after = rows[-1][0]
         yield b"}}}"
 
     def commit(self, message: str) -> str:
@@ -247,13 +350,14 @@ class ReferenceFileSink(BaseInner):
         doc = self.docs.get(key)
         if doc is not None:
             return slice_range(doc, start, end)
-        got = self.refs.get(key)
+        with self._lock:
+            got = self._table.get(key)
         if got is None:
             return None
-        number, offset, length = got
+        url, offset, length, _ = got
         lo = max(0, length + start) if start < 0 else min(start, length)
         hi = length if end is None else max(lo, min(end, length))
-        return self._reader.read(self.urls[number], offset + lo, offset + hi)
+        return self._reader.read(url, offset + lo, offset + hi)
 
     def get(self, key: str) -> bytes | None:
         return self._read(key, 0, None)
@@ -274,30 +378,31 @@ class ReferenceFileSink(BaseInner):
         if self.read_only:
             raise StoreNotFoundError(f"{self.path}: opened read-only", key=key)
         with self._lock:
-            self.refs.pop(key, None)
+            self._table.delete(key)
             self.docs[key] = bytes(value)
 
     def delete(self, key: str) -> None:
         with self._lock:
             self.docs.pop(key, None)
-            self.refs.pop(key, None)
+            self._table.delete(key)
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
-        return iter(sorted(k for k in {*self.docs, *self.refs} if k.startswith(prefix)))
+        docs = sorted(k for k in self.docs if k.startswith(prefix))
+        return heapq.merge(docs, (key for key, *_ in self._rows(prefix)))
 
     def list_sized(self, prefix: str) -> Iterator[tuple[str, int | None]]:
         for key in self.list_prefix(prefix):
             yield key, self.size(key)
 
     def exists(self, key: str) -> bool:
-        return key in self.docs or key in self.refs
+        return self.size(key) is not None
 
     def size(self, key: str) -> int | None:
         doc = self.docs.get(key)
         if doc is not None:
             return len(doc)
-        got = self.refs.get(key)
-        return None if got is None else got[2]
+        with self._lock:
+            return self._table.length(key)
 
     def location(self) -> Location:
         where = self.parent.location()
@@ -307,7 +412,14 @@ class ReferenceFileSink(BaseInner):
         return self.path
 
 
-# --------------------------------------------------------------------------- the guard
+def _info(size: int, etag: str | None, modified_ns: int | None) -> dict[str, Any]:
+    """One source object's entry in the ``objects`` block."""
+    info: dict[str, Any] = {"size": size}
+    if etag is not None:
+        info["etag"] = etag
+    if modified_ns is not None:
+        info["modified_ns"] = modified_ns
+    return info
 
 
 class _Objects(Mapping[str, ObjectInfo]):
@@ -317,13 +429,28 @@ class _Objects(Mapping[str, ObjectInfo]):
         self.sink = sink
 
     def __getitem__(self, url: str) -> ObjectInfo:
-        return self.sink.objects[self.sink.numbers[url]]
+        with self.sink._lock:
+            got = self.sink._table.object(url)
+        if got is None:
+            raise KeyError(url)
+        return got
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.sink.urls)
+        after = 0
+        while True:
+            with self.sink._lock:
+                rows = self.sink._table.objects_after(after, 4096)
+            if not rows:
+                return
+            yield from (row[1] for row in rows)
+            after = rows[-1][0]
 
     def __len__(self) -> int:
-        return len(self.sink.urls)
+        with self.sink._lock:
+            return int(self.sink._table.db.execute("SELECT count(*) FROM objects").fetchone()[0])
+
+
+# --------------------------------------------------------------------------- the guard
 
 
 class Guard:

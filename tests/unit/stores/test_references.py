@@ -171,3 +171,62 @@ def test_a_local_commit_streams_the_file_in_pieces(tmp_path, monkeypatch):
     doc = json.loads((tmp_path / "out.json").read_bytes())
     assert list(doc["refs"]) == [f"a/c/{i}" for i in range(10)] and len(doc[REFERENCE_KEY]["objects"]) == 10
     assert [p for p in os.listdir(tmp_path) if p != "out.json"] == []  # no temporary file left
+
+
+# --------------------------------------------------------------------------- memory, retries
+
+
+MANY_REFERENCES = r"""
+    import os
+    from sharding_store.stores import ChunkRef
+    from sharding_store.stores.references import ReferenceFileSink
+
+    def rss_mb():
+        with open("/proc/self/status") as status:
+            return int([line for line in status if line.startswith("VmRSS:")][0].split()[1]) / 1024
+
+    n, out = int(sys.argv[2]), sys.argv[3]
+    sink = ReferenceFileSink(out, source="SRC")
+    sink.set("zarr.json", b'{"node_type": "group"}')
+    result["before_mb"] = rss_mb()
+    for i in range(n):  # as the driver makes them: one object per shard, its own URL
+        url = f"file:///data/a-long-source-prefix/array/c{i // 1000}/{i % 1000}"
+        sink.put_reference(f"array/c/{i // 1000}/{i % 1000}", ChunkRef(url, 0, 4096 + i, 4096 + i,
+                                                                        modified_ns=1_700_000_000_000_000_000 + i))
+    sink.commit("many")
+    result["outcome"] = "committed"
+"""
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_in_the_number_of_references(tmp_path):
+    """200k references made and committed in a capped child: its peak resident set grows by
+    a few MiB, where holding every reference until the commit took ~400 B each (80 MB)."""
+    from tests.unit.codec.test_codec_bounds import run_child_script
+
+    n = 200_000
+    got = run_child_script(tmp_path, MANY_REFERENCES, str(n), str(tmp_path / "out.json"))
+    assert got["outcome"] == "committed", got
+    doc = json.loads((tmp_path / "out.json").read_bytes())
+    assert len(doc["refs"]) == n + 1 and len(doc[REFERENCE_KEY]["objects"]) == n
+    assert doc["refs"]["array/c/199/999"][1:] == [0, 4096 + n - 1]
+    assert got["maxrss_mb"] - got["before_mb"] < 24, got
+    assert sorted(os.listdir(tmp_path)) == ["child.py", "out.json"]  # no temporary file left
+
+
+def test_a_key_put_again_is_written_once_the_last_one_holding(tmp_path):
+    """A retried unit puts its references again: the file holds each key once (fsspec would
+    read a repeated JSON key as whichever came last), the last put's reference; a key deleted
+    (a damaged array's) or replaced by a document is gone from the references."""
+    sink = ReferenceFileSink(str(tmp_path / "out.json"))
+    sink.put_reference("a/c/0", ChunkRef("file:///x", 0, 4, 10, modified_ns=1))
+    sink.put_reference("a/c/1", ChunkRef("file:///y", 0, 4, 10, modified_ns=1))
+    sink.put_reference("a/c/0", ChunkRef("file:///x", 4, 4, 10, modified_ns=1))
+    sink.put_reference("a/c/2", ChunkRef("file:///z", 0, 4, 10, modified_ns=1))
+    sink.set("a/c/1", b"{}")
+    sink.delete("a/c/2")
+    assert list(sink.list_sized("a/")) == [("a/c/0", 4), ("a/c/1", 2)] and not sink.exists("a/c/2")
+    sink.commit("m")
+    raw = (tmp_path / "out.json").read_text()
+    assert raw.count('"a/c/0"') == 1 and raw.count('"file:///x"') == 2  # its reference, its object
+    assert json.loads(raw)["refs"] == {"a/c/0": ["file:///x", 4, 4], "a/c/1": "{}"}
