@@ -154,6 +154,9 @@ _RUNTIME_PID = 0
 #: 15-50 ms on the benchmark machine, most of a cold open's client time), so every store of
 #: one bucket with the same settings in a process shares one client (each has its own prefix)
 _CLIENTS: dict[str, Any] = {}
+#: clients kept at most (the least recently used goes first): a process that renews its session
+#: token keeps no client, and its connections, per token it ever had
+MAX_CLIENTS = 8
 _CLIENTS_PID = 0
 _CLIENTS_LOCK = ForkSafeLock()
 
@@ -166,13 +169,15 @@ def _shared_client(settings: Mapping[str, Any]) -> Any:
         if _CLIENTS_PID != os.getpid():  # a forked child: the parent's clients do not work here
             _CLIENTS.clear()
             _CLIENTS_PID = os.getpid()
-        store = _CLIENTS.get(key)
+        store = _CLIENTS.pop(key, None)
         if store is None:
             from obstore.store import S3Store
 
             store = S3Store(settings["bucket"], config=settings["config"], client_options=settings["client_options"],
                             retry_config=_RETRY)
-            _CLIENTS[key] = store
+        _CLIENTS[key] = store  # the most recently used last
+        while len(_CLIENTS) > MAX_CLIENTS:
+            del _CLIENTS[next(iter(_CLIENTS))]
         return store
 
 

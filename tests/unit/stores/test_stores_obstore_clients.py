@@ -64,3 +64,15 @@ def test_different_settings_never_share_a_client(other: tuple[str, dict]) -> Non
     b = _inner(*other)
     assert a.client() is not b.client()
     assert b.settings != a.settings
+
+
+def test_clients_kept_are_bounded_least_recently_used_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process renewing its session token does not keep a client per token it ever had."""
+    monkeypatch.setattr(_obstore, "_CLIENTS", {})
+    first = _inner("s3://bkt/one.zr", _options(key="k-first")).client()
+    for i in range(3 * _obstore.MAX_CLIENTS):
+        _inner("s3://bkt/one.zr", _options(key=f"k{i}")).client()
+        assert _inner("s3://bkt/one.zr", _options(key="k-first")).client() is first  # in use: kept
+    assert len(_obstore._CLIENTS) == _obstore.MAX_CLIENTS
+    newest = _inner("s3://bkt/one.zr", _options(key=f"k{3 * _obstore.MAX_CLIENTS - 1}")).client()
+    assert sum(c is newest for c in _obstore._CLIENTS.values()) == 1
