@@ -291,7 +291,7 @@ def _cli_limited(*argv: str) -> subprocess.CompletedProcess:
     return _limited(f"from sharding_store.cli import main; sys.exit(main({list(argv)!r}))")
 
 
-@pytest.fixture(scope="module", params=["2022", pytest.param("2023", marks=pytest.mark.slow)])  # slow: deep 2023 walks
+@pytest.fixture(scope="module", params=["2022", "2023"])
 def deep_store(request, tmp_path_factory) -> Iterator[tuple[Path, str]]:
     base = tmp_path_factory.mktemp("deep")
     store = base / f"d{request.param}.zarr"
@@ -311,7 +311,7 @@ def test_info_of_a_hierarchy_1000_levels_deep(generation, deep_tmp):
     assert f"/{deep}" in info.stdout, info.stdout[-500:]
 
 
-@pytest.mark.slow  # three CLI processes per generation, 400 levels deep; the API test below stays in the fast loop
+@pytest.mark.slow  # three CLI processes per generation, 400 levels deep
 def test_deep_hierarchy_through_the_cli(deep_store, deep_tmp):
     """info, migrate, migrate --skip-damaged and verify deeper than the process's recursion
     limit: exit 0, every node (they exited 70 with RecursionError for the whole store)."""
@@ -330,6 +330,7 @@ def test_deep_hierarchy_through_the_cli(deep_store, deep_tmp):
         assert _cli_limited("verify", str(store), str(dst)).returncode == 0
 
 
+@pytest.mark.slow  # a child process 400 levels deep; info 1000 levels deep (2022) stays in the fast loop
 def test_deep_hierarchy_through_the_api(deep_store):
     """open_draft, the xarray backend's groups and ``xr.open_datatree``, deeper than the
     process's recursion limit: no RecursionError (it was a bare one)."""

@@ -111,6 +111,7 @@ def _same(x, y) -> bool:
     return x.shape == y.shape and same_type and x.tobytes() == y.tobytes()
 
 
+@pytest.mark.slow  # 60 random arrays; the damaged-shard and output-bounds properties stay in the fast loop
 @LOOPS
 @PROPERTY
 @given(spec=arrays(), erase=st.booleans(), local=st.booleans(), data=st.data())

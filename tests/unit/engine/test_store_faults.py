@@ -86,6 +86,7 @@ batches = st.lists(
 )
 
 
+@pytest.mark.slow  # 60 runs of random failures; the eight-thread and lock tests stay in the fast loop
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=batches, seed=st.integers(0, 2**16), rate=st.sampled_from([0.1, 0.3, 0.6]))
 def test_writes_are_all_or_nothing_per_shard(batches, seed, rate):

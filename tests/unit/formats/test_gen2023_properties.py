@@ -106,6 +106,7 @@ def documents(draw):
     return doc
 
 
+@pytest.mark.slow  # 300 documents through zarr-python 3; the 2023 readers' own tests (test_gen2023_*.py) stay fast
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(doc=documents())
 def test_random_2023_documents_normalise_to_what_zarr_python_3_parses(doc):

@@ -32,6 +32,7 @@ def shards(draw):
     return cps, chunks
 
 
+@pytest.mark.slow  # 200 random shards; the fuzz test and the examples stay in the fast loop
 @settings(max_examples=200, deadline=None)
 @given(shards(), st.booleans(), st.sampled_from(["start", "end"]))
 def test_round_trip(shard, checksum, location):
