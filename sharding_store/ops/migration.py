@@ -111,6 +111,7 @@ from .units import (
     json_bytes,
     node_key,
     plan_array,
+    refer_units,
     run_unit,
     virtual_refusal,
 )
@@ -457,7 +458,10 @@ class _Driver:
     def run(self, jobs: int, executor: Executor | None) -> None:
         """Every unit (:func:`~sharding_store.ops.jobs.run_units`: inline for one job), the
         bar counting target objects and the bytes written so far."""
-        results = run_units(_run_with_retries, self.items(), jobs=jobs, executor=executor, name="migrate")
+        # a virtual destination: a batch of units at a time in this thread, one tail read per batch
+        batched = refer_units if self.dst.takes_references() else None
+        results = run_units(_run_with_retries, self.items(), jobs=jobs, executor=executor, name="migrate",
+                            batched=batched)
         # the same objects throughout the run (mutated, never replaced), looked up once
         totals, advance, remaining, damaged = self.report.totals, self.bar.advance, self.remaining, self.damaged
         with self.bar, closing(results):  # closed: pending units cancelled, on error or interruption

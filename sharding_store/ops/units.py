@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
@@ -59,7 +59,16 @@ from ..formats.v3_documents import (
 from ..formats.v3_layout import KeyEncoding, V3ArrayMeta, decided, final_document
 from ..stores import Inner
 from .destination import MARKER_KEY
-from .jobs import Source, StoreRef, interleave, other_prefixes, plan_units, resolve_chunks_per_shard
+from .jobs import (
+    Source,
+    StoreRef,
+    interleave,
+    is_transient,
+    other_prefixes,
+    plan_units,
+    resolve_chunks_per_shard,
+    with_retries,
+)
 from .progress import plural
 
 #: what damages one array only (reported, or left out with ``skip_damaged``), never the whole run
@@ -734,13 +743,20 @@ def virtual_refusal(job: ArrayJob) -> str | None:
     return None
 
 
-def _source_index(job: ArrayJob, src: Inner, key: str, listed: int | None) -> tuple[bytes, int, Any] | None:
+#: ``_source_index``'s "no tail read yet"
+NOT_READ: Any = object()
+
+
+def _source_index(job: ArrayJob, src: Inner, key: str, listed: int | None,
+                  tail: Any = NOT_READ) -> tuple[bytes, int, Any] | None:
     """The encoded index of source shard ``key`` with the shard's size and version: its last
-    bytes (one tail read), or its first ones (index at the start: the tail read then only
-    learns the size and version). None when the object is gone."""
+    bytes (one tail read, or ``tail`` read already by :func:`refer_units`), or its first
+    ones (index at the start: the tail read then only learns the size and version). None
+    when the object is gone."""
     n = job.src_index_nbytes
     at_end = job.src_layout.index_location == "end"
-    tail = src.get_tails([(key, n if at_end else 0)])[0]
+    if tail is NOT_READ:
+        tail = src.get_tails([(key, n if at_end else 0)])[0]
     if tail is None:
         return None
     size = tail.size if tail.size is not None else listed
@@ -754,7 +770,7 @@ def _source_index(job: ArrayJob, src: Inner, key: str, listed: int | None) -> tu
     return (None if head is None else (bytes(head), size, tail.version))
 
 
-def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner) -> UnitResult:
+def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, tail: Any = None) -> UnitResult:
     """A virtual destination: a source shard becomes a reference to the whole object after
     only its index was read and found sound (every live entry inside the object; a bad
     index is the damage error the copy raises). A shard without a live chunk gets no
@@ -765,7 +781,7 @@ def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner) -> UnitResul
     key = job.dst_key(unit.target)  # type: ignore[arg-type]  # a sharded unit has a target
     if unit.dst_size is not None:
         return UnitResult(skipped=1)
-    got = _source_index(job, src, src_key, listed)
+    got = _source_index(job, src, src_key, listed, NOT_READ if tail is None else tail[0])
     if got is None:
         return UnitResult(empty=1)  # deleted since it was listed: nothing to refer to
     raw, size, version = got
@@ -780,6 +796,50 @@ def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner) -> UnitResul
         return UnitResult(empty=1, bytes_read=len(raw))  # deleted since its index was read
     dst.put_reference(key, ref)
     return UnitResult(referenced=1, chunks=len(live), bytes_read=len(raw))
+
+
+def _prefetchable(job: ArrayJob, unit: Unit) -> bool:
+    """A unit whose reference needs only its shard's index tail (:func:`refer_units`)."""
+    return unit.target is not None and unit.dst_size is None and job.src_layout.index_location == "end"
+
+
+def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
+    """The units of a virtual migration (``(job, unit, attempts, delay)`` items), a batch
+    at a time in this thread: the index tails of its shards read with one ``get_tails`` per
+    source store (retried as a unit is), then each unit's reference made from its tail. A
+    unit that fails here on a transient error runs again alone (``run_unit``, retried), so
+    each fails as it would alone. ``(ok, result or error)`` per item, in order: no thread,
+    no future per shard (a reference unit is a tail read and a few microseconds of work)."""
+    wanted: dict[int, tuple[Inner, list[int]]] = {}
+    for i, (job, unit, *_) in enumerate(items):
+        if _prefetchable(job, unit):
+            src = job.src.open()
+            wanted.setdefault(id(src), (src, []))[1].append(i)
+    tails: dict[int, Any] = {}
+    for src, at in wanted.values():
+        job0, _, attempts, delay = items[at[0]]
+        requests = [(items[i][1].sources[0].key, items[i][0].src_index_nbytes) for i in at]
+        try:
+            got = with_retries(src.get_tails, requests, attempts=attempts, base_delay=delay)
+        except Exception:  # noqa: BLE001 - each unit then reads (and fails) alone
+            continue
+        tails.update(zip(at, got))
+    out: list[tuple[bool, Any]] = []
+    for i, (job, unit, attempts, delay) in enumerate(items):
+        try:
+            if i in tails:
+                try:
+                    result = _refer_shard(job, unit, job.src.open(), job.dst.open(), (tails[i],))
+                except Exception as e:  # noqa: BLE001 - a transient one: run alone, retried
+                    if not is_transient(e):
+                        raise
+                    result = with_retries(run_unit, job, unit, attempts=attempts, base_delay=delay)
+            else:
+                result = with_retries(run_unit, job, unit, attempts=attempts, base_delay=delay)
+            out.append((True, result))
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, item by item
+            out.append((False, e))
+    return out
 
 
 def _refer_chunks(unit: Unit, src: Inner, dst: Inner, job: ArrayJob) -> UnitResult:

@@ -276,8 +276,48 @@ def test_only_index_tails_are_read_from_the_source(tmp_path):
     tails = [detail for name, detail in src.log if name == "get_ranges"]
     assert src.calls["reference_to"] >= 8 and src.calls["copy_to"] == 0 and src.calls["read_into"] == 0
     index = 4 * 16  # 2x2 chunks per shard, no checksum
-    shard_reads = [d for d in tails if any("/c" in k for k, *_ in d)]
-    assert len(shard_reads) == 8 and all(len(d) == 1 and d[0][1] == -index for d in shard_reads)
+    shard_reads = [r for d in tails for r in d if "/c" in r[0]]  # one batched tail read holds them all
+    assert len(shard_reads) == 8 and all(r[1] == -index and r[2] is None for r in shard_reads)
+    assert len({r[0] for r in shard_reads}) == 8
+
+
+def test_a_reference_run_is_inline_with_one_tail_read_per_batch(monkeypatch, tmp_path):
+    """A reference unit is a tail read and a little work: units run in this thread, a batch
+    at a time (no thread pool, no task or future per shard, whatever ``jobs``), each
+    batch's index tails read with one ``get_tails``; what they write is what they wrote."""
+    from sharding_store.ops.jobs import INLINE_BATCH
+    from tests.unit.ops.test_migrate_mapping import Pools
+
+    shards = 2 * INLINE_BATCH + 3
+    data = make_big_array(tmp_path / "src", shards=shards)
+    src = CountingInner(str(tmp_path / "src"))
+    pools = Pools(monkeypatch)
+    report = migrate(src, str(tmp_path / "out.json"), MigrateOptions(verify=False), progress=False, jobs=4)
+    assert (pools.made, pools.submitted) == (0, 0), "reference units ran on a thread pool"
+    assert report.totals.referenced == shards
+    tail_reads = [d for name, d in src.log if name == "get_ranges" and any("/c" in k for k, *_ in d)]
+    assert sorted(len(d) for d in tail_reads) == [3, INLINE_BATCH, INLINE_BATCH]
+    np.testing.assert_array_equal(zarr.open_group(open_references(str(tmp_path / "out.json")), mode="r")["big"][...],
+                                  data)
+
+
+def test_a_batch_whose_tail_read_fails_runs_its_units_alone(monkeypatch, tmp_path):
+    """A failed batched tail read is no failed unit: each unit of the batch reads alone
+    (retried as always), and a unit that fails fails alone."""
+    from sharding_store.errors import StoreIOError
+
+    make_big_array(tmp_path / "src", shards=6)
+    src = CountingInner(str(tmp_path / "src"))
+    real = src.get_tails
+
+    def get_tails(requests):
+        if len(requests) > 1:
+            raise StoreIOError("the batch", key=requests[0][0])
+        return real(requests)
+
+    monkeypatch.setattr(src, "get_tails", get_tails)
+    report = migrate(src, str(tmp_path / "out.json"), MigrateOptions(verify=True), progress=False)
+    assert report.totals.referenced == 6 and report.verification.ok
 
 
 @pytest.mark.slow
