@@ -107,7 +107,10 @@ class _Table:
     ``verify`` make is one indexed lookup. Not thread-safe: the sink's lock serialises it."""
 
     def __init__(self, where: str | None) -> None:
-        fd, name = tempfile.mkstemp(prefix=".sharding-store-refs-", suffix=".sqlite", dir=where)
+        try:
+            fd, name = tempfile.mkstemp(prefix=".sharding-store-refs-", suffix=".sqlite", dir=where)
+        except OSError:  # a directory this process may not write (verify of a file on a read-only share)
+            fd, name = tempfile.mkstemp(prefix=".sharding-store-refs-", suffix=".sqlite")
         os.close(fd)
         try:
             self.db = sqlite3.connect(name, check_same_thread=False, isolation_level=None)

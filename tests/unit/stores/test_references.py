@@ -230,3 +230,24 @@ def test_a_key_put_again_is_written_once_the_last_one_holding(tmp_path):
     raw = (tmp_path / "out.json").read_text()
     assert raw.count('"a/c/0"') == 1 and raw.count('"file:///x"') == 2  # its reference, its object
     assert json.loads(raw)["refs"] == {"a/c/0": ["file:///x", 4, 4], "a/c/1": "{}"}
+
+
+def test_a_reference_file_in_a_directory_not_writable_is_still_read(migrated, monkeypatch):
+    """The sink's table goes beside the file, or (that directory not writable: a read-only
+    share) into the temporary directory: verify still reads the file."""
+    import tempfile
+
+    from sharding_store import verify
+
+    out, _, _ = migrated
+    mkstemp, tried = tempfile.mkstemp, []
+
+    def refusing(*args, dir=None, **kwargs):
+        tried.append(dir)
+        if dir == str(out.parent):
+            raise PermissionError(13, "Permission denied", dir)
+        return mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", refusing)
+    assert verify(str(out.parent / "src"), str(out)).ok
+    assert str(out.parent) in tried and None in tried
