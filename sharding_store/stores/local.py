@@ -1110,20 +1110,40 @@ class LocalInner(BaseInner):
             raise ObjectChangedError(f"{key}: the file was replaced while a reference to it was taken", key=key)
         return _reference(real, offset, length, st)
 
+    def _real_dir(self, directory: str) -> str | None:
+        """The resolved path of the store's ``directory`` (cached), None when it leads out of
+        the store. Below its resolved parent, a plain (no link) subdirectory costs one ``lstat``
+        (one directory per shard is common); anything else one ``realpath``."""
+        top = self._real_dirs.get(directory)
+        if top is not None:
+            return top
+        parent, _, name = directory.rpartition("/")
+        above = self._real_dir(parent) if directory and name not in ("", ".", "..") else None
+        if above is not None:
+            real = f"{above}/{name}" if above != "/" else f"/{name}"
+            try:
+                plain = stat.S_ISDIR(os.lstat(real).st_mode)
+            except OSError:
+                plain = False
+            top = real if plain else None
+        if top is None:
+            top = os.path.realpath(self._path(directory) if directory else self.root)
+            if not self._inside(top):
+                return None
+        if len(self._real_dirs) >= 4096:
+            self._real_dirs.clear()
+        self._real_dirs[directory] = top
+        return top
+
     def _reference_by_stat(self, key: str, offset: int, length: int, version: tuple[Any, ...]) -> ChunkRef | None:
         """:meth:`reference_to` of a file a tail read has just seen (``version``: device, inode,
         mtime, size): its directory resolved once (cached, checked inside the store), then one
         ``lstat`` of the name there, which must be that very regular file (no link); None
         (the descriptor's way decides) otherwise."""
         directory, _, name = key.rpartition("/")
-        top = self._real_dirs.get(directory)
+        top = self._real_dir(directory)
         if top is None:
-            top = os.path.realpath(self._path(directory) if directory else self.root)
-            if not self._inside(top):
-                return None  # the descriptor's way refuses it, naming the key
-            if len(self._real_dirs) >= 4096:
-                self._real_dirs.clear()
-            self._real_dirs[directory] = top
+            return None  # the descriptor's way refuses it, naming the key
         real = f"{top}/{name}" if top != "/" else f"/{name}"
         try:
             st = os.lstat(real)

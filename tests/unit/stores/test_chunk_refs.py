@@ -117,3 +117,43 @@ def test_with_a_tail_version_one_lstat_does_and_never_a_link(tmp_path, monkeypat
     (store / "real" / "obj").write_bytes(b"0123456789")  # rewritten since the version: refused
     with pytest.raises(ObjectChangedError):
         inner.reference_to("alias/obj", 0, 10, versions["alias/obj"])
+
+
+def test_a_directory_per_shard_costs_one_lstat_below_its_resolved_parent(tmp_path, monkeypatch):
+    """One directory per shard (a column of shards): each new directory is one ``lstat``
+    below its resolved parent, not a ``realpath`` of every component; a directory link is
+    still resolved (inside: followed; out of the store: refused)."""
+    store, n, old = tmp_path / "store", 40, 10**18
+    for i in range(n):
+        (store / "arr" / f"c{i}").mkdir(parents=True)
+        (store / "arr" / f"c{i}" / "0").write_bytes(b"0123456789")
+        os.utime(store / "arr" / f"c{i}" / "0", ns=(old, old))
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "0").write_bytes(b"0123456789")
+    os.utime(tmp_path / "outside" / "0", ns=(old, old))
+    os.symlink("c0", store / "arr" / "alias")
+    os.symlink(tmp_path / "outside", store / "arr" / "out")
+    inner = LocalInner(str(store))
+    keys = [f"arr/c{i}/0" for i in range(n)]
+    versions = [t.version for t in inner.get_tails([(k, 4) for k in keys])]
+    calls = {"lstat": 0, "realpath": 0}
+    lstat, realpath = os.lstat, os.path.realpath
+
+    def counted_lstat(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["lstat"] += 1
+        return lstat(*args, **kwargs)
+
+    def counted_realpath(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["realpath"] += 1
+        return realpath(*args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", counted_lstat)
+    monkeypatch.setattr(os.path, "realpath", counted_realpath)
+    refs = [inner.reference_to(k, 0, 10, v) for k, v in zip(keys, versions)]
+    monkeypatch.undo()
+    assert [r.url for r in refs] == [f"file://{realpath(store / 'arr' / f'c{i}' / '0')}" for i in range(n)]
+    assert calls["realpath"] <= 2 and calls["lstat"] <= 2 * n + 2 * len(store.parts), calls
+    alias = inner.reference_to("arr/alias/0", 0, 10, inner.get_tails([("arr/alias/0", 4)])[0].version)
+    assert alias.url == refs[0].url
+    with pytest.raises(LinkOutsideStoreError):
+        inner.reference_to("arr/out/0", 0, 10, inner.get_tails([("arr/out/0", 4)])[0].version)
