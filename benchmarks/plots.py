@@ -144,11 +144,11 @@ def plot_read(rows: list[dict[str, Any]], path: Path, subtitle: str) -> None:
     s3 = _read_groups(rows, "8 latency", {"tensorstore s3 (v1.0 copy)": "tensorstore"})
     panels = [(p, t) for p, t in ((local, "local files, page cache warm"),
                                   (s3, "S3 (moto) behind a proxy adding 20 ms per request")) if p]
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(max(11, 3 + 2.2 * sum(len(p) for p, _ in panels)), 4.6),
-                             squeeze=False,
-                             gridspec_kw={"width_ratios": [max(1, len(p)) for p, _ in panels] or [1]})
+    fig, axes = plt.subplots(max(1, len(panels)), 1, squeeze=False,
+                             figsize=(max(11, 2 + 1.5 * max([len(p) for p, _ in panels] or [1])),
+                                      1.2 + 3.9 * max(1, len(panels))))
     colors = _colors(["sharding-store open_draft"])
-    for ax, (grouped, title) in zip(axes[0], panels):
+    for ax, (grouped, title) in zip(axes[:, 0], panels):
         _bars(ax, grouped, colors, "time to read the whole array (s, log)")
         ax.set_title(title, fontsize=9)
     if not panels:
@@ -311,7 +311,8 @@ def _save(fig: Any, path: Path) -> None:
 def make_plots(results: dict[str, Any], out: Path) -> list[Path]:
     """Draw every plot of ``results`` (run.py's results.json) into ``out``; the paths written."""
     meta = results.get("meta", {})
-    subtitle = f"medians, n in results.md; {meta.get('date', '?')}" + (f", {meta['load']}" if meta.get("load") else "")
+    subtitle = (f"medians; rows of several runs, each ratio from one run (n, trees and load in results.md); last "
+                f"{meta.get('date', '?')}")
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for key, fn in (("read", plot_read), ("migrate", plot_migrate), ("scale", plot_scale)):

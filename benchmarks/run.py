@@ -907,7 +907,7 @@ class Bench:
 
         scn_xarray.scenario(self, case, sys.modules[__name__])
 
-    def s_virtual(self, case: Case) -> None:
+    def s_virtual(self, case: Case | None) -> None:
         """Scenario 10 (benchmarks/scn_virtual.py, issue 24): once per run, on its own sources."""
         if getattr(self, "_virtual_done", False):
             return
@@ -944,6 +944,10 @@ class Bench:
             if scenario not in only:
                 continue
             self.probe()  # modules may have appeared since the last scenario
+            if scenario == "virtual":  # its own sources, once per run (scn_virtual.py; --case virtual-... picks)
+                self.log("virtual (scenario 10, its own sources)")
+                self.s_virtual(None)
+                continue
             extra = [] if self.args.quick else [c for c in EXTRA_CASES.get(scenario, []) if c not in cases and (
                 not self.args.case or c.key in self.args.case)]
             for case in cases + extra:
