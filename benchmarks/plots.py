@@ -28,7 +28,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 PLOT_FILES = {"read": "plot-read.png", "migrate": "plot-migrate.png", "scale": "plot-scale.png"}
 ANCHOR_COLORS = {"tensorstore": "#7f7f7f", "zarrs": "#bcbd22", "cp -r": "#7f7f7f"}
-OURS_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#17becf"]
+OURS_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2", "#17becf",
+               "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#ff9896", "#c49c94", "#f7b6d2", "#9edae5"]
 
 
 # ---------------------------------------------------------------------------- reading rows
@@ -103,12 +104,12 @@ def _bars(ax: Any, grouped: list[tuple[str, list[Bar]]], colors: dict[str, str],
     ax.set_yscale("log")
     ax.set_ylabel(ylabel, fontsize=8)
     ax.tick_params(axis="y", labelsize=7)
-    values = [v for _, bars in grouped for _, v, _, _ in bars]
+    values = [v for _, bars in grouped for _, v, t, _ in bars for v in (v, t) if v is not None]
     if values:  # room above the tallest bar for its rotated label
         ax.set_ylim(min(values) / 1.6, max(values) * 6)
     ax.grid(axis="y", which="both", lw=0.3, alpha=0.5)
     if grouped:
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0)
 
 
 def _colors(names: Iterable[str]) -> dict[str, str]:
