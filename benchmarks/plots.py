@@ -236,14 +236,17 @@ def plot_migrate(rows: list[dict[str, Any]], path: Path, subtitle: str) -> None:
     _save(fig, path)
 
 
-def _scale_points(rows: list[dict[str, Any]], scenario: str) -> tuple[dict[str, list[tuple[float, float]]],
-                                                                       dict[str, float]]:
-    """Series of (N, value) of ours and of older trees; limits (anchors named 'limit ...')."""
+def _scale_points(rows: list[dict[str, Any]], scenarios: tuple[str, ...]) -> tuple[
+        dict[str, list[tuple[float, float]]], dict[str, float]]:
+    """Series of (N, value) of ours and of older trees; limits (anchors named 'limit ...'). Rows of
+    scenario 11 (a plain mapping as the source) are their own series."""
     series: dict[str, list[tuple[float, float]]] = {}
     limits: dict[str, float] = {}
     for r in rows:
-        if r["scenario"] != scenario or r.get("ours_median") is None:
+        if r["scenario"] not in scenarios or r.get("ours_median") is None:
             continue
+        if r["scenario"].startswith("11"):
+            r = {**r, "ours": f"plain mapping: {r['ours']}", "anchor": r["anchor"].replace("old tree", "plain mapping, old tree")}
         n = size_value(r["size"])
         if r["anchor"].startswith("limit") and r.get("anchor_median") is not None:
             limits[r["anchor"]] = r["anchor_median"]
@@ -260,13 +263,13 @@ def plot_scale(rows: list[dict[str, Any]], path: Path, subtitle: str) -> None:
     """(c) Peak memory and client time per shard against the number of shards (log x), limits drawn."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, scenario, ylabel in ((axes[0], "7 scale RSS", "peak RSS of the process (MB)"),
-                                 (axes[1], "7 scale time", "client time per shard (µs, wall)")):
-        series, limits = _scale_points(rows, scenario)
-        for i, (name, pts) in enumerate(sorted(series.items())):
-            style = "o--" if name.startswith("old tree") else "s-"
-            ax.plot([n for n, _ in pts], [v for _, v in pts], style, color=OURS_COLORS[i % len(OURS_COLORS)],
-                    label=name)
+    for ax, scenarios, ylabel in ((axes[0], ("7 scale RSS", "11 mapping RSS"), "peak RSS of the process (MB)"),
+                                  (axes[1], ("7 scale time", "11 mapping"), "client time per shard (µs, wall)")):
+        series, limits = _scale_points(rows, scenarios)
+        for name, pts in sorted(series.items()):
+            style = "o--" if "old tree" in name else "s-"
+            color = OURS_COLORS[(1 if name.startswith("plain mapping") else 0) + (2 if "old tree" in name else 0)]
+            ax.plot([n for n, _ in pts], [v for _, v in pts], style, color=color, label=name)
             for n, v in pts:
                 ax.annotate(f"{v:.0f}", (n, v), textcoords="offset points", xytext=(0, 5), fontsize=6, ha="center")
         for name, v in limits.items():
@@ -279,7 +282,7 @@ def plot_scale(rows: list[dict[str, Any]], path: Path, subtitle: str) -> None:
         ax.tick_params(labelsize=7)
         ax.grid(lw=0.3, alpha=0.5)
         if series or limits:
-            ax.legend(fontsize=7, loc="lower right")
+            ax.legend(fontsize=7, loc="best")
         else:
             _empty(ax)
     fig.suptitle("Does a migration's memory or time per shard grow with the number of shards? (flat and under the "
@@ -345,7 +348,7 @@ def parse_value(cell: str, unit: str) -> tuple[float | None, int | None]:
 def _unit(scenario: str) -> str:
     if "RSS" in scenario:
         return "MB"
-    if scenario == "7 scale time":
+    if scenario in ("7 scale time", "11 mapping"):
         return "µs"
     if "bytes" in scenario:
         return "B"
@@ -364,7 +367,7 @@ def rows_from_markdown(text: str) -> list[dict[str, Any]]:
             continue
         elif in_table and line.startswith("|"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 10:
+            if len(cells) == 10 and not cells[0].startswith("run "):  # not another table's first column
                 rows.append(_row_from_cells(cells, section))
         else:
             in_table = False

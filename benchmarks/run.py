@@ -1259,7 +1259,8 @@ def load_summary(loads: list[float]) -> str:
 
 def _scenario_prefixes(only: list[str]) -> list[str]:
     return [{"write": "1 ", "read": "2 ", "chunk": "3 ", "migrate": "4 ", "reshard": "5 ",
-             "gen2023": "6 ", "scale": "7 ", "latency": "8 ", "xarray": "9 ", "virtual": "10 "}[s] for s in only]
+             "gen2023": "6 ", "scale": "7 ", "latency": "8 ", "xarray": "9 ", "virtual": "10 ",
+             "mapping": "11 ", "startup": "12 "}[s] for s in only]
 
 
 if __name__ == "__main__":
