@@ -59,7 +59,7 @@ def groups(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]
     return [(f"{s}\n{_wrap(c)}", by[(s, c)]) for s, c in keys]
 
 
-def _wrap(text: str, width: int = 22) -> str:
+def _wrap(text: str, width: int = 22, lines_max: int = 3) -> str:
     words, lines, cur = text.split(), [], ""
     for w in words:
         if cur and len(cur) + 1 + len(w) > width:
@@ -67,7 +67,7 @@ def _wrap(text: str, width: int = 22) -> str:
             cur = w
         else:
             cur = f"{cur} {w}".strip()
-    return "\n".join([*lines, cur][:3])
+    return "\n".join([*lines, cur][:lines_max])
 
 
 def fmt_seconds(v: float) -> str:
@@ -227,7 +227,7 @@ def plot_migrate(rows: list[dict[str, Any]], path: Path, subtitle: str) -> None:
         if title.startswith("migrate --virtual"):
             note = _bytes_note(rows)
             if note:
-                ax.set_xlabel(_wrap(note, 70), fontsize=7)
+                ax.set_xlabel(_wrap(note, 110, lines_max=6), fontsize=7)
     if not panels:
         _empty(axes[0][0])
     fig.suptitle("How do the write-side commands compare with cp -r of the same source? (lower is faster; "
