@@ -108,13 +108,22 @@ def test_killed_after_random_delays_including_the_commit(setting):
     commit, the tip is one of the two snapshots."""
     base, before, b_values = setting
     rng = random.Random(24)
+    command = [*CLI, "migrate", str(base / "b"), "REPO", "--overwrite", "--no-verify"]
+    # the instants are drawn within one uninterrupted run's duration, measured here: fixed
+    # delays were all too long once start-up got faster on a quiet machine
+    with tempfile.TemporaryDirectory(dir=base) as where:
+        repo = _fresh_repo(base, Path(where))
+        started = time.monotonic()
+        subprocess.run([str(repo) if a == "REPO" else a for a in command], cwd=REPO, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+        duration = time.monotonic() - started
     killed = 0
     for _ in range(6):
         with tempfile.TemporaryDirectory(dir=base) as where:
             repo = _fresh_repo(base, Path(where))
-            proc = subprocess.Popen([*CLI, "migrate", str(base / "b"), str(repo), "--overwrite", "--no-verify"],
+            proc = subprocess.Popen([str(repo) if a == "REPO" else a for a in command],
                                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.8, 2.4))
+            time.sleep(rng.uniform(0.3, 0.98) * duration)
             proc.kill()
             killed += _check_after(repo, proc.wait(timeout=60), before, b_values)
     assert killed, "no attempt was killed before it finished: the delays are too long for this machine"
