@@ -156,6 +156,17 @@ def json_depth(value: Any, limit: int | None = None) -> int:
     return depth
 
 
+def json_object(raw: bytes | str) -> dict[str, Any] | None:
+    """The JSON object ``raw`` holds; None when it is not JSON (or nests past the recursion
+    limit) or holds another JSON value. For the tool's own small files (records, reference
+    files), which callers refuse with their own words."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _load_document(raw: bytes | str | Mapping[str, Any], key: str) -> dict[str, Any]:
     """Parse a JSON object document (or copy an already-parsed mapping); nesting deeper than
     :data:`MAX_JSON_DEPTH` is refused, so no later step can hit the recursion limit."""

@@ -23,7 +23,6 @@ by :mod:`.verify`, so the rules are one set:
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any
 
 from ..api.hierarchy import V2_ROOT_KEYS
 from ..errors import DestinationExistsError, UsageError
+from ..formats import draft_metadata as dm
 from ..stores import Inner
 from .jobs import StoreRef
 from .options import StoreOptions
@@ -69,11 +69,8 @@ def _load(dst: Inner, key: str, retried: Retried) -> dict[str, Any] | None:
     raw = retried(dst.get, key)
     if raw is None:
         return None
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        doc = None
-    if not isinstance(doc, dict):
+    doc = dm.json_object(raw)
+    if doc is None:
         raise UsageError(f"{key}: not a record this tool wrote (not a JSON object); nothing to resume: "
                          "start again with --overwrite", key=key)
     return doc

@@ -48,6 +48,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import DestinationExistsError, ObjectChangedError, SourceChangedError, StoreNotFoundError
+from ..formats.draft_metadata import json_object
 from .base import BaseInner, ChunkRef, Inner, Location, RangeRequest, Tail, Version, slice_range
 from .local import write_all
 
@@ -78,11 +79,8 @@ def read_reference_file(path: str, storage_options: Mapping[str, Any] | None = N
     raw = as_inner(head, storage_options=storage_options).get(name)
     if raw is None:
         return None
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
-        doc = None
-    if not isinstance(doc, dict) or doc.get("version") != 1 or not isinstance(doc.get("refs"), dict):
+    doc = json_object(raw)
+    if doc is None or doc.get("version") != 1 or not isinstance(doc.get("refs"), dict):
         raise StoreNotFoundError(f"{path}: not an fsspec reference file (version 1, with refs)", key=path)
     return doc
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sharding_store.errors import DraftMetadataError
+from sharding_store.formats import draft_metadata as dm
 from sharding_store.formats.draft_metadata import (
     CONSOLIDATED_KEY,
     DRAFT_PROTOCOL,
@@ -636,3 +637,12 @@ def test_round_trip(meta: DraftArrayMeta):
     assert json.loads(encoded) == again.raw
     assert again.shard_shape == tuple(c * n for c, n in zip(meta.chunks, meta.chunks_per_shard_or_ones))
     assert math.prod(meta.chunks_per_shard_or_ones) == meta.n_chunks_per_shard
+
+
+@pytest.mark.parametrize(("raw", "want"), [
+    (b'{"a": 1}', {"a": 1}), ('{"a": [1]}', {"a": [1]}),
+    (b"[1, 2]", None), (b'"text"', None), (b"not json", None), (b"\xff\xfe", None),
+    ("[" * 100_000 + "]" * 100_000, None),  # past the recursion limit: None, not RecursionError
+])
+def test_json_object_is_the_object_or_none(raw, want):
+    assert dm.json_object(raw) == want
