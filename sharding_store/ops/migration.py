@@ -350,6 +350,7 @@ class _Driver:
         self.listing: dict[str, Listed] = {}  # per array, while its units are planned
         self.root_doc: dict[str, Any] | None = None
         self.by_path = {p.node.path: p for p in plans}
+        self.virtual = dst.takes_references()
         self.bar = progress_bar(None, "migrate", object_noun(report.all_shards, 1), progress)
 
     def present(self, plan: ArrayPlan) -> Present | None:
@@ -361,7 +362,8 @@ class _Driver:
     def items(self) -> Iterator[tuple[Any, ...]]:
         for plan in self.plans:
             path = plan.node.path
-            units, listed = array_units(plan, self.h, self.src, self.present(plan))
+            # a virtual destination creates no file: units in the listing's order (no directory to spread over)
+            units, listed = array_units(plan, self.h, self.src, self.present(plan), spread=not self.virtual)
             self.listing[path] = listed
             self.remaining[path] = 0
             if self.documents_first:
@@ -459,7 +461,7 @@ class _Driver:
         """Every unit (:func:`~sharding_store.ops.jobs.run_units`: inline for one job), the
         bar counting target objects and the bytes written so far."""
         # a virtual destination: a batch of units at a time in this thread, one tail read per batch
-        batched = refer_units if self.dst.takes_references() else None
+        batched = refer_units if self.virtual else None
         results = run_units(_run_with_retries, self.items(), jobs=jobs, executor=executor, name="migrate",
                             batched=batched)
         # the same objects throughout the run (mutated, never replaced), looked up once

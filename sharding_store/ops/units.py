@@ -488,6 +488,7 @@ def job_units(
     *,
     present: Present | None = None,
     ignore: tuple[str, ...] = (),
+    spread: bool = True,
 ) -> Iterator[Unit]:
     """The units of one array, planned lazily as the listing of its source prefix arrives.
 
@@ -502,6 +503,13 @@ def job_units(
     their directories. Only a target grid other than the source's (``chunks_per_shard``
     changes) groups the whole array's listing by target first (its key order is not
     the targets' order), as does a 0-d array (two spellings of its one key).
+
+    ``spread=False`` (a virtual destination: no file is created, so there is no directory
+    lock to spread the work over) yields each unit as its object is listed, in the
+    listing's order: consecutive units then read from the source directory just listed,
+    whose descriptor is still cached (interleaved, or planned a span ahead, over more
+    directories than :data:`~sharding_store.stores.local_fd.DIR_FDS_MAX`, every read walked
+    its directory again).
     """
     sources = _sources(job, listing, ignore, listed)
 
@@ -531,6 +539,11 @@ def job_units(
             groups = plan_units(sources, src_cps, job.dst_cps, grid=layout.grid_shape)
         ordered = sorted((job.dst_key(g.target), g) for g in groups if g.target is not None)  # the merge's order
         units = (Unit(g.sources, g.target, size(key)) for key, g in ordered)
+    if not spread:  # each unit as its object is listed: its directory was just read
+        for unit in units:
+            listed.units += 1
+            listed.objects += 1
+            yield unit
     for span in _batched(units, INTERLEAVE_SPAN):
         listed.units += len(span)
         listed.objects += len(span)
@@ -545,14 +558,16 @@ def _batched(items: Iterable[R], n: int) -> Iterator[tuple[R, ...]]:
 
 
 def array_units(
-    plan: ArrayPlan, h: DraftHierarchy, src: Inner, present: Present | None = None
+    plan: ArrayPlan, h: DraftHierarchy, src: Inner, present: Present | None = None, *, spread: bool = True
 ) -> tuple[Iterator[Unit], Listed]:
     """The units of one array, lazily, and their counters; when the units are exhausted
-    the counters are complete and the array's report has its shards and bytes."""
+    the counters are complete and the array's report has its shards and bytes
+    (``spread``: :func:`job_units`')."""
     listed = Listed()
     # the node's own document lies under a v3 array's prefix (never under a draft one's)
     ignore = (*other_prefixes(h, plan.node.path), node_key(plan.node.path))
-    units = job_units(plan.job, src.list_sized(plan.job.src_layout.prefix), listed, present=present, ignore=ignore)
+    units = job_units(plan.job, src.list_sized(plan.job.src_layout.prefix), listed, present=present, ignore=ignore,
+                      spread=spread)
 
     def run() -> Iterator[Unit]:
         yield from units
@@ -810,10 +825,13 @@ def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
     unit that fails here on a transient error runs again alone (``run_unit``, retried), so
     each fails as it would alone. ``(ok, result or error)`` per item, in order: no thread,
     no future per shard (a reference unit is a tail read and a few microseconds of work)."""
+    stores: dict[int, tuple[Inner, Inner]] = {}  # per job: its stores, opened once a batch
     wanted: dict[int, tuple[Inner, list[int]]] = {}
     for i, (job, unit, *_) in enumerate(items):
+        if id(job) not in stores:
+            stores[id(job)] = (job.src.open(), job.dst.open())
         if _prefetchable(job, unit):
-            src = job.src.open()
+            src = stores[id(job)][0]
             wanted.setdefault(id(src), (src, []))[1].append(i)
     tails: dict[int, Any] = {}
     for src, at in wanted.values():
@@ -829,7 +847,7 @@ def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
         try:
             if i in tails:
                 try:
-                    result = _refer_shard(job, unit, job.src.open(), job.dst.open(), (tails[i],))
+                    result = _refer_shard(job, unit, *stores[id(job)], (tails[i],))
                 except Exception as e:  # noqa: BLE001 - a transient one: run alone, retried
                     if not is_transient(e):
                         raise
