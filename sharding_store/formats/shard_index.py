@@ -28,7 +28,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import crc32c as _crc32c
 import numpy as np
 
 from ..errors import ShardCorruptError, UsageError
@@ -43,6 +42,50 @@ LIST_ENTRIES = 1 << 16
 
 IndexLocation = Literal["start", "end"]
 Coords = tuple[int, ...]
+
+
+def _load_crc32c() -> Any:
+    """The ``crc32c`` package's checksum function, from its compiled module.
+
+    Loaded directly, not through the package: the package's ``__init__`` asks
+    ``importlib.metadata`` for its own version, which imports ``importlib.metadata`` and scans
+    the installed distributions (~100 M instructions, an eighth of ``sharding-store info``'s
+    start-up). Any other layout of the package (an older one was a single module) is
+    imported the usual way, and a missing package raises its ``ModuleNotFoundError``."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    package: Any = sys.modules.get("crc32c")
+    if package is None:
+        try:
+            spec: Any = importlib.util.find_spec("crc32c")
+            found: Any = importlib.machinery.PathFinder.find_spec("crc32c._crc32c", list(spec.submodule_search_locations))
+            module = importlib.util.module_from_spec(found)
+            found.loader.exec_module(module)
+            return module.crc32c
+        except Exception:  # noqa: BLE001 - not the layout known here: the package's own import
+            import crc32c as package
+    return package.crc32c
+
+
+class _Crc32c:
+    """CRC32C, loaded on the first checksum computed (:func:`_load_crc32c`): reading a
+    draft shard, or referring to it, computes none. Tests replace ``_crc32c`` with an object
+    whose ``crc32c`` returns what they choose."""
+
+    def crc32c(self, data: Any) -> int:
+        function = _load_crc32c()
+        self.crc32c = function  # type: ignore[method-assign]  # later calls go straight to it
+        return int(function(data))
+
+
+_crc32c: Any = _Crc32c()
+
+
+def crc32c(data: Any) -> int:
+    """The CRC32C (Castagnoli) of a buffer: the checksum of a v3 shard index."""
+    return int(_crc32c.crc32c(data))
 
 
 def index_nbytes(chunks_per_shard: tuple[int, ...], checksum: bool = False) -> int:

@@ -33,8 +33,6 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
-from crc32c import crc32c
-
 from ..api.hierarchy import DraftHierarchy, Node
 from ..engine.shard_engine import ArrayLayout, ShardEngine, gather, read_shard_index
 from ..errors import (
@@ -47,7 +45,7 @@ from ..errors import (
 )
 from ..formats.draft_metadata import DraftArrayMeta
 from ..formats.keys import Coords, format_key_suffix, parse_key_suffix
-from ..formats.shard_index import CHECKSUM_NBYTES, IndexLocation, encode_shard, index_nbytes, live_entries, tiles
+from ..formats.shard_index import CHECKSUM_NBYTES, IndexLocation, crc32c, encode_shard, index_nbytes, live_entries, tiles
 from ..formats.v3_documents import (
     _given_dimension_names,
     inner_codecs,

@@ -71,6 +71,32 @@ def test_checksum_is_crc32c_of_index_and_detected():
         decode_shard(damaged, (2,), checksum=True, key="k")
 
 
+
+def test_crc32c_loads_the_compiled_module_without_the_package_and_falls_back_to_it(monkeypatch):
+    """The checksum comes from crc32c's compiled module, loaded on first use without the
+    package's ``__init__`` (in a fresh interpreter ``crc32c`` stays out of ``sys.modules``);
+    an unknown layout of the package is imported the usual way, and a missing package is
+    its ``ModuleNotFoundError``, as an import at the top of the module gave."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    import sharding_store.formats.shard_index as si
+
+    data = np.random.default_rng(0).bytes(1000)
+    assert si.crc32c(data) == crc32c.crc32c(data) and si.crc32c(b"") == 0
+    probe = ("import sys\nfrom sharding_store.formats.shard_index import crc32c\n"
+             "print(crc32c(b'123456789'), 'crc32c' in sys.modules, 'importlib.metadata' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [str(0xE3069283), "False", "False"]  # the CRC-32C check value
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # not the layout known
+    assert si._load_crc32c()(data) == crc32c.crc32c(data)
+    monkeypatch.setitem(sys.modules, "crc32c", None)  # not installed
+    with pytest.raises(ModuleNotFoundError) as e:
+        si._load_crc32c()
+    assert e.value.name == "crc32c"
+
+
 def _index(entries, cps):
     return np.array(entries, dtype="<u8").reshape(*cps, 2).tobytes()
 
