@@ -213,6 +213,11 @@ class CountingInner:
         self.inner.put_reference(key, ref)
         self._count("put_reference", key)
 
+    def put_references(self, array: str, refs: Sequence[tuple[str, tuple[int, ...], ChunkRef]]) -> None:
+        """Counted once per call, with its keys."""
+        self.inner.put_references(array, refs)
+        self._count("put_references", (array, [key for key, _, _ in refs]))
+
     def commit(self, message: str) -> str:
         self._count("commit", message)
         return self.inner.commit(message)

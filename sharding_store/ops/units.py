@@ -55,7 +55,7 @@ from ..formats.v3_documents import (
     v3_chunk_key,
 )
 from ..formats.v3_layout import KeyEncoding, V3ArrayMeta, decided, final_document
-from ..stores import Inner
+from ..stores import ChunkRef, Inner
 from .destination import MARKER_KEY
 from .jobs import (
     Source,
@@ -783,12 +783,17 @@ def _source_index(job: ArrayJob, src: Inner, key: str, listed: int | None,
     return (None if head is None else (bytes(head), size, tail.version))
 
 
-def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, tail: Any = None) -> UnitResult:
+#: what takes a reference unit's ``(key, coordinates, reference)`` (:func:`refer_units`: a batch's list)
+Put = Callable[[str, Coords, ChunkRef], None]
+
+
+def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, tail: Any = None, put: Put | None = None) -> UnitResult:
     """A virtual destination: a source shard becomes a reference to the whole object after
     only its index was read and found sound (every live entry inside the object; a bad
     index is the damage error the copy raises). A shard without a live chunk gets no
     reference (it reads as the fill value); dead bytes stay where they are (offsets are
-    absolute in the shard)."""
+    absolute in the shard). ``put``: takes the reference instead of ``dst`` (the caller
+    puts a batch of them at once)."""
     assert job.dst_cps is not None
     (_, src_key, listed), = unit.sources
     key = job.dst_key(unit.target)  # type: ignore[arg-type]  # a sharded unit has a target
@@ -807,7 +812,10 @@ def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, tail: Any = 
     ref = src.reference_to(src_key, 0, size, version)
     if ref is None:
         return UnitResult(empty=1, bytes_read=len(raw))  # deleted since its index was read
-    dst.put_reference(key, ref)
+    if put is None:
+        dst.put_reference(key, ref)
+    else:
+        put(key, unit.target, ref)  # type: ignore[arg-type]  # a sharded unit has a target
     return UnitResult(referenced=1, chunks=len(live), bytes_read=len(raw))
 
 
@@ -819,33 +827,25 @@ def _prefetchable(job: ArrayJob, unit: Unit) -> bool:
 def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
     """The units of a virtual migration (``(job, unit, attempts, delay)`` items), a batch
     at a time in this thread: the index tails of its shards read with one ``get_tails`` per
-    source store (retried as a unit is), then each unit's reference made from its tail. A
-    unit that fails here on a transient error runs again alone (``run_unit``, retried), so
-    each fails as it would alone. ``(ok, result or error)`` per item, in order: no thread,
-    no future per shard (a reference unit is a tail read and a few microseconds of work)."""
+    source store (retried as a unit is), each unit's reference made from its tail, then the
+    references of each array put with one ``put_references`` (:func:`_put_batch`). A unit
+    that fails here on a transient error runs again alone (``run_unit``, retried), so each
+    fails as it would alone. ``(ok, result or error)`` per item, in order: no thread, no
+    future per shard (a reference unit is a tail read and a few microseconds of work)."""
     stores: dict[int, tuple[Inner, Inner]] = {}  # per job: its stores, opened once a batch
-    wanted: dict[int, tuple[Inner, list[int]]] = {}
-    for i, (job, unit, *_) in enumerate(items):
+    for job, *_ in items:
         if id(job) not in stores:
             stores[id(job)] = (job.src.open(), job.dst.open())
-        if _prefetchable(job, unit):
-            src = stores[id(job)][0]
-            wanted.setdefault(id(src), (src, []))[1].append(i)
-    tails: dict[int, Any] = {}
-    for src, at in wanted.values():
-        job0, _, attempts, delay = items[at[0]]
-        requests = [(items[i][1].sources[0].key, items[i][0].src_index_nbytes) for i in at]
-        try:
-            got = with_retries(src.get_tails, requests, attempts=attempts, base_delay=delay)
-        except Exception:  # noqa: BLE001 - each unit then reads (and fails) alone
-            continue
-        tails.update(zip(at, got))
+    tails = _batch_tails(items, stores)
+    puts: dict[int, list[tuple[int, str, Coords, ChunkRef]]] = {}  # per job: (item, key, coordinates, reference)
     out: list[tuple[bool, Any]] = []
     for i, (job, unit, attempts, delay) in enumerate(items):
         try:
             if i in tails:
+                batch = puts.setdefault(id(job), [])
                 try:
-                    result = _refer_shard(job, unit, *stores[id(job)], (tails[i],))
+                    result = _refer_shard(job, unit, *stores[id(job)], (tails[i],),
+                                          put=lambda key, coords, ref: batch.append((i, key, coords, ref)))  # noqa: B023 - called at once
                 except Exception as e:  # noqa: BLE001 - a transient one: run alone, retried
                     if not is_transient(e):
                         raise
@@ -855,13 +855,59 @@ def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
             out.append((True, result))
         except Exception as e:  # noqa: BLE001 - handed to the consumer, item by item
             out.append((False, e))
+    for batch in puts.values():
+        _put_batch(items, stores, batch, out)
     return out
+
+
+def _batch_tails(items: Sequence[tuple[Any, ...]], stores: Mapping[int, tuple[Inner, Inner]]) -> dict[int, Any]:
+    """The index tails of the batch's prefetchable units (item number -> tail), one
+    ``get_tails`` per source store, retried as a unit is; a store's read that fails leaves
+    its units to read (and fail) alone."""
+    wanted: dict[int, tuple[Inner, list[int]]] = {}
+    for i, (job, unit, *_) in enumerate(items):
+        if _prefetchable(job, unit):
+            src = stores[id(job)][0]
+            wanted.setdefault(id(src), (src, []))[1].append(i)
+    tails: dict[int, Any] = {}
+    for src, at in wanted.values():
+        _, _, attempts, delay = items[at[0]]
+        requests = [(items[i][1].sources[0].key, items[i][0].src_index_nbytes) for i in at]
+        try:
+            got = with_retries(src.get_tails, requests, attempts=attempts, base_delay=delay)
+        except Exception:  # noqa: BLE001 - each unit then reads (and fails) alone
+            continue
+        tails.update(zip(at, got))
+    return tails
+
+
+def _put_batch(items: Sequence[tuple[Any, ...]], stores: Mapping[int, tuple[Inner, Inner]],
+               batch: Sequence[tuple[int, str, Coords, ChunkRef]], out: list[tuple[bool, Any]]) -> None:
+    """One array's references of a batch (``(item, key, coordinates, reference)``) with one
+    ``put_references``, retried as a unit is; when that fails, each is put alone (retried)
+    and a reference that fails then fails its own unit (``out[item]``)."""
+    if not batch:
+        return
+    job, _, attempts, delay = items[batch[0][0]]
+    dst = stores[id(job)][1]
+    try:
+        with_retries(dst.put_references, job.path, [(key, coords, ref) for _, key, coords, ref in batch],
+                     attempts=attempts, base_delay=delay)
+        return
+    except Exception:  # noqa: BLE001 - each alone below: an error is its own unit's
+        pass
+    for i, key, _, ref in batch:
+        try:
+            with_retries(dst.put_reference, key, ref, attempts=items[i][2], base_delay=items[i][3])
+        except Exception as e:  # noqa: BLE001 - handed to the consumer, item by item
+            out[i] = (False, e)
 
 
 def _refer_chunks(unit: Unit, src: Inner, dst: Inner, job: ArrayJob) -> UnitResult:
     """A virtual destination, unsharded target: one reference per chunk object, its length
     from the listing (no byte read)."""
     result = UnitResult()
+    refs: list[tuple[str, Coords, ChunkRef]] = []
     present = unit.dst_sizes or (None,) * len(unit.sources)
     for (coords, src_key, size), dst_size in zip(unit.sources, present):
         if dst_size is not None:
@@ -874,8 +920,10 @@ def _refer_chunks(unit: Unit, src: Inner, dst: Inner, job: ArrayJob) -> UnitResu
             continue  # deleted since listed
         if ref.object_size != size:  # rewritten since listed: refer to what it is now
             ref = replace(ref, length=ref.object_size)
-        dst.put_reference(job.dst_key(coords), ref)
-        result.add(UnitResult(referenced=1, chunks=1))
+        refs.append((job.dst_key(coords), coords, ref))
+        result.referenced += 1
+        result.chunks += 1
+    dst.put_references(job.path, refs)  # the unit's chunk objects at once
     return result
 
 

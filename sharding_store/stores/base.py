@@ -231,6 +231,7 @@ class Inner(Protocol):
     def reference_to(self, key: str, offset: int, length: int, version: Version | None = None) -> ChunkRef | None: ...
     def takes_references(self) -> bool: ...
     def put_reference(self, key: str, ref: ChunkRef) -> None: ...
+    def put_references(self, array: str, refs: Sequence[tuple[str, tuple[int, ...], ChunkRef]]) -> None: ...
     def commit(self, message: str) -> str: ...
 
 
@@ -471,6 +472,14 @@ class BaseInner:
     def put_reference(self, key: str, ref: ChunkRef) -> None:
         """Make ``key`` a reference to ``ref``'s bytes (only where :meth:`takes_references`)."""
         raise NotImplementedError(f"{self.describe()}: this store takes bytes, not references")
+
+    def put_references(self, array: str, refs: Sequence[tuple[str, tuple[int, ...], ChunkRef]]) -> None:
+        """:meth:`put_reference` of each ``(key, chunk grid coordinates, ref)`` of the array at
+        path ``array`` ("" the root), in one call where the store can batch them (a reference
+        file: three SQLite statements, not two per key; Icechunk: one ``set_virtual_refs``).
+        All or none where the store batches: on an error the caller may put them one by one."""
+        for key, _, ref in refs:
+            self.put_reference(key, ref)
 
     def commit(self, message: str) -> str:
         """Make what was written visible as one unit, after a complete migration (a

@@ -491,6 +491,30 @@ class IcechunkInner(ZarrStoreInner):
     def put_reference(self, key: str, ref: ChunkRef) -> None:
         """A virtual chunk: bytes ``[ref.offset, ref.offset + ref.length)`` of ``ref.url``, with the
         checksum Icechunk checks on every read (the ETag; locally :func:`local_checksum`)."""
+        checksum = self._checksum(key, ref)
+        self._call(key, lambda: self.store.set_virtual_ref(key, ref.url, offset=ref.offset, length=ref.length,
+                                                           checksum=checksum))
+
+    def put_references(self, array: str, refs: Sequence[tuple[str, tuple[int, ...], ChunkRef]]) -> None:
+        """:meth:`put_reference` of each ``(key, chunk grid coordinates, ref)`` of the array at
+        ``array``, checked the same way, with one ``set_virtual_refs`` (a reference whose URL
+        no container holds is refused naming its key, as alone)."""
+        if not refs:
+            return
+        spec = _icechunk().VirtualChunkSpec
+        specs = [spec(list(coords), ref.url, ref.offset, ref.length, etag_checksum=self._checksum(key, ref))
+                 for key, coords, ref in refs]
+        failed = self._call(refs[0][0], lambda: self.store.set_virtual_refs(f"/{array}", specs,
+                                                                            validate_containers=True))
+        if failed:
+            at = {tuple(coords): key for key, coords, _ in refs}
+            key = at.get(tuple(failed[0]), refs[0][0])
+            raise UsageError(f"{key}: Icechunk cannot store this (invalid chunk location, no matching virtual chunk "
+                             "container)", key=key)
+
+    def _checksum(self, key: str, ref: ChunkRef) -> str:
+        """The checksum Icechunk keeps for ``ref``'s object (the ETag; locally
+        :func:`local_checksum`), after the key and URL were found storable."""
         if not self.virtual:
             raise NotImplementedError("a materialised Icechunk destination takes bytes, not references")
         self._check_key(key)
@@ -500,14 +524,12 @@ class IcechunkInner(ZarrStoreInner):
                              "'#', '?' or non-ASCII characters; migrate with a copy (--icechunk) instead", key=key)
         if scheme == "file":
             when = ref.modified_ns if ref.modified_ns is not None else ref.modified
-            checksum = local_checksum(ref.url, ref.object_size, when)
-        elif ref.etag is not None:
-            checksum = ref.etag
-        else:  # a last-modified date Icechunk keeps to the second and checks as "not modified since" only
-            raise UsageError(f"{ref.url}: no ETag: Icechunk could not tell a changed object from this one; refused",
-                             key=key)
-        self._call(key, lambda: self.store.set_virtual_ref(key, ref.url, offset=ref.offset, length=ref.length,
-                                                           checksum=checksum))
+            return local_checksum(ref.url, ref.object_size, when)
+        if ref.etag is not None:
+            return ref.etag
+        # a last-modified date Icechunk keeps to the second and checks as "not modified since" only
+        raise UsageError(f"{ref.url}: no ETag: Icechunk could not tell a changed object from this one; refused",
+                         key=key)
 
     def commit(self, message: str = "") -> str:
         """Commit the session as one snapshot with ``message``; the side objects still present

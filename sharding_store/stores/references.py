@@ -141,6 +141,30 @@ class _Table:
                                          key=url)
         self.db.execute("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", (key, number, offset, length))
 
+    def add_many(self, refs: Sequence[tuple[str, str, int, int, ObjectInfo]]) -> None:
+        """:meth:`add` of each ``(key, url, offset, length, info)``, in three statements (the
+        objects inserted, their ids and recorded infos read back in one query, the refs
+        inserted): all or none of the refs (an object whose recorded info differs raises
+        :class:`ObjectChangedError` before any is inserted)."""
+        db = self.db
+        db.executemany("INSERT OR IGNORE INTO objects (url, size, etag, modified_ns) VALUES (?, ?, ?, ?)",
+                       [(url, *info) for _, url, _, _, info in refs])
+        urls = list({url: None for _, url, *_ in refs})
+        known: dict[str, tuple[int, ObjectInfo]] = {}
+        for at in range(0, len(urls), 500):  # well under SQLite's bound on a statement's parameters
+            part = urls[at : at + 500]
+            for number, url, *info in db.execute(f"SELECT id, url, size, etag, modified_ns FROM objects WHERE url IN "
+                                                 f"({','.join('?' * len(part))})", part):
+                known[url] = (number, tuple(info))  # three columns
+        rows = []
+        for key, url, offset, length, info in refs:
+            number, recorded = known[url]
+            if recorded != info:
+                raise ObjectChangedError(f"{url}: changed between two references to it ({recorded} then {info})",
+                                         key=url)
+            rows.append((key, number, offset, length))
+        db.executemany("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", rows)
+
     def get(self, key: str) -> tuple[str, int, int, ObjectInfo] | None:
         """``(url, offset, length, info)`` of ``key`` (None: no reference)."""
         row = self.db.execute("SELECT url, offset, length, size, etag, modified_ns FROM refs JOIN objects "
@@ -252,6 +276,21 @@ class ReferenceFileSink(BaseInner):
             raise ObjectChangedError(f"{ref.url}: [{ref.offset}, {ref.offset + ref.length}) does not lie inside its "
                                      f"{ref.object_size} bytes", key=ref.url)
         self._add(key, ref.url, ref.offset, ref.length, (ref.object_size, ref.etag, ref.modified_ns))
+
+    def put_references(self, array: str, refs: Sequence[tuple[str, tuple[int, ...], ChunkRef]]) -> None:
+        """:meth:`put_reference` of each ``(key, coordinates, ref)``, checked the same way, in one
+        batch of the table (:meth:`_Table.add_many`: all or none)."""
+        rows = []
+        for key, _, ref in refs:
+            if ref.offset < 0 or ref.length < 0 or ref.offset + ref.length > ref.object_size:
+                raise ObjectChangedError(f"{ref.url}: [{ref.offset}, {ref.offset + ref.length}) does not lie inside "
+                                         f"its {ref.object_size} bytes", key=ref.url)
+            rows.append((key, ref.url, ref.offset, ref.length, (ref.object_size, ref.etag, ref.modified_ns)))
+        with self._lock:
+            self._table.add_many(rows)
+            if self.docs:
+                for key, *_ in rows:
+                    self.docs.pop(key, None)
 
     def reference(self, key: str) -> ChunkRef | None:
         """The reference ``key`` holds (None: a document, or nothing)."""

@@ -5,6 +5,7 @@ directory walked again per object. Each property counted, not timed."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -52,3 +53,110 @@ def test_each_source_directory_is_walked_once_not_once_per_shard(monkeypatch, tm
     np.testing.assert_array_equal(zarr.open_group(open_references(str(tmp_path / "out.json")), mode="r")["a"][...],
                                   data)
     assert len(json.loads((tmp_path / "out.json").read_bytes())["refs"]) > ROWS * COLS
+
+
+class _CountingDb:
+    """A SQLite connection that counts the statements the sink runs (``execute`` and
+    ``executemany`` calls: Python's cost per call, whatever the rows)."""
+
+    def __init__(self, db, calls: list[str]) -> None:
+        self._db, self._calls = db, calls
+
+    def execute(self, sql, *args):
+        self._calls.append(sql)
+        return self._db.execute(sql, *args)
+
+    def executemany(self, sql, rows):
+        self._calls.append(sql)
+        return self._db.executemany(sql, rows)
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+
+def test_a_reference_file_takes_a_batch_of_references_in_a_few_statements(monkeypatch, tmp_path):
+    """References go into the sink's table a batch at a time (three statements a batch of
+    shards, or a unit of chunk objects), not two statements per reference; read back equal."""
+    from sharding_store.ops.jobs import INLINE_BATCH
+    from sharding_store.stores import references
+
+    shards = 2 * INLINE_BATCH + 3
+    data = np.arange(shards * 4 * 4, dtype="<i4").reshape(shards * 4, 4)
+    create_draft_array(str(tmp_path / "src"), "a", shape=data.shape, chunks=(2, 2), chunks_per_shard=(2, 2),
+                       dtype=data.dtype)[...] = data
+    flat = np.arange(40 * 4, dtype="<u2").reshape(40, 4)  # unsharded: 40 chunk objects
+    create_draft_array(str(tmp_path / "src"), "flat", shape=flat.shape, chunks=(1, 4), dtype=flat.dtype)[...] = flat
+    calls: list[str] = []
+    real = references._Table.__init__
+
+    def init(self, where):
+        real(self, where)
+        self.db = _CountingDb(self.db, calls)
+
+    monkeypatch.setattr(references._Table, "__init__", init)
+    report = migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), MigrateOptions(verify=False),
+                     progress=False)
+    assert report.totals.referenced == shards + 40
+    inserts = [sql for sql in calls if sql.startswith("INSERT")]
+    assert len(inserts) <= 2 * 4, f"{len(inserts)} INSERT statements for {shards + 40} references"
+    group = zarr.open_group(open_references(str(tmp_path / "out.json")), mode="r")
+    np.testing.assert_array_equal(group["a"][...], data)
+    np.testing.assert_array_equal(group["flat"][...], flat)
+
+
+def test_a_failed_batch_of_references_is_put_one_by_one(monkeypatch, tmp_path):
+    """A batch the destination refuses as a whole is no failed unit: each reference is put
+    alone, and the run completes with every one of them."""
+    from sharding_store.errors import StoreIOError
+    from sharding_store.stores.references import ReferenceFileSink
+
+    data = _many_dirs(tmp_path / "src")
+
+    def refuse(self, array, refs):
+        raise StoreIOError("the batch", key=refs[0][0])
+
+    monkeypatch.setattr(ReferenceFileSink, "put_references", refuse)
+    report = migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), MigrateOptions(verify=False),
+                     progress=False, retries=1)
+    assert report.totals.referenced == ROWS * COLS
+    np.testing.assert_array_equal(zarr.open_group(open_references(str(tmp_path / "out.json")), mode="r")["a"][...],
+                                  data)
+
+
+def test_icechunk_takes_a_batch_of_references_with_one_call(monkeypatch, tmp_path):
+    """Icechunk gets a batch of shards' (or a unit of chunk objects') references with one
+    ``set_virtual_refs``, never one ``set_virtual_ref`` per key; the repository reads equal."""
+    ic = pytest.importorskip("icechunk")
+    from icechunk.store import IcechunkStore
+
+    from sharding_store.ops.jobs import INLINE_BATCH
+
+    shards = 2 * INLINE_BATCH + 3
+    data = np.arange(shards * 4 * 4, dtype="<i4").reshape(shards * 4, 4)
+    create_draft_array(str(tmp_path / "src"), "a", shape=data.shape, chunks=(2, 2), chunks_per_shard=(2, 2),
+                       dtype=data.dtype)[...] = data
+    flat = np.arange(40 * 4, dtype="<u2").reshape(40, 4)
+    create_draft_array(str(tmp_path / "src"), "flat", shape=flat.shape, chunks=(1, 4), dtype=flat.dtype)[...] = flat
+    calls: dict[str, list[int]] = {"set_virtual_ref": [], "set_virtual_refs": []}
+    one, many = IcechunkStore.set_virtual_ref, IcechunkStore.set_virtual_refs
+
+    def set_virtual_ref(self, key, *args, **kwargs):
+        calls["set_virtual_ref"].append(1)
+        return one(self, key, *args, **kwargs)
+
+    def set_virtual_refs(self, array_path, chunks, **kwargs):
+        calls["set_virtual_refs"].append(len(chunks))
+        return many(self, array_path, chunks, **kwargs)
+
+    monkeypatch.setattr(IcechunkStore, "set_virtual_ref", set_virtual_ref)
+    monkeypatch.setattr(IcechunkStore, "set_virtual_refs", set_virtual_refs)
+    report = migrate(str(tmp_path / "src"), str(tmp_path / "repo"), MigrateOptions(target="icechunk", virtual=True,
+                                                                                     verify=False), progress=False)
+    assert report.totals.referenced == shards + 40
+    assert calls["set_virtual_ref"] == [], f"{len(calls['set_virtual_ref'])} references set one at a time"
+    assert sum(calls["set_virtual_refs"]) == shards + 40 and len(calls["set_virtual_refs"]) <= 4
+    grants = {f"file://{os.path.realpath(tmp_path / 'src')}/": None}
+    repo = ic.Repository.open(ic.local_filesystem_storage(str(tmp_path / "repo")), authorize_virtual_chunk_access=grants)
+    group = zarr.open_group(repo.readonly_session("main").store, mode="r")
+    np.testing.assert_array_equal(group["a"][...], data)
+    np.testing.assert_array_equal(group["flat"][...], flat)
