@@ -25,6 +25,7 @@ LIGHT_MODULES = [
     "sharding_store.formats.draft_metadata",
     "sharding_store.formats.v3_documents",
     "sharding_store.formats.shard_index",
+    "sharding_store.formats.v3_layout",
     "sharding_store.codec.chunk_codec",
     "sharding_store.codec._native",
 ]
@@ -130,3 +131,52 @@ def test_info_of_a_2022_store_loads_no_driver(tmp_path):
 
     write_2023(tmp_path / "g", "a", np.arange(16, dtype="<u2").reshape(4, 4), chunks=(2, 2), cps=(2, 1))
     assert _command_loads(["info", str(tmp_path / "g")], tmp_path, DRIVERS)["sharding_store.ops.upgrade"] is True
+
+
+CLI_MODULES = tuple(f"sharding_store.cli.{m}" for m in ("info", "migrate", "reshard", "materialize"))
+
+
+def test_a_command_line_loads_only_its_commands_module(tmp_path):
+    """``sharding-store info ...`` imports and builds the parser of ``cli.info`` alone; the
+    table naming each command's module lists every command there is; the control: the bare
+    command (its help lists every command) loads them all."""
+    from sharding_store.cli import COMMANDS, build_parser
+
+    full = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(COMMANDS) == set(full.choices)
+    for command in COMMANDS:
+        own = next(a for a in build_parser(command)._actions if a.dest == "command")
+        assert command in own.choices and set(own.choices) < set(full.choices)
+    loaded = _command_loads(["info", str(SAMPLE)], tmp_path, CLI_MODULES)
+    assert loaded == {"code": 0, **{m: m.endswith(".info") for m in CLI_MODULES}}
+    loaded = _command_loads(["verify", str(tmp_path / "a"), str(tmp_path / "b")], tmp_path, CLI_MODULES)
+    assert {m for m in CLI_MODULES if loaded[m]} == {"sharding_store.cli.migrate"} and loaded["code"] != 0
+    assert _command_loads([], tmp_path, CLI_MODULES) == {"code": 2, **dict.fromkeys(CLI_MODULES, True)}
+
+
+#: what start-up once paid for whatever a command did: the lost-transformer inspector (with
+#: chunk decoding), and the crc32c package (its __init__ reads its version through importlib.metadata)
+INSPECTOR = ("sharding_store.api.evidence", "crc32c")
+
+
+def test_migrating_a_sharded_store_loads_neither_the_inspector_nor_the_crc32c_package(tmp_path):
+    """A migration (verified) of a store of sharded arrays only, with no layout assumed,
+    inspects nothing for lost transformers, and checksums its shard indices with crc32c's
+    compiled module alone; the controls: the checksums are right, ``info`` (statistics) loads
+    the inspector, and so does migrating an unsharded array (it may have lost its transformer)."""
+    import crc32c
+    import numpy as np
+
+    from sharding_store.api.arrays import create_draft_array
+
+    a = create_draft_array(str(tmp_path / "s"), "a", shape=(8, 8), chunks=(2, 2), dtype="<u2", chunks_per_shard=(2, 2))
+    a[...] = np.arange(64, dtype="<u2").reshape(8, 8)
+    loaded = _command_loads(["migrate", str(tmp_path / "s"), str(tmp_path / "d")], tmp_path, INSPECTOR)
+    assert loaded == {"code": 0, **dict.fromkeys(INSPECTOR, False)}
+    shard = (tmp_path / "d" / "a" / "c" / "0" / "0").read_bytes()
+    assert int.from_bytes(shard[-4:], "little") == crc32c.crc32c(shard[-4 - 16 * 4 : -4])
+    assert _command_loads(["info", str(tmp_path / "s")], tmp_path, INSPECTOR) == {
+        "code": 0, "sharding_store.api.evidence": True, "crc32c": False}
+    create_draft_array(str(tmp_path / "u"), "a", shape=(8,), chunks=(2,), dtype="<u2")[...] = 1
+    unsharded = _command_loads(["migrate", str(tmp_path / "u"), str(tmp_path / "du")], tmp_path, INSPECTOR)
+    assert unsharded == {"code": 0, "sharding_store.api.evidence": True, "crc32c": False}

@@ -38,6 +38,11 @@ from .output import one_line as _one_line
 
 PROG = "sharding-store"
 COMMAND_MODULES = ("info", "migrate", "reshard", "materialize")
+#: command -> the module of :data:`COMMAND_MODULES` that registers it: a command line naming
+#: one loads and builds that module's parser alone (the others, and what they import, are not
+#: needed); no command, ``--help`` or an unknown word builds them all
+COMMANDS = {"info": "info", "ls": "info", "migrate": "migrate", "verify": "migrate", "reshard": "reshard",
+            "materialize": "materialize"}
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
@@ -101,13 +106,15 @@ def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: with a ``command`` of :data:`COMMANDS`, the parser of its
+    module only; else every command's."""
     from .. import __version__
 
     parser = _Parser(prog=PROG, description="Read, migrate and reshard draft-era sharded Zarr v3 data.")
     parser.add_argument("--version", action="version", version=f"sharding-store {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES:
         try:
             module = importlib.import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as e:  # a command still being built
@@ -139,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not words:  # bare `sharding-store`: what it can do
                 print(build_parser().format_help(), end="", file=sys.stderr)
                 return EXIT_USAGE
-            args = build_parser().parse_args(words)
+            args = build_parser(_command_word(words)).parse_args(words)
             args.argv = words  # what the advice after an interruption repeats
             return int(args.func(args) or 0)
     except BrokenPipeError:  # e.g. `sharding-store ls ... | head`: the reader left, not an error of ours
@@ -157,6 +164,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_json_error(command or "", e, code, line.removeprefix("error: "))
         print(f"sharding-store: {line}", file=sys.stderr)
         return code
+
+
+def _command_word(words: Sequence[str]) -> str | None:
+    """The command a command line names: its first word that is not an option (the program's
+    own options, ``--version`` and ``--help``, take no value)."""
+    return next((w for w in words if not w.startswith("-")), None)
 
 
 def _wants_json(args: argparse.Namespace | None, words: list[str]) -> bool:

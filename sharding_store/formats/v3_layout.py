@@ -33,15 +33,16 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numcodecs
 import numpy as np
-from numcodecs.abc import Codec
 
 from ..errors import DraftMetadataError
 from .draft_metadata import MAX_CHUNK_ELEMENTS, DraftArrayMeta
 from .fill_value import V3_CORE_DTYPES, decode_fill_value
+
+if TYPE_CHECKING:
+    from numcodecs.abc import Codec
 
 __all__ = ["V3ArrayMeta", "layout_from_v3", "geometry_from_v3", "decided", "final_document", "data_prefix_v3", "KeyEncoding"]
 
@@ -127,6 +128,8 @@ def _permutation_order(perms: list[list[int]], ndim: int, fld: str) -> str:
 
 
 def _bytes_codec(codec: dict[str, Any], fld: str) -> Codec:
+    import numcodecs  # here, not with the module: reading a 2022 layout builds no v3 chain
+
     name, cfg = _name(codec), _config(codec)
     try:
         if name == "gzip":

@@ -44,7 +44,6 @@ from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from ..api.evidence import check_assumed_layouts
 from ..api.hierarchy import DraftHierarchy, ReadCache, detect, node_model
 from ..errors import (
     DestinationExistsError,
@@ -715,7 +714,10 @@ def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreO
     run = replace(run, jobs=jobs_for(run.jobs, sides.src, sides.dst, run.executor))
     h = node_model(sides.src, root_raw, location=sides.src_ref.describe(), detected=detected)
     h.assume_sharded(o.assume_chunks_per_shard)
-    check_assumed_layouts(h, o.assume_chunks_per_shard)  # a guess the evidence contradicts is refused
+    if o.assume_chunks_per_shard:  # a guess the evidence contradicts is refused (the inspector loads only then)
+        from ..api.evidence import check_assumed_layouts
+
+        check_assumed_layouts(h, o.assume_chunks_per_shard)
     report = MigrationReport(sides.src_ref.describe(), sides.dst_ref.describe(), dry_run=o.dry_run,
                              copied_by=copy_words(sides.dst), destination=sides.kind)
     # a virtual destination keeps the source's index as it is: no checksum added

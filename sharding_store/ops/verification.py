@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 
-from ..api.evidence import check_assumed_layouts
 from ..api.hierarchy import DraftHierarchy, Generation, Node, detect_generation, node_model, require_final_v3
 from ..codec import _native
 from ..codec.buffers import io_buffer
@@ -511,7 +510,10 @@ def _check_arrays(h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, dst_i
     ``run``'s executor (or a pool of ``run.jobs`` threads)."""
     assume = options.assume_chunks_per_shard
     h.assume_sharded(assume)
-    check_assumed_layouts(h, assume)  # a guess the evidence contradicts is refused
+    if assume:  # a guess the evidence contradicts is refused (the inspector loads only then)
+        from ..api.evidence import check_assumed_layouts
+
+        check_assumed_layouts(h, assume)
     checker = _Checker(h, src_ref, dst_ref, dst_inner, report, dict(options.skip_arrays or {}), options.skip_damaged,
                        run.retries, run.retry_delay)
     checker.groups()
