@@ -142,28 +142,44 @@ class _Table:
         self.db.execute("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", (key, number, offset, length))
 
     def add_many(self, refs: Sequence[tuple[str, str, int, int, ObjectInfo]]) -> None:
-        """:meth:`add` of each ``(key, url, offset, length, info)``, in three statements (the
-        objects inserted, their ids and recorded infos read back in one query, the refs
-        inserted): all or none of the refs (an object whose recorded info differs raises
-        :class:`ObjectChangedError` before any is inserted)."""
+        """:meth:`add` of each ``(key, url, offset, length, info)`` in two statements: the batch's
+        objects inserted with the next free ids, then the refs. Where an object was recorded
+        already (a unit put again) the ids and infos are read back in one query; an object
+        whose recorded info differs raises :class:`ObjectChangedError` before any ref is
+        inserted (all or none: the objects this batch inserted are deleted again; the table
+        keeps no journal to roll back)."""
         db = self.db
-        db.executemany("INSERT OR IGNORE INTO objects (url, size, etag, modified_ns) VALUES (?, ?, ?, ?)",
-                       [(url, *info) for _, url, _, _, info in refs])
-        urls = list({url: None for _, url, *_ in refs})
+        first: dict[str, ObjectInfo] = {}
+        for _, url, _, _, info in refs:
+            if first.setdefault(url, info) != info:  # a second reference in the batch, unlike the first
+                raise ObjectChangedError(f"{url}: changed between two references to it ({first[url]} then {info})",
+                                         key=url)
+        top = db.execute("SELECT max(id) FROM objects").fetchone()[0] or 0
+        before = db.total_changes
+        db.executemany("INSERT OR IGNORE INTO objects (id, url, size, etag, modified_ns) VALUES (?, ?, ?, ?, ?)",
+                       [(top + n, url, *info) for n, (url, info) in enumerate(first.items(), 1)])
+        known: dict[str, tuple[int, ObjectInfo]]
+        if db.total_changes - before == len(first):  # every object new: the ids given
+            known = {url: (top + n, info) for n, (url, info) in enumerate(first.items(), 1)}
+        else:
+            known = self._known(list(first))
+        for url, info in first.items():
+            if known[url][1] != info:
+                db.execute("DELETE FROM objects WHERE id > ?", (top,))  # those this batch inserted
+                raise ObjectChangedError(f"{url}: changed between two references to it ({known[url][1]} then {info})",
+                                         key=url)
+        db.executemany("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)",
+                       [(key, known[url][0], offset, length) for key, url, offset, length, _ in refs])
+
+    def _known(self, urls: Sequence[str]) -> dict[str, tuple[int, ObjectInfo]]:
+        """The ids and recorded infos of the objects ``urls`` (each recorded)."""
         known: dict[str, tuple[int, ObjectInfo]] = {}
         for at in range(0, len(urls), 500):  # well under SQLite's bound on a statement's parameters
             part = urls[at : at + 500]
-            for number, url, *info in db.execute(f"SELECT id, url, size, etag, modified_ns FROM objects WHERE url IN "
-                                                 f"({','.join('?' * len(part))})", part):
+            for number, url, *info in self.db.execute(f"SELECT id, url, size, etag, modified_ns FROM objects WHERE "
+                                                      f"url IN ({','.join('?' * len(part))})", part):
                 known[url] = (number, tuple(info))  # three columns
-        rows = []
-        for key, url, offset, length, info in refs:
-            number, recorded = known[url]
-            if recorded != info:
-                raise ObjectChangedError(f"{url}: changed between two references to it ({recorded} then {info})",
-                                         key=url)
-            rows.append((key, number, offset, length))
-        db.executemany("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", rows)
+        return known
 
     def get(self, key: str) -> tuple[str, int, int, ObjectInfo] | None:
         """``(url, offset, length, info)`` of ``key`` (None: no reference)."""
@@ -351,7 +367,10 @@ class ReferenceFileSink(BaseInner):
         out: list[str] = []
         first = True
         for key, value in self._entries():
-            out.append(f"{dumps(key)}:{dumps(value)}")
+            if type(value) is list:  # a reference: [url, offset, length]
+                out.append(f"{_json_string(key)}:[{_json_string(value[0])},{int(value[1])},{int(value[2])}]")
+            else:
+                out.append(f"{_json_string(key)}:{dumps(value)}")
             if len(out) == batch:
                 yield ("" if first else ",").encode() + ",".join(out).encode()
                 out, first = [], False
@@ -366,7 +385,7 @@ class ReferenceFileSink(BaseInner):
             if not rows:
                 break
             yield ("," if after else "").encode() + ",".join(
-                f"{dumps(url)}:{dumps(_info(size, etag, modified_ns))}" for _, url, size, etag, modified_ns in rows
+                f"{_json_string(url)}:{_info_json(size, etag, modified_ns)}" for _, url, size, etag, modified_ns in rows
             ).encode()
             after = rows[-1][0]
         yield b"}}}"
@@ -452,14 +471,25 @@ class ReferenceFileSink(BaseInner):
         return self.path
 
 
-def _info(size: int, etag: str | None, modified_ns: int | None) -> dict[str, Any]:
-    """One source object's entry in the ``objects`` block."""
-    info: dict[str, Any] = {"size": size}
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _json_string(text: str) -> str:
+    """``text`` as a JSON string, exactly as ``json`` writes it with ``ensure_ascii=False``:
+    a printable string without quote or backslash (most keys and URLs) needs no escape and
+    is quoted as it is, ~10x faster than the encoder, which writes the others."""
+    return f'"{text}"' if text.isprintable() and '"' not in text and "\\" not in text else _dumps(text)
+
+
+def _info_json(size: int, etag: str | None, modified_ns: int | None) -> str:
+    """One source object's entry in the ``objects`` block (size, then the ETag and
+    ``st_mtime_ns`` where known), exactly as ``json`` writes it (compact separators)."""
+    out = f'{{"size":{int(size)}'
     if etag is not None:
-        info["etag"] = etag
+        out += f',"etag":{_json_string(etag)}'
     if modified_ns is not None:
-        info["modified_ns"] = modified_ns
-    return info
+        out += f',"modified_ns":{int(modified_ns)}'
+    return out + "}"
 
 
 class _Objects(Mapping[str, ObjectInfo]):

@@ -251,3 +251,51 @@ def test_a_reference_file_in_a_directory_not_writable_is_still_read(migrated, mo
     monkeypatch.setattr(tempfile, "mkstemp", refusing)
     assert verify(str(out.parent / "src"), str(out)).ok
     assert str(out.parent) in tried and None in tried
+
+
+# --------------------------------------------------------------------------- batches, the file's bytes
+
+
+def test_the_file_is_what_json_writes_whatever_the_keys_and_urls_hold(tmp_path):
+    """Keys, URLs and ETags are written quoted as they are where JSON needs no escape, else
+    through the encoder: the bytes are exactly ``json.dumps``' (compact, ``ensure_ascii=False``)
+    of what they say, for quotes, backslashes, control characters and non-ASCII text."""
+    odd = ['plain', 'quo"te', 'back\\slash', 'new\nline', 'tab\t', 'bell\x07', 'ünï/çødé', 'del\x7f', 'e\u2028']
+    sink = ReferenceFileSink(str(tmp_path / "out.json"), source='S"RC')
+    sink.set("zarr.json", '{"attributes": {"t": "ü\\n"}}'.encode())
+    for i, text in enumerate(odd):
+        sink.put_reference(f"a/{text}/c/{i}", ChunkRef(f"file:///x/{text}", i, 1, 2 + i, modified_ns=i))
+        sink.put_reference(f"b/c/{i}", ChunkRef(f"s3://b/{text}", 0, 1, 1, etag=f'"{text}"'))
+    sink.commit('m"essage')
+    raw = (tmp_path / "out.json").read_bytes()
+    doc = json.loads(raw)
+    assert raw == json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    for i, text in enumerate(odd):
+        assert doc["refs"][f"a/{text}/c/{i}"] == [f"file:///x/{text}", i, 1]
+        assert doc[REFERENCE_KEY]["objects"][f"file:///x/{text}"] == {"size": 2 + i, "modified_ns": i}
+        assert doc[REFERENCE_KEY]["objects"][f"s3://b/{text}"] == {"size": 1, "etag": f'"{text}"'}
+
+
+def test_a_batch_of_references_is_recorded_as_one_by_one(tmp_path):
+    """``put_references`` records what ``put_reference`` of each would: an object referred to
+    again (in the batch, or before it) is recorded once; one whose size or time differs is
+    refused and none of the batch's references is taken."""
+    sink = ReferenceFileSink(str(tmp_path / "out.json"))
+    sink.put_reference("a/c/0", ChunkRef("file:///x", 0, 4, 10, modified_ns=1))
+    sink.put_references("a", [("a/c/1", (1,), ChunkRef("file:///x", 4, 4, 10, modified_ns=1)),
+                              ("a/c/2", (2,), ChunkRef("file:///y", 0, 4, 10, modified_ns=1)),
+                              ("a/c/3", (3,), ChunkRef("file:///y", 4, 4, 10, modified_ns=1))])
+    with pytest.raises(ObjectChangedError, match="file:///y: changed between two references"):
+        sink.put_references("a", [("a/c/4", (4,), ChunkRef("file:///z", 0, 4, 10, modified_ns=1)),
+                                  ("a/c/5", (5,), ChunkRef("file:///y", 0, 4, 11, modified_ns=2))])
+    with pytest.raises(ObjectChangedError, match="file:///w: changed between two references"):
+        sink.put_references("a", [("a/c/6", (6,), ChunkRef("file:///w", 0, 4, 10, modified_ns=1)),
+                                  ("a/c/7", (7,), ChunkRef("file:///w", 0, 4, 10, modified_ns=2))])
+    with pytest.raises(ObjectChangedError, match=r"\[8, 12\) does not lie inside"):
+        sink.put_references("a", [("a/c/8", (8,), ChunkRef("file:///v", 8, 4, 10))])
+    sink.put_references("a", [("a/c/0", (0,), ChunkRef("file:///y", 0, 2, 10, modified_ns=1))])  # put again
+    sink.commit("m")
+    doc = json.loads((tmp_path / "out.json").read_bytes())
+    assert doc["refs"] == {"a/c/0": ["file:///y", 0, 2], "a/c/1": ["file:///x", 4, 4], "a/c/2": ["file:///y", 0, 4],
+                           "a/c/3": ["file:///y", 4, 4]}
+    assert list(doc[REFERENCE_KEY]["objects"]) == ["file:///x", "file:///y"]  # nothing of a refused batch
