@@ -30,7 +30,7 @@ class CountingInner:
 
     ``calls`` keys: ``get``, ``get_ranges`` (also tail reads, as they are range requests),
     ``set``, ``create_exclusive``, ``put_if_unchanged``, ``delete``, ``delete_prefix``, ``list_prefix``,
-    ``list_sized``, ``list_dir``, ``exists``, ``size``, ``read_into``, ``copy_to``, ``compose``
+    ``list_sized``, ``list_unordered``, ``list_dir``, ``exists``, ``size``, ``read_into``, ``copy_to``, ``compose``
     (kernel copies only; the generic way counts as the reads and the ``set`` it does), ``move``,
     ``tidy``. ``log`` holds ``(name, detail)`` in call order.
     """
@@ -127,6 +127,10 @@ class CountingInner:
     def list_sized(self, prefix: str) -> Iterator[tuple[str, int | None]]:
         self._count("list_sized", prefix)
         return self.inner.list_sized(prefix)
+
+    def list_unordered(self, prefix: str) -> Iterator[tuple[str, int | None]]:
+        self._count("list_unordered", prefix)
+        return self.inner.list_unordered(prefix)
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
         self._count("list_dir", prefix)

@@ -219,17 +219,19 @@ def lost_transformer(h: DraftHierarchy, node: Node) -> ShardingStoreError | None
     prefix = dm.data_prefix(node.path)
 
     def keys() -> Iterator[str]:
-        return (k for k, _ in h.inner.list_sized(prefix) if not (others and k.startswith(others)))
+        # any order: the least coordinates are looked for, and the keys held are sorted below
+        return (k for k, _ in h.inner.list_unordered(prefix) if not (others and k.startswith(others)))
 
-    first, first_coords = None, None  # the object the detection looks at first: the least coordinates
+    # the object the detection looks at first: the least coordinates (then key: a 0-d array's "c" before "c0")
+    first: tuple[Coords, str] | None = None
     for key in keys():
         coords = parse_chunk_suffix(key[len(prefix) :], node.meta.separator, node.meta.ndim)
-        if coords is not None and (first_coords is None or coords < first_coords):
-            first, first_coords = key, coords
+        if coords is not None and (first is None or (coords, key) < first):
+            first = coords, key
     try:
         # that object decides (a shard or not): only a shard's array is listed again and
         # held, to rank the candidate shapes; a sound array's listing is never held
-        if first is None or detect_lost_transformer(h.inner, node.meta, [first]) is None:
+        if first is None or detect_lost_transformer(h.inner, node.meta, [first[1]]) is None:
             return None
         found = detect_lost_transformer(h.inner, node.meta, sorted(keys()))
     except LinkOutsideStoreError as e:  # one of its objects links out of the store: damaged

@@ -473,7 +473,8 @@ def _sources(job: ArrayJob, listing: Iterable[tuple[str, int | None]], ignore: t
         if coords is None:
             if not (ignore and key.startswith(ignore)):
                 listed.stray += 1
-                listed.first_stray = listed.first_stray or key
+                if listed.first_stray is None or key < listed.first_stray:  # the least: any listing order
+                    listed.first_stray = key
             continue
         listed.bytes += size or 0
         yield Source(coords, key, size)
@@ -493,7 +494,8 @@ def job_units(
     Keys under ``ignore`` (other nodes' prefixes) are skipped silently; other keys that
     are not this array's chunk or shard keys are counted as stray in ``listed``, with the
     source bytes and the objects planned. ``present``: the destination's objects (resume,
-    verify), asked in ascending destination key order.
+    verify), asked in ascending destination key order; without it the listing may come
+    in any order (what is planned and reported does not depend on it).
 
     Memory does not grow with the array: one unit per source object (same grid: a
     source shard is a target shard; unsharded target: batches of chunk objects) is made
@@ -529,8 +531,8 @@ def job_units(
         else:
             units = (Unit((s,), s.coords, present.size(job.dst_key(s.coords))) for s in sources)
     else:
-        if job.same_grid:  # 0-d: "c" and "c0" spell one key; the later wins
-            groups = plan_units({s.coords: s for s in sources}.values(), job.dst_cps, job.dst_cps)
+        if job.same_grid:  # 0-d: "c" and "c0" spell one key; the later in key order ("c0") wins
+            groups = plan_units(_last_by_key(sources), job.dst_cps, job.dst_cps)
         else:
             layout = job.src_layout
             src_cps = layout.chunks_per_shard or (1,) * layout.ndim
@@ -549,6 +551,17 @@ def job_units(
     listed.done = True
 
 
+def _last_by_key(sources: Iterable[Source]) -> list[Source]:
+    """One source per coordinates: of two keys spelling the same chunk, the greater (the
+    later in a sorted listing), whatever order they were listed in."""
+    by_coords: dict[Coords, Source] = {}
+    for s in sources:
+        held = by_coords.get(s.coords)
+        if held is None or s.key > held.key:
+            by_coords[s.coords] = s
+    return list(by_coords.values())
+
+
 def _batched(items: Iterable[R], n: int) -> Iterator[tuple[R, ...]]:
     it = iter(items)
     while batch := tuple(itertools.islice(it, n)):
@@ -560,12 +573,15 @@ def array_units(
 ) -> tuple[Iterator[Unit], Listed]:
     """The units of one array, lazily, and their counters; when the units are exhausted
     the counters are complete and the array's report has its shards and bytes
-    (``spread``: :func:`job_units`')."""
+    (``spread``: :func:`job_units`'). Only a merge with the destination (``present``)
+    needs the source listed in key order; otherwise it is listed in the store's cheapest
+    order (a plain mapping: streamed, never sorted or held)."""
     listed = Listed()
     # the node's own document lies under a v3 array's prefix (never under a draft one's)
     ignore = (*other_prefixes(h, plan.node.path), node_key(plan.node.path))
-    units = job_units(plan.job, src.list_sized(plan.job.src_layout.prefix), listed, present=present, ignore=ignore,
-                      spread=spread)
+    prefix = plan.job.src_layout.prefix
+    listing = src.list_unordered(prefix) if present is None else src.list_sized(prefix)
+    units = job_units(plan.job, listing, listed, present=present, ignore=ignore, spread=spread)
 
     def run() -> Iterator[Unit]:
         yield from units

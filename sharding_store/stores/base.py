@@ -4,7 +4,7 @@ A store ("inner store", below a :class:`~sharding_store.ShardingStore`) is anyth
 methods of :class:`Inner`. The *core* is what every backend has (whole gets, byte ranges,
 tails of objects, atomic puts, deletes, listings); the *capabilities* (``size``,
 ``read_into``, ``local_path``, ``copy_to``, ``compose``, ``move``, ``create_exclusive``,
-``put_if_unchanged``, ``list_sized``, ``location``, ``describe``, ...) let a backend do better than the generic way:
+``put_if_unchanged``, ``list_sized``, ``list_unordered``, ``location``, ``describe``, ...) let a backend do better than the generic way:
 a kernel copy, a server-side copy, a rename, a conditional put. :class:`BaseInner` implements every
 capability from the core, so a new backend writes the core and overrides what it can do
 better; wrappers (``sharding_store.testing.CountingInner``) delegate every method. Nothing
@@ -206,6 +206,7 @@ class Inner(Protocol):
     def delete_prefix(self, prefix: str) -> None: ...
     def list_prefix(self, prefix: str) -> Iterator[str]: ...
     def list_sized(self, prefix: str) -> Iterator[tuple[str, int | None]]: ...
+    def list_unordered(self, prefix: str) -> Iterator[tuple[str, int | None]]: ...
     def list_dir(self, prefix: str) -> tuple[list[str], list[str]]: ...
     def exists(self, key: str) -> bool: ...
     def size(self, key: str) -> int | None: ...
@@ -301,6 +302,13 @@ class BaseInner:
         """Sorted ``(key, size)`` under ``prefix``; sizes None where the listing has none."""
         for key in self.list_prefix(prefix):
             yield key, None
+
+    def list_unordered(self, prefix: str) -> Iterator[tuple[str, int | None]]:
+        """Every ``(key, size)`` under ``prefix`` once, in whatever order the store lists
+        cheapest, for a caller that needs no order (no merge with another listing). Here:
+        :meth:`list_sized` (a store that lists sorted anyway); a store that must sort
+        (a plain mapping) streams instead of holding its keys."""
+        return self.list_sized(prefix)
 
     def size(self, key: str) -> int | None:
         """The object's size (here: one whole get), None when missing."""

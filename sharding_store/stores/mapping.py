@@ -101,8 +101,10 @@ class MappingInner(BaseInner):
             pass
 
     def _keys(self, prefix: str) -> Iterator[str]:
+        """The keys under ``prefix`` as a stream, in the mapping's order: its own
+        ``list_prefix``, else its keys filtered (:func:`_key_stream`)."""
         lister = getattr(self.mapping, "list_prefix", None)
-        return lister(prefix) if lister is not None else (k for k in list(self.mapping) if k.startswith(prefix))
+        return lister(prefix) if lister is not None else (k for k in _key_stream(self.mapping) if k.startswith(prefix))
 
     def list_prefix(self, prefix: str) -> Iterator[str]:
         return iter(sorted(self._keys(prefix)))
@@ -117,6 +119,14 @@ class MappingInner(BaseInner):
         generated store too large to list into memory) is listed through it, lazily."""
         own = getattr(self.mapping, "list_sized", None)
         return iter(own(prefix)) if own is not None else super().list_sized(prefix)
+
+    def list_unordered(self, prefix: str) -> Iterator[tuple[str, int | None]]:
+        """``(key, None)`` in the mapping's own order, streamed: nothing sorted, nothing
+        held per key (a store of a million generated keys lists in constant memory). A
+        mapping with its own ``list_sized`` or ``list_prefix`` is listed through it."""
+        if getattr(self.mapping, "list_sized", None) is not None:
+            return self.list_sized(prefix)
+        return ((k, None) for k in self._keys(prefix))
 
     def exists(self, key: str) -> bool:
         return key in self.mapping
@@ -151,6 +161,20 @@ class MappingInner(BaseInner):
 
     def describe(self) -> str:
         return f"{type(self.mapping).__name__} object"
+
+
+#: the type of a dict's key iterator (a ``dict``'s, a ``UserDict``'s): its listing can be copied atomically
+_DICT_KEY_ITERATOR: type = type(iter({}))
+
+
+def _key_stream(mapping: MutableMapping[str, bytes]) -> Iterator[str]:
+    """A mapping's keys, for a listing. A ``dict``'s (or a wrapper whose iterator is a
+    dict's, e.g. ``UserDict``) are copied first, in one step no other thread can interleave
+    with (its writers cannot break the listing), at 8 bytes a key: the dict holds the keys
+    anyway. Any other mapping's iterator runs Python code, where a copy would be no safer
+    and would hold every key it makes at once (a generated store's): it is streamed."""
+    it = iter(mapping)
+    return iter(list(it)) if type(it) is _DICT_KEY_ITERATOR else it
 
 
 def _version(data: bytes, n: int) -> tuple[int, bytes]:

@@ -121,6 +121,46 @@ class TrackedDict(dict):  # type: ignore[type-arg]
         return (k for k, _ in self.list_sized(prefix))
 
 
+class PlainDraft(MutableMapping):  # type: ignore[type-arg]
+    """:class:`GeneratedDraft`'s objects behind a plain mapping (``__iter__`` and
+    ``__getitem__`` only: no ``list_sized``, no ``list_prefix``), its keys generated as
+    tracked strings in numeric order, not sorted ("c10" before "c2"). Beside them: two
+    stray keys, the greater listed first, and a 0-d array ``z`` whose one chunk is spelled
+    twice, "c0" (value 5) listed before "c" (value 9). Counts every ``__getitem__``."""
+
+    def __init__(self, n: int) -> None:
+        self.draft = GeneratedDraft(n)
+        self.objects = dict(self.draft.meta)
+        for key, value in ((ZERO_D, 5), ("data/root/z/c", 9)):
+            z: dict[str, bytes] = {}
+            create_draft_array(z, "z", shape=(), chunks=(), chunks_per_shard=(), dtype="u1", compressor=None)[...] = value
+            self.objects.update({k: v for k, v in z.items() if k != "data/root/z/c0"}, **{key: z["data/root/z/c0"]})
+        self.objects.update({"data/root/a/zz-stray": b"x", "data/root/a/b-stray": b"x"})
+        self.alive = Alive()
+        self.reads: dict[str, int] = {}
+
+    def __getitem__(self, key: str) -> bytes:
+        name = str(key)  # a plain copy: counting must not keep a tracked key alive
+        self.reads[name] = self.reads.get(name, 0) + 1
+        return self.objects[key] if key in self.objects else self.draft[key]
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        raise TypeError("a source is only read")
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError("a source is only read")
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.objects
+        yield from (self.alive.key(f"data/root/a/c{i}") for i in range(self.draft.n))
+
+    def __len__(self) -> int:
+        return len(self.objects) + self.draft.n
+
+
+ZERO_D = "data/root/z/c0"
+
+
 @pytest.fixture
 def small_span(monkeypatch):
     monkeypatch.setattr(units, "INTERLEAVE_SPAN", SPAN, raising=False)
@@ -149,6 +189,25 @@ def test_an_inline_migration_holds_only_the_interleaving_span(small_span):
     assert src.alive.made >= N
     assert src.alive.peak <= 2 * SPAN + 8, f"{src.alive.peak} listed source keys alive at once (span {SPAN})"
     assert report.shards == N and report.totals.written == N and len(shard_keys(dst)) == N
+
+
+@pytest.mark.parametrize("jobs", [JOBS, None], ids=["threads", "inline"])
+def test_a_plain_mapping_is_listed_as_a_stream_and_each_shard_read_once(small_span, jobs):
+    """No ``list_sized``: the listing is the mapping's own iteration, streamed (never
+    copied whole or sorted: issue 26's 1M-shard RSS), and still each shard becomes one
+    target shard, read once; what is reported and written does not depend on the listing's
+    order (the least stray key named; of a 0-d chunk's two spellings "c0" wins, as sorted)."""
+    src, dst = PlainDraft(N), TrackedDict()
+    report = migrate(src, dst, verify=False, jobs=jobs, progress=False)
+    assert src.alive.made >= N  # every listing of the mapping walks all its keys (it has no prefix listing)
+    assert src.alive.peak <= BOUND, f"{src.alive.peak} listed source keys alive at once (window {BOUND})"
+    shard_reads = {k: n for k, n in src.reads.items() if k.startswith("data/root/a/c")}
+    assert len(shard_reads) == N and set(shard_reads.values()) == {1}, "a shard read twice or not at all"
+    assert report.totals.written == N + 1 and len(shard_keys(dst)) == N  # and z's one chunk
+    assert dst["a/c/2999"][: len(src.draft.shard)] == src.draft.shard
+    assert dst["z/c"][:-4] == src.objects[ZERO_D]  # the "c0" spelling's bytes, CRC32C appended
+    assert report.warnings == ["a: 2 stray keys under its data prefix not migrated, e.g. data/root/a/b-stray"]
+    assert verify(src, dst, progress=False).ok
 
 
 def test_verify_streams_both_listings_and_still_finds_differences(small_span):
