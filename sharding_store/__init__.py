@@ -31,7 +31,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, see _EXPORTS
     from .ops.verification import verify
     from .stores.references import open_references
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__  # the one place it is written
 
 #: public name -> the module that defines it, imported on first use: the CLI and
 #: ``from sharding_store.ops.migration import ...`` then load only what they need (zarr-python

@@ -388,3 +388,30 @@ def test_cli_human_report_and_errors(hierarchy, tmp_path, capsys):
     assert "not empty" in err and len(err.strip().splitlines()) == 1
     assert main(["migrate", str(src), str(tmp_path / "dry"), "--dry-run", "--chunks-per-shard", "2"]) == 0
     assert "dry run" in capsys.readouterr().out and not (tmp_path / "dry").exists()
+
+
+def test_the_commit_message_names_this_version_without_reading_package_metadata(tmp_path, monkeypatch):
+    """A migration names the tool's version in its commit (Icechunk's snapshot message) as
+    ``--version`` does: ``sharding_store.__version__``, the version setup.cfg installs; reading
+    it from the installed package's metadata (a scan of every installed distribution) cost
+    every migration, whatever its destination, ~15 M instructions."""
+    import configparser
+    import importlib.metadata
+    from pathlib import Path
+
+    import sharding_store
+    from sharding_store.api.arrays import create_draft_array
+    from sharding_store.ops.migration import commit_message
+
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).resolve().parents[3] / "setup.cfg")
+    assert sharding_store.__version__ == setup["metadata"]["version"]
+
+    def no_metadata(name):
+        raise AssertionError(f"importlib.metadata.version({name!r}) asked")
+
+    monkeypatch.setattr(importlib.metadata, "version", no_metadata)
+    assert commit_message("/src", "copy") == f"sharding-store {sharding_store.__version__}: copy migration of /src"
+    create_draft_array(str(tmp_path / "s"), "a", shape=(4,), chunks=(2,), dtype="<u2", chunks_per_shard=(2,))[...] = 7
+    migrate(str(tmp_path / "s"), str(tmp_path / "d"))
+    assert (open_draft(str(tmp_path / "s"), "a")[...] == 7).all() and (tmp_path / "d" / "a" / "zarr.json").is_file()
