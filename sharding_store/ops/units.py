@@ -45,7 +45,16 @@ from ..errors import (
 )
 from ..formats.draft_metadata import DraftArrayMeta
 from ..formats.keys import Coords, format_key_suffix, parse_key_suffix
-from ..formats.shard_index import CHECKSUM_NBYTES, IndexLocation, crc32c, encode_shard, index_nbytes, live_entries, tiles
+from ..formats.shard_index import (
+    CHECKSUM_NBYTES,
+    IndexLocation,
+    crc32c,
+    encode_shard,
+    index_nbytes,
+    live_counts,
+    live_entries,
+    tiles,
+)
 from ..formats.v3_documents import (
     _given_dimension_names,
     inner_codecs,
@@ -803,13 +812,15 @@ def _source_index(job: ArrayJob, src: Inner, key: str, listed: int | None,
 Put = Callable[[str, Coords, ChunkRef], None]
 
 
-def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, tail: Any = None, put: Put | None = None) -> UnitResult:
+def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, tail: Any = None, put: Put | None = None,
+                 live: int | None = None) -> UnitResult:
     """A virtual destination: a source shard becomes a reference to the whole object after
     only its index was read and found sound (every live entry inside the object; a bad
     index is the damage error the copy raises). A shard without a live chunk gets no
     reference (it reads as the fill value); dead bytes stay where they are (offsets are
     absolute in the shard). ``put``: takes the reference instead of ``dst`` (the caller
-    puts a batch of them at once)."""
+    puts a batch of them at once); ``live``: the live entries of ``tail``'s index, checked
+    already (:func:`_checked`)."""
     assert job.dst_cps is not None
     (_, src_key, listed), = unit.sources
     key = job.dst_key(unit.target)  # type: ignore[arg-type]  # a sharded unit has a target
@@ -821,8 +832,9 @@ def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, tail: Any = 
     raw, size, version = got
     n = job.src_index_nbytes
     at_end = job.src_layout.index_location == "end"
-    live = live_entries(raw, job.dst_cps, checksum=bool(job.src_layout.index_checksum), key=src_key,
-                        payload_limit=size - n if at_end else size, payload_start=0 if at_end else n)
+    if live is None:
+        live = len(live_entries(raw, job.dst_cps, checksum=bool(job.src_layout.index_checksum), key=src_key,
+                                payload_limit=size - n if at_end else size, payload_start=0 if at_end else n))
     if not live:
         return UnitResult(empty=1, bytes_read=len(raw))
     ref = src.reference_to(src_key, 0, size, version)
@@ -832,7 +844,7 @@ def _refer_shard(job: ArrayJob, unit: Unit, src: Inner, dst: Inner, tail: Any = 
         dst.put_reference(key, ref)
     else:
         put(key, unit.target, ref)  # type: ignore[arg-type]  # a sharded unit has a target
-    return UnitResult(referenced=1, chunks=len(live), bytes_read=len(raw))
+    return UnitResult(referenced=1, chunks=live, bytes_read=len(raw))
 
 
 def _prefetchable(job: ArrayJob, unit: Unit) -> bool:
@@ -853,6 +865,7 @@ def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
         if id(job) not in stores:
             stores[id(job)] = (job.src.open(), job.dst.open())
     tails = _batch_tails(items, stores)
+    checked = _checked(items, tails)
     puts: dict[int, list[tuple[int, str, Coords, ChunkRef]]] = {}  # per job: (item, key, coordinates, reference)
     out: list[tuple[bool, Any]] = []
     for i, (job, unit, attempts, delay) in enumerate(items):
@@ -861,7 +874,8 @@ def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
                 batch = puts.setdefault(id(job), [])
                 try:
                     result = _refer_shard(job, unit, *stores[id(job)], (tails[i],),
-                                          put=lambda key, coords, ref: batch.append((i, key, coords, ref)))  # noqa: B023 - called at once
+                                          put=lambda key, coords, ref: batch.append((i, key, coords, ref)),  # noqa: B023 - called at once
+                                          live=checked.get(i))
                 except Exception as e:  # noqa: BLE001 - a transient one: run alone, retried
                     if not is_transient(e):
                         raise
@@ -895,6 +909,27 @@ def _batch_tails(items: Sequence[tuple[Any, ...]], stores: Mapping[int, tuple[In
             continue
         tails.update(zip(at, got))
     return tails
+
+
+def _checked(items: Sequence[tuple[Any, ...]], tails: Mapping[int, Any]) -> dict[int, int]:
+    """The live entries of the batch's index tails that pass :func:`live_counts` (one
+    numpy pass per array), by item number; any other is checked alone by
+    :func:`_refer_shard` (which raises the damage error naming its shard). The payload
+    area ends where :func:`_source_index` puts it: at the shard's size (the tail's, else the
+    listed one) less the index."""
+    by_job: dict[int, list[tuple[int, int]]] = {}
+    for i, tail in tails.items():
+        size = None if tail is None else tail.size if tail.size is not None else items[i][1].sources[0].size
+        if size is not None:
+            by_job.setdefault(id(items[i][0]), []).append((i, size))
+    out: dict[int, int] = {}
+    for at in by_job.values():
+        job = items[at[0][0]][0]
+        n = job.src_index_nbytes
+        counts = live_counts([tails[i].data for i, _ in at], job.dst_cps, [size - n for _, size in at],
+                             checksum=bool(job.src_layout.index_checksum))
+        out.update((i, count) for (i, _), count in zip(at, counts) if count is not None)
+    return out
 
 
 def _put_batch(items: Sequence[tuple[Any, ...]], stores: Mapping[int, tuple[Inner, Inner]],

@@ -19,6 +19,8 @@ from sharding_store.formats.shard_index import (
     decode_shard,
     encode_shard,
     index_nbytes,
+    live_counts,
+    live_entries,
     read_index,
 )
 
@@ -201,3 +203,59 @@ def test_live_entries_agrees_with_shard_index(cps, data, checksum, limit, start,
     assert live == [(o, s) for _, o, s in index.live()]
     if limit is not None:  # an object of limit + index bytes, index at the end
         assert tiles(live, 0, limit) == index.is_compact(limit + len(raw), checksum=checksum)
+
+
+# --------------------------------------------------------------------------- live_counts: a batch at once
+
+_M = 2**64 - 1
+
+
+@st.composite
+def _entry(draw, limit: int) -> tuple[int, int]:
+    """One index entry for a payload area of ``limit`` bytes: mostly inside, else absent,
+    past the area, a half sentinel or an offset + size past 2**64."""
+    kind = draw(st.sampled_from(["inside"] * 6 + ["absent", "past", "half", "overflow"]))
+    if kind == "inside":
+        offset = draw(st.integers(0, max(0, limit)))
+        return offset, draw(st.integers(0, max(0, limit - offset)))
+    if kind == "absent":
+        return _M, _M
+    if kind == "past":
+        offset = draw(st.integers(0, limit + 2))
+        return offset, draw(st.integers(max(0, limit - offset + 1), limit + 3))
+    if kind == "half":
+        return draw(st.sampled_from([(_M, draw(st.integers(0, 5))), (draw(st.integers(0, 5)), _M)]))
+    return draw(st.sampled_from([(_M - 3, 7), (5, _M - 2)]))
+
+
+@st.composite
+def _index_batch(draw):
+    """A batch of encoded 2x2 indices (some damaged), each with its payload limit."""
+    checksum = draw(st.booleans())
+    out = []
+    for _ in range(draw(st.integers(1, 6))):
+        limit = draw(st.integers(-1, 300))
+        body = np.array(draw(st.lists(_entry(limit), min_size=4, max_size=4)), dtype="<u8").tobytes()
+        data = body + (crc32c.crc32c(body).to_bytes(4, "little") if checksum else b"")
+        damage = draw(st.sampled_from(["none"] * 6 + ["short", "crc"]))
+        if damage == "short":
+            data = data[:-1]
+        elif damage == "crc" and checksum:
+            data = data[:-4] + bytes([data[-4] ^ 1]) + data[-3:]
+        out.append((data, limit))
+    return checksum, out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_index_batch())
+def test_live_counts_agree_with_entry_lists_index_by_index(batch):
+    """The batch check passes exactly the indices :func:`entry_lists` passes, with their live
+    entries counted; any other gives None (checked alone, it raises)."""
+    checksum, items = batch
+    got = live_counts([d for d, _ in items], (2, 2), [limit for _, limit in items], checksum=checksum)
+    for (data, limit), count in zip(items, got):
+        try:
+            want = len(live_entries(data, (2, 2), checksum=checksum, payload_limit=limit)) if limit >= 0 else None
+        except ShardingStoreError:
+            want = None
+        assert count == want, (data, limit)

@@ -160,3 +160,41 @@ def test_icechunk_takes_a_batch_of_references_with_one_call(monkeypatch, tmp_pat
     group = zarr.open_group(repo.readonly_session("main").store, mode="r")
     np.testing.assert_array_equal(group["a"][...], data)
     np.testing.assert_array_equal(group["flat"][...], flat)
+
+
+@pytest.mark.parametrize("damage", ["none", "past the end", "half sentinel", "truncated"])
+def test_a_batch_of_indices_is_checked_at_once_and_a_bad_one_alone(monkeypatch, tmp_path, damage):
+    """Sound shard indices are checked a batch at a time (no per-shard list of entries); a
+    damaged one among them is checked alone and refused, naming its shard, as before."""
+    from sharding_store.errors import ShardCorruptError
+    from sharding_store.ops import units
+
+    data = _many_dirs(tmp_path / "src")
+    bad = tmp_path / "src/data/root/a/c3/5"
+    blob = bytearray(bad.read_bytes())
+    if damage == "past the end":
+        blob[-16:-8] = (len(blob) - 64).to_bytes(8, "little")  # the last chunk runs into the index
+    elif damage == "half sentinel":
+        blob[-16:-8] = (2**64 - 1).to_bytes(8, "little")
+    elif damage == "truncated":
+        blob = blob[-40:]  # shorter than its index
+    bad.write_bytes(bytes(blob))
+    alone = []
+    real = units.live_entries
+
+    def live_entries(data, cps, **kwargs):
+        alone.append(kwargs["key"])
+        return real(data, cps, **kwargs)
+
+    monkeypatch.setattr(units, "live_entries", live_entries)
+    if damage == "none":
+        report = migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), MigrateOptions(verify=False),
+                         progress=False)
+        assert report.totals.referenced == ROWS * COLS and report.totals.chunks == ROWS * COLS * 4
+        assert alone == []
+        group = zarr.open_group(open_references(str(tmp_path / "out.json")), mode="r")
+        np.testing.assert_array_equal(group["a"][...], data)
+        return
+    with pytest.raises(ShardCorruptError, match="data/root/a/c3/5"):
+        migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), MigrateOptions(verify=False), progress=False)
+    assert alone in ([], ["data/root/a/c3/5"])  # truncated: refused before its entries are read
