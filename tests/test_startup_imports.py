@@ -180,3 +180,14 @@ def test_migrating_a_sharded_store_loads_neither_the_inspector_nor_the_crc32c_pa
     create_draft_array(str(tmp_path / "u"), "a", shape=(8,), chunks=(2,), dtype="<u2")[...] = 1
     unsharded = _command_loads(["migrate", str(tmp_path / "u"), str(tmp_path / "du")], tmp_path, INSPECTOR)
     assert unsharded == {"code": 0, "sharding_store.api.evidence": True, "crc32c": False}
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_commands_without_a_journal_load_no_hashing(tmp_path):
+    """``info`` and ``migrate`` ask whether an upgrade journal exists; hashing (OpenSSL's
+    start-up, ~11 M instructions) loads with a journal to write or judge, not before. The
+    control: a journal's digest loads it."""
+    assert _command_loads(["info", str(SAMPLE)], tmp_path, ("hashlib",)) == {"code": 0, "hashlib": False}
+    assert _command_loads(["migrate", str(SAMPLE), str(tmp_path / "d")], tmp_path, ("hashlib",)) == {"code": 0, "hashlib": False}
+    probe = "import sys\nfrom sharding_store.formats.upgrade_journal import _sha\n_sha(b'')\nprint('hashlib' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split() == ["True"]

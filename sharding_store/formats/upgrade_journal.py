@@ -41,12 +41,9 @@ Layer: format. Imports only :mod:`errors`; a store is any object with ``get``.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
-import socket
 import time
-import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -77,6 +74,8 @@ class _Readable(Protocol):
 
 
 def _sha(data: bytes) -> str:
+    import hashlib  # hashlib, socket and uuid load with a journal, not with every command
+
     return hashlib.sha256(data).hexdigest()
 
 
@@ -159,12 +158,17 @@ class Claim:
 
     @classmethod
     def mine(cls, action: str) -> Claim:
+        import socket
+        import uuid
+
         stat = _proc_stat(os.getpid())
         return cls(action, os.getpid(), socket.gethostname(), time.time(), uuid.uuid4().hex, _boot_id(),
                    None if stat is None else stat[1])
 
     def alive(self) -> bool | None:
         """Whether the holder still runs: None when this host cannot tell (another host)."""
+        import socket
+
         if self.host != socket.gethostname():
             return None
         if self.boot is not None and _boot_id() not in (None, self.boot):
