@@ -52,7 +52,8 @@ from ..formats.draft_metadata import json_object
 from .base import BaseInner, ChunkRef, Inner, Location, RangeRequest, Tail, Version, slice_range
 from .local import write_all
 
-__all__ = ["REFERENCE_KEY", "ReferenceFileSink", "open_references", "read_reference_file"]
+__all__ = ["REFERENCE_KEY", "ReferenceFileSink", "describe_change", "document_bytes", "open_references",
+           "read_reference_file", "recorded_objects", "unrecorded"]
 
 #: the top-level key of a reference file holding what sharding-store recorded
 REFERENCE_KEY = "sharding-store"
@@ -85,8 +86,8 @@ def read_reference_file(path: str, storage_options: Mapping[str, Any] | None = N
     return doc
 
 
-def _objects(doc: Mapping[str, Any], path: str) -> dict[str, ObjectInfo]:
-    """The source objects a reference file recorded, by URL."""
+def recorded_objects(doc: Mapping[str, Any], path: str) -> dict[str, ObjectInfo]:
+    """The source objects a reference file recorded, by URL (its ``"sharding-store"`` block)."""
     block = doc.get(REFERENCE_KEY)
     objects = block.get("objects") if isinstance(block, dict) else None
     out: dict[str, ObjectInfo] = {}
@@ -95,6 +96,16 @@ def _objects(doc: Mapping[str, Any], path: str) -> dict[str, ObjectInfo]:
             raise StoreNotFoundError(f"{path}: {REFERENCE_KEY}.objects[{url!r}] has no size", key=path)
         out[url] = (info["size"], info.get("etag"), info.get("modified_ns"))
     return out
+
+
+def document_bytes(value: Any) -> bytes | None:
+    """The bytes of a ``refs`` value that is inline data (text, ``base64:``, or a JSON object
+    as some writers inline documents); None for anything else (a reference)."""
+    if isinstance(value, str):
+        return base64.b64decode(value[7:]) if value.startswith("base64:") else value.encode()
+    if isinstance(value, dict):
+        return json.dumps(value).encode()
+    return None
 
 
 class _Table:
@@ -237,6 +248,8 @@ class ReferenceFileSink(BaseInner):
         self._lock = threading.Lock()
         where = self.parent.location()
         self._table = _Table(where.path if where.kind == "file" and os.path.isdir(where.path) else None)
+        #: referenced URLs the file records nothing of (each read of them is refused)
+        self._unrecorded: set[str] = set()
         self._reader = Guard(_Objects(self), self.source_options)
         self._load()
 
@@ -260,14 +273,15 @@ class ReferenceFileSink(BaseInner):
             if self.read_only:
                 raise StoreNotFoundError(f"{self.path}: no such reference file", key=self.path)
             return
-        objects = _objects(doc, self.path)
+        objects = recorded_objects(doc, self.path)
         block = doc.get(REFERENCE_KEY)
         self.source = self.source or (block.get("source", "") if isinstance(block, dict) else "")
         for key, value in doc["refs"].items():
-            if isinstance(value, str):
-                self.docs[key] = base64.b64decode(value[7:]) if value.startswith("base64:") else value.encode()
-            elif isinstance(value, dict):
-                self.docs[key] = json.dumps(value).encode()
+            if isinstance(value, list) and len(value) == 3 and value[0] not in objects:
+                self._unrecorded.add(value[0])  # read as the guarded reader reads it: refused (:func:`unrecorded`)
+            document = document_bytes(value)
+            if document is not None:
+                self.docs[key] = document
             elif isinstance(value, list) and len(value) == 3:
                 url, offset, length = value
                 size = objects.get(url, (offset + length, None, None))
@@ -499,6 +513,8 @@ class _Objects(Mapping[str, ObjectInfo]):
         self.sink = sink
 
     def __getitem__(self, url: str) -> ObjectInfo:
+        if url in self.sink._unrecorded:
+            raise KeyError(url)
         with self.sink._lock:
             got = self.sink._table.object(url)
         if got is None:
@@ -536,7 +552,7 @@ class Guard:
     def read(self, url: str, start: int, end: int) -> bytes:
         info = self.objects.get(url)
         if info is None:
-            raise SourceChangedError(f"{url}: referenced, but the reference file records nothing of it", key=url)
+            raise unrecorded(url)
         if end > info[0]:
             raise SourceChangedError(f"{url}: a reference reaches byte {end}, past the object's recorded {info[0]} "
                                      "bytes", key=url)
@@ -565,14 +581,32 @@ class Guard:
         return got
 
 
+def unrecorded(url: str) -> SourceChangedError:
+    """The one error for a referenced URL of which the reference file records nothing (the
+    guarded reader's, ``verify``'s and the reference check's)."""
+    return SourceChangedError(f"{url}: referenced, but the reference file records nothing of it", key=url)
+
+
+def describe_change(info: ObjectInfo, size: int | None, etag: str | None = None,
+                    modified_ns: int | None = None) -> str | None:
+    """What differs between an object now (``size`` None: gone; its ``etag``, its
+    ``st_mtime_ns``) and what was recorded of it, in the guarded reader's words (None:
+    nothing); what was not recorded, or is not known now, is not compared."""
+    was, recorded_etag, recorded_ns = info
+    if size is None:
+        return "deleted since the references were taken"
+    if size != was:
+        return f"now {size} bytes, was {was}"
+    if recorded_etag is not None and etag is not None and etag != recorded_etag:
+        return f"rewritten (ETag no longer {recorded_etag})"
+    if recorded_ns is not None and modified_ns is not None and modified_ns != recorded_ns:
+        return f"modified since (st_mtime_ns {modified_ns}, was {recorded_ns})"
+    return None
+
+
 def _changed(url: str, st: os.stat_result, info: ObjectInfo) -> str | None:
     """What differs between a file's ``fstat`` and what was recorded of it (None: nothing)."""
-    size, _, modified_ns = info
-    if st.st_size != size:
-        return f"now {st.st_size} bytes, was {size}"
-    if modified_ns is not None and st.st_mtime_ns != modified_ns:
-        return f"modified since (st_mtime_ns {st.st_mtime_ns}, was {modified_ns})"
-    return None
+    return describe_change(info, st.st_size, modified_ns=st.st_mtime_ns)
 
 
 def _read_local(url: str, path: str, start: int, end: int, info: ObjectInfo) -> bytes:
@@ -632,7 +666,7 @@ def open_references(path: str, storage_options: Mapping[str, Any] | None = None,
     doc = read_reference_file(path, storage_options)
     if doc is None:
         raise StoreNotFoundError(f"{path}: no such reference file", key=path)
-    guarded = _guarded_fs(_objects(doc, path), storage_options if source_options is None else source_options)
+    guarded = _guarded_fs(recorded_objects(doc, path), storage_options if source_options is None else source_options)
     fs = ReferenceFileSystem(fo={"version": 1, "refs": doc["refs"]}, fs={"file": guarded, "s3": guarded},
                              asynchronous=True)
 

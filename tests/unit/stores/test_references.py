@@ -127,6 +127,26 @@ def test_a_deleted_shard_is_refused_by_the_guard(migrated):
         _guarded(out)["big"][...]
 
 
+@pytest.mark.parametrize("truncated", [False, True])
+def test_an_unrecorded_object_is_refused_with_one_message_by_every_reader(migrated, truncated):
+    """A reference whose URL the file's ``"sharding-store"`` block records nothing of: the
+    file read back as a store (what ``verify`` reads through) refuses it as the guarded
+    reader does, in the same words (it read it, or said "now N bytes, was M")."""
+    out, _, shard = migrated
+    doc = json.loads(out.read_bytes())
+    key, (url, _, _) = next((k, v) for k, v in doc["refs"].items() if isinstance(v, list) and v[0].endswith(
+        str(shard.relative_to(shard.parents[4]))))
+    del doc[REFERENCE_KEY]["objects"][url]
+    out.write_text(json.dumps(doc))
+    if truncated:
+        os.truncate(shard, shard.stat().st_size - 10)
+    with pytest.raises(SourceChangedError) as guarded:
+        _guarded(out)["big"][...]
+    with pytest.raises(SourceChangedError) as back:
+        ReferenceFileSink(str(out), read_only=True).get(key)
+    assert str(guarded.value) == str(back.value) == f"{url}: referenced, but the reference file records nothing of it"
+
+
 def test_plain_fsspec_is_not_guarded(migrated):
     """What the README warns of: without the guard a rewritten source is read as it is now."""
     out, data, shard = migrated
