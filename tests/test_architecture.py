@@ -58,7 +58,7 @@ LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
     6: ("jobs", ("ops", "ops.jobs", "ops.progress")),
     7: ("drivers",
         ("ops.options", "ops.migration", "ops.node_plan", "ops.units", "ops.destination", "ops.verification",
-         "ops.resharding", "ops.upgrade")),
+         "ops.reference_check", "ops.resharding", "ops.upgrade")),
     8: ("package facade (lazy re-exports of the public names)", ("",)),
     9: ("command line", ("cli", "cli.*", "__main__")),
     10: ("xarray backend (an entry point of xarray's; never imported by the package)", ("xarray_backend",)),

@@ -96,6 +96,10 @@ def register(subparsers: Any) -> None:
     v.add_argument("--max-differences", type=int, default=20, metavar="N",
                    help="differences listed, one line each (--json: in the report's \"first\"); all are "
                         "counted (default 20); the exit code is 9 when there are any")
+    v.add_argument("--references-only", action="store_true",
+                   help="of a virtual DST (a reference file, a virtual Icechunk repository): check that every "
+                        "reference names its source object whole and unchanged, and the documents, reading no "
+                        "chunk (what `migrate --virtual` verifies; by default every chunk is read and compared)")
     v.set_defaults(func=run_verify)
 
 
@@ -255,7 +259,8 @@ def verify_options(args: argparse.Namespace) -> tuple[VerifyOptions, RunOptions,
         raise UsageError(f"--max-differences {args.max_differences}: must be >= 1")
     _check_jobs(args)
     options = VerifyOptions(raise_on_error=False, skip_damaged=args.skip_damaged,
-                            assume_chunks_per_shard=assumed(args), max_differences=args.max_differences)
+                            assume_chunks_per_shard=assumed(args), max_differences=args.max_differences,
+                            references_only=args.references_only)
     return options, RunOptions(jobs=args.jobs, progress=args.progress), _stores(args)
 
 

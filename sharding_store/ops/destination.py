@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.hierarchy import V2_ROOT_KEYS
-from ..errors import DestinationExistsError, UsageError
+from ..errors import DestinationExistsError, ShardingStoreError, UsageError
 from ..formats import draft_metadata as dm
 from ..stores import Inner
 from .jobs import StoreRef
@@ -244,11 +244,13 @@ ICECHUNK_MARKS = ("snapshots/1CECHNKREP0F1RSTCMT0", "refs/branch.main/ref.json")
 ICECHUNK_HINT = "pip install 'sharding-store[icechunk]'"
 
 
-def resolve_target(dst: Any, target: str | None, virtual: bool) -> str:
+def resolve_target(dst: Any, target: str | None, virtual: bool,
+                   storage_options: Mapping[str, Any] | None = None) -> str:
     """What DST is (``MigrateOptions.target``) when not given: a name ending ``.json`` (not an
-    existing directory) is a reference file; with ``virtual``, or a local directory holding an Icechunk repository,
-    an Icechunk repository; a store object that takes references is its own kind
-    (``references``); anything else a Zarr store."""
+    existing directory) is a reference file; with ``virtual``, or a location holding an
+    Icechunk repository (a local directory; a remote URL when ``storage_options``, DST's, are
+    given: one or two existence checks there), an Icechunk repository; a store object that
+    takes references is its own kind (``references``); anything else a Zarr store."""
     if target is not None:
         return target
     if not isinstance(dst, (str, os.PathLike)):
@@ -262,7 +264,19 @@ def resolve_target(dst: Any, target: str | None, virtual: bool) -> str:
         return "icechunk"
     if local and any(os.path.isfile(os.path.join(local, mark)) for mark in ICECHUNK_MARKS):
         return "icechunk"
+    if not local and storage_options is not None and _remote_repository(name, storage_options):
+        return "icechunk"
     return "zarr"
+
+
+def _remote_repository(url: str, storage_options: Mapping[str, Any]) -> bool:
+    """Whether the objects every Icechunk repository holds are at the remote ``url`` (a
+    location that cannot be looked at is none: opening it as a store then says why)."""
+    try:
+        inner = StoreRef.of(url, storage_options).open()
+        return any(inner.exists(mark) for mark in ICECHUNK_MARKS)
+    except (ShardingStoreError, OSError, ValueError):
+        return False
 
 
 def open_destination(dst: Any, target: str, virtual: bool, stores: StoreOptions, source: Inner | None = None, *,

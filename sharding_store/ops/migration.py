@@ -678,7 +678,7 @@ class _Sides:
     @classmethod
     def open(cls, src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreOptions) -> _Sides:
         src_ref, dst_ref = StoreRef.of(src, stores.src), StoreRef.of(dst, stores.dst)
-        target = resolve_target(dst, o.target, o.virtual)
+        target = resolve_target(dst, o.target, o.virtual, stores.dst or {})
         virtual = o.virtual or target == "references"
         kind = DESTINATION_KINDS.get((target, virtual))
         if kind is None:
@@ -738,9 +738,12 @@ def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreO
     report.seconds = time.perf_counter() - started
     if o.verify and not o.dry_run:
         with _verifying():
+            # a virtual destination: its references and documents read back, no chunk read
+            # (``verify SRC DST`` reads every chunk through them)
             report.verification = run_verify(
                 sides.src_ref, sides.dst_ref, VerifyOptions(assume_chunks_per_shard=o.assume_chunks_per_shard,
-                                                            skip_arrays=report.skipped_paths), run=run)
+                                                            skip_arrays=report.skipped_paths,
+                                                            references_only=sides.virtual), run=run, stores=stores)
         report.seconds = time.perf_counter() - started
     return report
 

@@ -288,6 +288,9 @@ class VerifyOptions:
     ``max_differences`` differences in full and counts all. ``skip_damaged``: arrays a
     ``migrate(skip_damaged)`` leaves out must be absent; ``skip_arrays`` (path -> reason):
     arrays known to be left out; ``assume_chunks_per_shard`` as given to the migration.
+    ``references_only``: of a virtual destination (a reference file, a virtual Icechunk
+    repository), check its references and documents and read no chunk
+    (:mod:`~sharding_store.ops.reference_check`; what a virtual ``migrate`` verifies).
     """
 
     raise_on_error: bool = True
@@ -295,9 +298,10 @@ class VerifyOptions:
     assume_chunks_per_shard: AssumeChunksPerShard | None = None
     skip_arrays: Mapping[str, str] | None = None
     max_differences: int = MAX_KEPT
+    references_only: bool = False
 
     def __post_init__(self) -> None:
-        _check_bools(self, "raise_on_error", "skip_damaged")
+        _check_bools(self, "raise_on_error", "skip_damaged", "references_only")
         _check_mapping(self, "assume_chunks_per_shard")
         _check_mapping(self, "skip_arrays")
         if not _positive_int(self.max_differences):

@@ -74,6 +74,7 @@ from .jobs import (
 )
 from .options import MAX_KEPT, RunOptions, StoreOptions, VerifyOptions, legacy_options
 from .progress import NullBar, object_noun, plural, progress_bar
+from .reference_check import Back, SourceObjects, check_references, read_back
 from .units import (
     DAMAGE_ERRORS,
     ArrayJob,
@@ -85,9 +86,11 @@ from .units import (
     array_units,
     decide_index,
     node_key,
+    node_prefix,
     plan_array,
     read_source_chunks,
     read_whole,
+    virtual_refusal,
 )
 
 Problem = tuple[str, str]  # (key, what is wrong)
@@ -127,6 +130,9 @@ class VerifyReport:
     skipped: dict[str, str] = field(default_factory=dict)  # damaged/untranslatable arrays: path -> reason
     #: every object checked is a shard (the summary and the bar say shards, else objects)
     all_shards: bool = True
+    #: a reference check (``VerifyOptions.references_only``): what DST is and what its
+    #: references were found to do, in words; None: every chunk was compared
+    references: tuple[str, str] | None = None
 
     def skip(self, path: str, reason: str, dst: Inner) -> None:
         """Leave an array out; it must then be absent from the destination. A path that is
@@ -151,12 +157,19 @@ class VerifyReport:
             "objects": c.objects, "chunks": c.chunks, "bytes": c.bytes, "seconds": round(self.seconds, 3),
             "differences": c.n_problems, "first": [{"key": k, "problem": m} for k, m in c.problems],
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped.items()],
-        }
+            "checked": "chunks" if self.references is None else "references",
+        } | ({} if self.references is None else {"chunks": None, "references": c.objects})
 
     def summary(self) -> str:
         c = self.check
         state = "identical" if self.ok else plural(c.n_problems, "difference")
         skipped = f", {plural(len(self.skipped), 'damaged array')} skipped" if self.skipped else ""
+        if self.references is not None:
+            kind, did = self.references
+            what = (f"{plural(c.objects, 'reference')} {did}; documents identical" if self.ok else
+                    f"{plural(c.objects, 'reference')} right, {state}")
+            return (f"{plural(self.arrays, 'array')}, {kind}: {what}{skipped}; no chunk read (`sharding-store verify "
+                    f"SRC DST` reads every chunk) ({self.seconds:.1f} s)")
         return (f"{plural(self.arrays, 'array')}, {c.objects} {object_noun(self.all_shards, c.objects)}, "
                 f"{plural(c.chunks, 'chunk')}: "
                 f"{state}{skipped} ({self.seconds:.1f} s)")
@@ -482,11 +495,15 @@ def verify(
     started = time.perf_counter()
     src_ref, dst_ref = StoreRef.of(src, stores.src), StoreRef.of(dst, stores.dst)
     src_inner = src_ref.open()
-    target = resolve_target(dst, None, False)
-    if target != "zarr":  # a reference file, an Icechunk repository: read through what it is
+    back = None
+    if options.references_only:  # DST read back from where it was committed; no chunk is read
+        back = read_back(dst, stores, src_inner)
+        dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options, back.documents)
+    elif (target := resolve_target(dst, None, False, stores.dst or {})) != "zarr":
+        # a reference file, an Icechunk repository: read through what it is
         opened = open_destination(dst, target, False, stores, src_inner, read_only=True)
         dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options, opened)
-    if run.executor is not None:
+    if run.executor is not None and back is None:  # references are checked in this process
         check_picklable(src_ref, dst_ref)
     dst_inner = dst_ref.open()
     check_apart(src_inner, dst_inner, src_ref.describe(), dst_ref.describe(), allow_nested=True)
@@ -494,9 +511,11 @@ def verify(
     _check_destination(dst_inner, dst_ref.describe())
     jobs = jobs_for(run.jobs, src_inner, dst_inner, run.executor)
     report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=options.max_differences))
+    if back is not None:
+        report.references = (back.kind, back.describe())
     root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
     h = node_model(src_inner, root_raw, location=src_ref.describe())
-    _check_arrays(h, src_ref, dst_ref, dst_inner, report, options, replace(run, jobs=jobs))
+    _check_arrays(h, src_ref, dst_ref, dst_inner, report, options, replace(run, jobs=jobs), back)
     report.check.problems.sort()  # units finish in any order: report the first keys in key order
     report.seconds = time.perf_counter() - started
     if options.raise_on_error and not report.ok:
@@ -505,9 +524,10 @@ def verify(
 
 
 def _check_arrays(h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, dst_inner: Inner, report: VerifyReport,
-                  options: VerifyOptions, run: RunOptions) -> None:
+                  options: VerifyOptions, run: RunOptions, back: Back | None = None) -> None:
     """Every node of the source's model against the destination, the arrays' units on
-    ``run``'s executor (or a pool of ``run.jobs`` threads)."""
+    ``run``'s executor (or a pool of ``run.jobs`` threads); with ``back`` (a virtual DST
+    read back), their references instead, in this thread."""
     assume = options.assume_chunks_per_shard
     h.assume_sharded(assume)
     if assume:  # a guess the evidence contradicts is refused (the inspector loads only then)
@@ -520,9 +540,12 @@ def _check_arrays(h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, dst_i
     checker.plan_arrays()
     checker.extra_nodes()  # the bar counts shards only when every array checked is sharded
     jobs = run.jobs_or(1)
-    with progress_bar(None, "verify", object_noun(report.all_shards, 1), run.progress) as bar:
+    with progress_bar(None, "verify", "reference" if back else object_noun(report.all_shards, 1), run.progress) as bar:
         checker.bar = bar
-        checker.run(jobs, run.executor)
+        if back is None:
+            checker.run(jobs, run.executor)
+        else:
+            checker.references(back)
     checker.consolidation()
 
 
@@ -670,6 +693,27 @@ class _Checker:
         with closing(results):  # closed: pending units cancelled, on error or interruption
             for (job, *_), future in results:
                 self._collect(job, future)
+
+    def references(self, back: Back) -> None:
+        """Every array's references read back and checked against its source objects
+        (:mod:`.reference_check`), then what no unit accounts for: no chunk is read."""
+        src, objects, problem = self.h.inner, SourceObjects(self.h.inner), self.check.problem
+        for plan in self.plans:
+            reason = virtual_refusal(plan.job)
+            if reason is not None:  # a layout of new bytes: no reference can be the source's object
+                key = node_key(plan.node.path)
+                problem(key, f"{key}: not what a virtual migration writes: {reason}")
+                self.bad.add(plan.node.path)
+                continue
+            units, _ = array_units(plan, self.h, src)
+            for n, nbytes in check_references(back, plan.job, units, objects, src, problem):
+                self.bar.grow(n)
+                self.check.objects += n
+                self.check.bytes += nbytes
+                self.bar.advance(n, nbytes)
+        self.bar.planned()
+        back.extras(self.plans, self.nodes, {node_prefix(p) for p in self.bad}, objects, problem)
+        back.finish(not self.bad, objects, problem)
 
     def _collect(self, job: ArrayJob, future: Any) -> None:
         """One unit's outcome into the report and the bar."""

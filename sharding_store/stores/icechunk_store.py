@@ -458,6 +458,26 @@ class IcechunkInner(ZarrStoreInner):
         keys += [k for k in self._side_keys() if k.startswith(prefix)]
         return iter(sorted(keys))
 
+    def list_dir(self, prefix: str) -> tuple[list[str], list[str]]:
+        """``(keys, prefixes)`` one level below ``prefix`` (ending ``/``, or the root) through
+        Icechunk's own listing of a node (no chunk of another level is listed; the generic
+        way lists every key below); the side objects at the root. An entry other than a
+        node's ``zarr.json`` is a prefix unless it is a key (a 0-d array's one chunk ``c``)."""
+        if prefix and not prefix.endswith("/"):
+            return super().list_dir(prefix)
+
+        async def entries() -> list[str]:
+            return [str(e) async for e in self.store.list_dir(prefix)]
+
+        try:
+            names = self._call(prefix, lambda: self._sync(entries()), missing=[])
+        except StoreIOError:  # a prefix Icechunk lists only as a filter of everything
+            return super().list_dir(prefix)
+        keys = [prefix + n for n in names if n == "zarr.json" or self.exists(prefix + n)]
+        prefixes = [prefix + n + "/" for n in names if prefix + n not in keys]
+        keys += [k for k in self._side_keys() if not prefix]
+        return sorted(keys), sorted(prefixes)
+
     def exists(self, key: str) -> bool:
         if is_side_key(key):
             return self._side_get(key) is not None
@@ -483,6 +503,55 @@ class IcechunkInner(ZarrStoreInner):
     def kind(self) -> str:
         """Which kind of destination this is, in the report's words."""
         return "Icechunk virtual" if self.virtual else "Icechunk materialised"
+
+    # ------------------------------------------------------------------ references read back (verify)
+    def chunk_keys(self, array_path: str) -> list[str]:
+        """The sorted keys of the chunks the session holds for the array at ``array_path``
+        ("": the root), from its manifest (no chunk read; none for a path of no array)."""
+        prefix = f"{array_path}/c" if array_path else "c"
+
+        async def coordinates() -> list[tuple[int, ...]]:
+            return [tuple(c) async for c in self.session.chunk_coordinates("/" + array_path)]
+
+        got = self._call(prefix, lambda: self._sync(coordinates()), missing=[])
+        return sorted(prefix + "".join(f"/{i}" for i in c) for c in got)
+
+    def virtual_locations(self) -> list[str]:
+        """The URL of every virtual chunk of the session, one per chunk, in no order: Icechunk
+        1.1's Python API tells no chunk's location, offset or checksum by its key."""
+        return [str(u) for u in self._call("", self.session.all_virtual_chunk_locations)]
+
+    def read_each(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes | Exception]:
+        """Bytes ``[start, end)`` of each chunk, read concurrently through Icechunk (which
+        checks a virtual chunk's object against its checksum, and clamps ``end`` to the
+        chunk's length, as zarr's stores do); a read that fails is its error as ours, naming
+        its key, in its place (none is raised)."""
+        from zarr.abc.store import RangeByteRequest
+
+        async def one(key: str, start: int, end: int) -> Any:
+            try:
+                return await self.store.get(key, self._proto, byte_range=RangeByteRequest(start, end))
+            except Exception as e:  # noqa: BLE001 - each read's own outcome
+                return e
+
+        async def run() -> list[Any]:
+            import asyncio
+
+            try:  # one call for all (Icechunk fetches them concurrently); a failure: each alone, to name it
+                return list(await self.store.get_partial_values(
+                    self._proto, [(k, RangeByteRequest(s, e)) for k, s, e in requests]))
+            except Exception:  # noqa: BLE001
+                return await asyncio.gather(*(one(k, s, e) for k, s, e in requests))
+
+        out: list[bytes | Exception] = []
+        for (key, _, _), got in zip(requests, self._sync(run())):
+            if isinstance(got, _icechunk().IcechunkError):
+                out.append(self._error(key, got))
+            elif isinstance(got, Exception):
+                out.append(StoreIOError(f"{key}: Icechunk: {type(got).__name__}: {got}", key=key))
+            else:
+                out.append(StoreIOError(f"{key}: Icechunk holds no chunk there", key=key) if got is None else got.to_bytes())
+        return out
 
     # ------------------------------------------------------------------ references and commit
     def takes_references(self) -> bool:

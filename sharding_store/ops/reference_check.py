@@ -1,0 +1,423 @@
+"""The check of a virtual destination: its references read back, no chunk read (issue 24).
+
+A virtual reference's bytes *are* the source object's bytes: reading both and comparing
+them proves nothing the reference itself does not say. What can be wrong in a virtual
+destination is what it says: its documents (compared by :mod:`.verification` as for a
+copy), which object and which bytes each reference names, a reference missing or extra,
+and the source changed since the references were taken. This check reads the committed
+destination back and, for every unit of the source's listing, compares the reference of
+each target key with what it must be, derived here from the source itself, not from the
+migration's code (:class:`SourceObjects`):
+
+* the source object by the URL a reader resolves: locally ``file://`` and its path with
+  every directory resolved (a link inside the store: its target; one out of it is never
+  followed), on S3 ``s3://bucket/key``; what it is now: its size and ``st_mtime_ns`` (one
+  ``lstat``), on S3 the size and ETag its listing gave;
+* the whole object: offset 0 and its current length;
+* a source shard without a reference must hold no live chunk (only then is its index read).
+
+**A reference file** (:class:`ReferenceFileBack`) is parsed as written: each reference's
+URL, offset and length, and what its ``"sharding-store"`` block recorded of the object
+(size, ``st_mtime_ns`` or ETag) against the object now; any other reference, and any
+document of no source node, is extra.
+
+**An Icechunk repository** (:class:`IcechunkBack`): Icechunk 1.1's Python API tells no
+chunk's location, offset or checksum by its key; it lists each array's chunk coordinates
+and the URLs of all virtual chunks. So: each array's chunk keys (none missing, none extra);
+the URLs of all virtual chunks (each source object named exactly once, nothing else); and
+per shard its bytes ``[S - n, S + 1)`` read *through Icechunk* (``S`` the object's size
+now, ``n`` its index's bytes): Icechunk compares the object with the reference's checksum
+first (the ETag; locally inode, mtime and size), a reference reaching past the object's end
+fails, one ending before it returns fewer bytes, and the ``n`` bytes must equal the
+source's index (read from the source: index bytes only), which also tells two objects of
+one size apart. An object without an index at its end (an unsharded chunk, an index at
+the start) has its last byte read through Icechunk and its length asked of Icechunk. No
+chunk payload is read from the source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ..errors import ShardCorruptError, SourceChangedError, StoreNotFoundError, UsageError
+from ..formats.shard_index import live_entries
+from ..stores import Inner, as_inner
+from ..stores.references import ReferenceFileSink, describe_change, document_bytes, read_reference_file, recorded_objects, unrecorded
+from .destination import extra_node_key, open_destination, read_record, resolve_target
+from .jobs import StoreRef
+from .options import StoreOptions
+from .units import ArrayJob, ArrayPlan, Unit
+
+__all__ = ["IcechunkBack", "ReferenceFileBack", "SourceObjects", "check_references", "read_back"]
+
+#: ``(key, what is wrong)`` -> recorded by the caller
+Problem = Callable[[str, str], None]
+#: units whose references are checked at a time (one batch of reads each)
+BATCH = 256
+#: resolved directories kept (then forgotten: a cache, not a record)
+MAX_DIRS = 65536
+
+
+class Now(NamedTuple):
+    """A source object as a reader of the references finds it now (``size`` None: deleted,
+    or, with ``why``, no object a reference may name)."""
+
+    url: str
+    size: int | None
+    etag: str | None = None
+    modified_ns: int | None = None
+    why: str = ""
+
+
+class Entry(NamedTuple):
+    """One target key and the source object its reference must name."""
+
+    key: str
+    src_key: str
+    now: Now
+    sharded: bool
+
+
+class SourceObjects:
+    """Each source object's URL and state now, from the source's location and the key:
+    locally the path with its directories resolved (``lstat`` of the object), on S3
+    ``s3://bucket/key`` with the listing's size and ETag (else one HEAD)."""
+
+    def __init__(self, src: Inner) -> None:
+        self.src = src
+        where = src.location()
+        self.kind, self.root = where.kind, where.path.rstrip("/")
+        if self.kind not in ("file", "s3"):
+            raise UsageError(f"{src.describe()}: a virtual destination refers to local or s3:// objects; this source "
+                             "has no URL for its objects", key=src.describe())
+        self._dirs: dict[str, str] = {}
+
+    def gone(self, url: str) -> bool:
+        """Whether ``url`` names an object of this source that is no longer there (a
+        reference no unit accounts for: a deleted source object, not an extra reference)."""
+        if self.kind == "file" and url.startswith(f"file://{self.root}/"):
+            return not os.path.lexists(url[len("file://"):])
+        if self.kind == "s3" and url.startswith(f"s3://{self.root}/"):
+            return not self.src.exists(url[len(f"s3://{self.root}/"):])
+        return False
+
+    def now(self, key: str, listed: int | None) -> Now:
+        return self._s3(key, listed) if self.kind == "s3" else self._local(key)
+
+    def _s3(self, key: str, listed: int | None) -> Now:
+        url = f"s3://{self.root}/{key}"
+        ref = self.src.reference_to(key, 0, listed or 0)  # the object as listed (size, ETag), not a byte read
+        if ref is None:
+            return Now(url, None)
+        return Now(url, ref.object_size, etag=ref.etag)
+
+    def _real_dir(self, directory: str) -> str:
+        real = self._dirs.get(directory)
+        if real is None:
+            if len(self._dirs) >= MAX_DIRS:
+                self._dirs.clear()
+            real = self._dirs[directory] = os.path.realpath(os.path.join(self.root, directory))
+        return real
+
+    def _local(self, key: str) -> Now:
+        directory, _, name = key.rpartition("/")
+        path = f"{self._real_dir(directory)}/{name}"
+        try:
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):  # a link inside the store: a reader is referred to its target
+                path = os.path.realpath(path)
+                st = os.stat(path)
+        except OSError:
+            return Now(f"file://{path}", None)
+        if not path.startswith(self.root + "/"):
+            return Now(f"file://{path}", None, why=f"leads out of the store ({key} resolves to {path})")
+        if not stat.S_ISREG(st.st_mode):
+            return Now(f"file://{path}", None, why="no longer a regular file")
+        return Now(f"file://{path}", st.st_size, modified_ns=st.st_mtime_ns)
+
+
+def holds_chunks(job: ArrayJob, src: Inner, key: str) -> bool:
+    """Whether source shard ``key`` holds a live chunk (its index read): one without gets
+    no reference. A gone shard holds none; an index that does not parse counts as holding
+    (its reference is then missing: the migration would have refused it)."""
+    assert job.dst_cps is not None
+    n = job.src_index_nbytes
+    at_end = job.src_layout.index_location == "end"
+    tail = src.get_tails([(key, n if at_end else 0)])[0]
+    if tail is None:
+        return False
+    raw = tail.data if at_end else src.get_ranges([(key, 0, n)])[0]
+    if raw is None:
+        return False
+    size = tail.size if tail.size is not None else src.size(key) or 0
+    try:
+        return bool(live_entries(raw, job.dst_cps, checksum=bool(job.src_layout.index_checksum), key=key,
+                                 payload_limit=size - n if at_end else size, payload_start=0 if at_end else n))
+    except ShardCorruptError:
+        return True
+
+
+# --------------------------------------------------------------------------- reading DST back
+
+
+@dataclass
+class ReferenceFileBack:
+    """A reference file as written: its documents (a store of their own, for the document
+    checks), its references, and the source objects it recorded."""
+
+    path: str
+    documents: Inner
+    refs: dict[str, Any]
+    objects: Mapping[str, tuple[int, str | None, int | None]]
+    matched: set[str] = field(default_factory=set)
+    kind: str = "reference file"
+
+    @classmethod
+    def read(cls, path: str, storage_options: Mapping[str, Any] | None) -> ReferenceFileBack:
+        doc = read_reference_file(path, storage_options)
+        if doc is None:
+            raise StoreNotFoundError(f"{path}: no such reference file", key=path)
+        docs: dict[str, bytes] = {}
+        refs: dict[str, Any] = {}
+        for key, value in doc["refs"].items():
+            data = document_bytes(value)
+            if data is None:
+                refs[key] = value
+            else:
+                docs[key] = data
+        return cls(path, as_inner(docs), refs, recorded_objects(doc, path))
+
+    def check(self, job: ArrayJob, entries: list[Entry], src: Inner, problem: Problem) -> tuple[int, int]:
+        """Each entry's reference against its source object; ``(references right, their bytes)``."""
+        good = nbytes = 0
+        for entry in entries:
+            ref = self.refs.get(entry.key)
+            if ref is None:
+                _missing(job, entry, src, problem)
+                continue
+            self.matched.add(entry.key)
+            what = self._wrong(ref, entry.now)
+            if what is not None:
+                problem(entry.key, f"{entry.key}: {what}")
+            else:
+                good, nbytes = good + 1, nbytes + (entry.now.size or 0)
+        return good, nbytes
+
+    def _wrong(self, ref: Any, now: Now) -> str | None:
+        """What is wrong with ``ref`` (None: it names ``now``'s object whole, as recorded)."""
+        if not (isinstance(ref, list) and len(ref) == 3 and isinstance(ref[0], str)
+                and all(type(v) is int for v in ref[1:])):
+            return f"not a reference [url, offset, length]: {json.dumps(ref)[:80]}"
+        url, offset, length = ref
+        if url != now.url:
+            return f"names {url}, not its source object {now.url}"
+        if now.why:
+            return f"its source object {now.url} {now.why}"
+        info = self.objects.get(url)
+        if info is None:
+            return str(unrecorded(url))
+        change = describe_change(info, now.size, now.etag, now.modified_ns)
+        if change is not None:
+            return f"{url}: {change}"
+        if offset != 0 or length != now.size:
+            return f"names bytes [{offset}, {offset + length}) of {url}, not the whole object ({now.size} bytes)"
+        return None
+
+    def extras(self, plans: Iterable[ArrayPlan], nodes: set[str], unchecked: set[str], objects: SourceObjects,
+               problem: Problem) -> None:
+        """Every reference no unit accounts for (one to a source object deleted since, or an
+        extra one), and under the arrays every document that is no source node's or that
+        stands where a chunk would (``unchecked``: prefixes of arrays whose documents were
+        found wrong: reported already)."""
+        for key, ref in self.refs.items():
+            if key in self.matched or key.startswith(tuple(unchecked)):
+                continue
+            url = ref[0] if isinstance(ref, list) and ref and isinstance(ref[0], str) else ""
+            if url and objects.gone(url):
+                problem(key, f"{key}: {url}: {describe_change((0, None, None), None)}")
+            else:
+                problem(key, f"{key}: unexpected reference (the source has no chunk there)")
+        for plan in plans:
+            prefix = plan.job.dst_prefix
+            for key in self.documents.list_prefix(prefix):
+                if extra_node_key(key, prefix, nodes):
+                    problem(key, f"{key}: a node the source does not have")
+                elif plan.job.is_dst_key(key[len(prefix):]):
+                    problem(key, f"{key}: unexpected object (inline data where the source has no chunk)")
+
+    def finish(self, complete: bool, objects: SourceObjects, problem: Problem) -> None:
+        """Nothing left to compare for a reference file."""
+
+    def describe(self) -> str:
+        return "name their source objects whole and unchanged (size and st_mtime_ns or ETag as recorded)"
+
+
+@dataclass
+class IcechunkBack:
+    """A virtual Icechunk repository read back through Icechunk's public API (see the module
+    docstring for what it tells and what is read instead)."""
+
+    inner: Any  # an IcechunkInner
+    expected: Counter[str] = field(default_factory=Counter)
+    present: set[str] = field(default_factory=set)
+    kind: str = "Icechunk virtual"
+
+    @property
+    def documents(self) -> Inner:
+        return self.inner
+
+    def check(self, job: ArrayJob, entries: list[Entry], src: Inner, problem: Problem) -> tuple[int, int]:
+        """Each entry's virtual chunk against its source object; ``(references right, their bytes)``."""
+        found = []
+        for entry in entries:
+            if entry.key not in self.present:
+                _missing(job, entry, src, problem)
+            elif entry.now.size is None:
+                self.present.discard(entry.key)
+                what = entry.now.why or "deleted since the references were taken"
+                problem(entry.key, f"{entry.key}: its source object {entry.now.url}: {what}")
+            else:
+                self.present.discard(entry.key)
+                self.expected[entry.now.url] += 1
+                found.append(entry)
+        n = job.src_index_nbytes if job.dst_cps is not None and job.src_layout.index_location == "end" else 0
+        wrong = self._read_back(found, n, src)
+        good = [e for e in found if e.key not in wrong]
+        for key, what in sorted(wrong.items()):
+            problem(key, f"{key}: {what}")
+        return len(good), sum(e.now.size or 0 for e in good)
+
+    def _read_back(self, found: list[Entry], n: int, src: Inner) -> dict[str, str]:
+        """What is wrong, by key, with each found virtual chunk read back (``n``: index bytes
+        at the objects' ends, compared with the source's; 0: lengths asked of Icechunk)."""
+        requests = []
+        for e in found:
+            size = e.now.size or 0
+            take = min(n, size) if n else min(1, size)
+            requests.append((e.key, size - take, size + 1 if n else size))
+        got = self.inner.read_each([r for r in requests if r[2] > r[1]])
+        results = iter(got)
+        tails = src.get_tails([(e.src_key, n) for e in found]) if n else [None] * len(found)
+        wrong: dict[str, str] = {}
+        for e, (key, start, end), tail in zip(found, requests, tails):
+            value = next(results) if end > start else b""
+            if isinstance(value, SourceChangedError) and "not enough data" not in str(value):  # its checksum
+                wrong[key] = str(value).removeprefix(f"{key}: ")
+            elif isinstance(value, Exception):  # past the object's end (its checksum held), or unreadable
+                wrong[key] = (f"Icechunk cannot read its bytes [{start}, {e.now.size}) of {e.now.url}: its reference "
+                              f"does not end where the object ends ({e.now.size} bytes) ({value})")
+            elif n and (tail is None or bytes(value) != bytes(tail.data)):
+                wrong[key] = (f"its last {n} bytes read through Icechunk are not the index of its source object "
+                              f"{e.now.url}: it names another object, or not that object whole")
+            elif not n and (length := self.inner.size(key)) != e.now.size:
+                wrong[key] = f"its virtual chunk is {length} bytes, its source object {e.now.url} {e.now.size}"
+        return wrong
+
+    def extras(self, plans: Iterable[ArrayPlan], nodes: set[str], unchecked: set[str], objects: SourceObjects,
+               problem: Problem) -> None:
+        """Nothing left: each array's other chunk keys are reported as it ends (:meth:`end_array`)."""
+
+    def end_array(self, problem: Problem) -> None:
+        """The array's chunk keys no unit accounted for: each one's first byte read through
+        Icechunk tells a source object deleted since (Icechunk's error) from an extra reference."""
+        extra = sorted(self.present)
+        for key, got in zip(extra, self.inner.read_each([(k, 0, 1) for k in extra])):
+            if isinstance(got, SourceChangedError):
+                problem(key, str(got))
+            else:
+                problem(key, f"{key}: unexpected reference (the source has no chunk there)")
+        self.present = set()
+
+    def finish(self, complete: bool, objects: SourceObjects, problem: Problem) -> None:
+        """The URLs of all virtual chunks against the source objects the units named, each
+        once (only when every array was checked: another array's chunks name others)."""
+        if not complete:
+            return
+        actual = Counter(self.inner.virtual_locations())
+        for url in sorted(set(actual) | set(self.expected)):
+            a, e = actual[url], self.expected[url]
+            chunks = f"named by {a} virtual chunk{'s' * (a != 1)} of the repository"
+            if a != e and objects.gone(url):
+                problem(url, f"{url}: {chunks}, {describe_change((0, None, None), None)}")
+            elif a != e:
+                problem(url, f"{url}: {chunks}, by {e} of the migration (each source object once)")
+
+    def describe(self) -> str:
+        return ("name their source objects whole and unchanged (Icechunk's checksum passed; the last bytes of each "
+                "read through Icechunk)")
+
+
+def _missing(job: ArrayJob, entry: Entry, src: Inner, problem: Problem) -> None:
+    """No reference for ``entry``: right only for a shard without a live chunk, or an object gone."""
+    if entry.now.size is None or (entry.sharded and not holds_chunks(job, src, entry.src_key)):
+        return
+    problem(entry.key, f"{entry.key}: missing (no reference to its source object {entry.now.url})")
+
+
+Back = ReferenceFileBack | IcechunkBack
+
+
+def read_back(dst: Any, stores: StoreOptions, src: Inner) -> Back:
+    """DST read back from where it was committed: a reference file parsed, an Icechunk
+    repository opened again. A store a migration hands over (a :class:`StoreRef` with the
+    store it wrote through) is opened again from its URL. A copy, or a materialised
+    repository, is refused (:class:`UsageError`): its chunks are its own bytes."""
+    written = dst.obj if isinstance(dst, StoreRef) else None if isinstance(dst, (str, os.PathLike)) else dst
+    if isinstance(written, ReferenceFileSink):  # the reference file a migration wrote: the file itself
+        return ReferenceFileBack.read(written.path, written.storage_options)
+    url: Any = dst.url if isinstance(dst, StoreRef) else dst
+    options = dict(stores.dst or {})
+    if isinstance(dst, StoreRef) and dst.storage_options:
+        options = {k: json.loads(v) for k, v in dst.storage_options}
+    if written is not None and hasattr(written, "chunk_keys"):  # an Icechunk repository a migration wrote
+        url, target = written.url, "icechunk"
+    else:
+        target = resolve_target(url, None, False, options) if isinstance(url, (str, os.PathLike)) else "zarr"
+    if target == "references":
+        return ReferenceFileBack.read(os.fspath(url), options)
+    if target == "icechunk":
+        inner = open_destination(url, "icechunk", False, StoreOptions(stores.src, options), src, read_only=True)
+        if (read_record(inner) or {}).get("virtual") is True:
+            return IcechunkBack(inner)
+    name = url if isinstance(url, str) else os.fspath(url) if isinstance(url, os.PathLike) else type(dst).__name__
+    raise UsageError(f"{name}: not a virtual destination (its chunks are its own bytes): only a reference file or a "
+                     "virtual Icechunk repository has references to check; verify it without --references-only",
+                     key=str(name))
+
+
+def _entries(job: ArrayJob, units: Iterable[Unit], objects: SourceObjects) -> Iterator[list[Entry]]:
+    """The units' target keys with their source objects now, :data:`BATCH` units at a time."""
+    batch: list[Entry] = []
+    n = 0
+    for unit in units:
+        if unit.target is not None:
+            source = unit.sources[0]
+            batch.append(Entry(job.dst_key(unit.target), source.key, objects.now(source.key, source.size), True))
+        else:
+            batch += [Entry(job.dst_key(s.coords), s.key, objects.now(s.key, s.size), False) for s in unit.sources]
+        n += 1
+        if n == BATCH:
+            yield batch
+            batch, n = [], 0
+    if batch:
+        yield batch
+
+
+def check_references(back: Back, job: ArrayJob, units: Iterable[Unit], objects: SourceObjects, src: Inner,
+                     problem: Problem) -> Iterator[tuple[int, int]]:
+    """One array's references checked, a batch of units at a time: per batch ``(target
+    objects, bytes of the references found right)`` (for the progress bar and the report)."""
+    if isinstance(back, IcechunkBack):
+        back.present = set(back.inner.chunk_keys(job.path))
+    for batch in _entries(job, units, objects):
+        _, nbytes = back.check(job, batch, src, problem)
+        yield len(batch), nbytes
+    if isinstance(back, IcechunkBack):
+        back.end_array(problem)
+

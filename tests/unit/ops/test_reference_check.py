@@ -1,0 +1,280 @@
+"""The reference check a virtual migration verifies with (issue 24, ``ops/reference_check.py``).
+
+A reference file and a virtual Icechunk repository, hand-edited or left behind by a source
+that changed, are read back: each wrong url, offset, length, missing or extra key, and each
+rewritten, truncated or deleted source object is one problem naming its key. No chunk byte
+of the source is read (a :class:`CountingInner` source says which keys were read, and how).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from sharding_store import MigrateOptions, SourceChangedError, UsageError, VerifyOptions, migrate, open_references, verify
+from sharding_store.cli import main
+from sharding_store.testing import CountingInner
+from tests.draft_factory import make_big_array, make_hierarchy
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+SHARDS = 8
+INDEX = 4 * 16  # 2x2 chunks per shard, no checksum
+
+
+def refs_only() -> VerifyOptions:
+    """Only the references (and documents) checked; the report returned."""
+    return VerifyOptions(references_only=True, raise_on_error=False)
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> Path:
+    make_big_array(tmp_path / "src", shards=SHARDS)
+    return tmp_path / "src"
+
+
+def _edit(out: Path, change) -> None:  # noqa: ANN001
+    doc = json.loads(out.read_bytes())
+    change(doc)
+    out.write_text(json.dumps(doc))
+
+
+def _problems(src: Path, dst: Path) -> dict[str, str]:
+    report = verify(str(src), str(dst), refs_only(), progress=False)
+    assert report.references is not None and report.check.n_problems == len(report.check.problems)
+    return dict(report.check.problems)
+
+
+def _shard(src: Path, i: int = 0) -> Path:
+    return src / f"data/root/big/c{i}/0"
+
+
+def _data_reads(counting: CountingInner) -> list[tuple[str, object]]:
+    """Every read of a source object under ``data/`` (chunks and shards, not documents)."""
+    out = []
+    for name, detail in counting.log:
+        if name in ("get", "read_into", "size") and isinstance(detail, str) and detail.startswith("data/"):
+            out.append((name, detail))
+        elif name == "get_ranges":
+            out += [(name, r) for r in detail if r[0].startswith("data/")]
+    return out
+
+
+# --------------------------------------------------------------------------- a reference file
+
+
+def test_a_virtual_migration_verifies_by_its_references_and_reads_no_chunk(big, tmp_path):
+    """As typed (verify on): the check ran, said so, and the source's only data reads are the
+    migration's own index tails (one per shard): the old verification read every shard whole."""
+    src = CountingInner(str(big))
+    report = migrate(src, str(tmp_path / "out.json"), progress=False)
+    v = report.verification
+    assert v.ok and v.references is not None and v.check.objects == SHARDS
+    assert f"{SHARDS} references name their source objects whole and unchanged" in v.summary()
+    assert "no chunk read (`sharding-store verify SRC DST` reads every chunk)" in v.summary()
+    reads = _data_reads(src)
+    assert len(reads) == SHARDS and all(r[0] == "get_ranges" and r[1][1:] == (-INDEX, None) for r in reads), reads
+    assert v.to_dict()["checked"] == "references" and v.to_dict()["references"] == SHARDS
+
+
+def test_the_reference_check_itself_reads_nothing_of_the_source_data(big, tmp_path):
+    out = tmp_path / "out.json"
+    migrate(str(big), str(out), MigrateOptions(verify=False), progress=False)
+    src = CountingInner(str(big))
+    assert verify(src, str(out), refs_only(), progress=False).ok
+    assert _data_reads(src) == [] and src.calls["read_into"] == 0 and src.calls["copy_to"] == 0
+
+
+@pytest.mark.parametrize("edit, key, words", [
+    (lambda d: d["refs"]["big/c/0/0"].__setitem__(0, d["refs"]["big/c/1/0"][0]), "big/c/0/0", "names file://"),
+    (lambda d: d["refs"]["big/c/1/0"].__setitem__(1, 4), "big/c/1/0", "names bytes [4, "),
+    (lambda d: d["refs"]["big/c/2/0"].__setitem__(2, d["refs"]["big/c/2/0"][2] - 1), "big/c/2/0",
+     "not the whole object"),
+    (lambda d: d["refs"].pop("big/c/3/0"), "big/c/3/0", "missing (no reference to its source object"),
+    (lambda d: d["refs"].__setitem__("big/c/99/0", d["refs"]["big/c/0/0"]), "big/c/99/0", "unexpected reference"),
+    (lambda d: d["refs"].__setitem__("big/c/4/0", "inline"), "big/c/4/0", "unexpected object"),
+], ids=["url", "offset", "length", "removed", "extra", "inline"])
+def test_a_hand_edited_reference_is_one_problem_naming_its_key(big, tmp_path, edit, key, words):
+    out = tmp_path / "out.json"
+    migrate(str(big), str(out), MigrateOptions(verify=False), progress=False)
+    _edit(out, edit)
+    problems = _problems(big, out)
+    assert key in problems and words in problems[key], problems
+    if key != "big/c/4/0":  # inline data there: the key's reference is missing too
+        assert len(problems) == 1, problems
+
+
+def _rewrite(shard: Path) -> None:
+    shard.write_bytes(shard.read_bytes())  # the same size and bytes, a new modification time
+    st = shard.stat()
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+@pytest.mark.parametrize("change, words", [
+    (_rewrite, "modified since (st_mtime_ns"),
+    (lambda shard: shard.write_bytes(shard.read_bytes()[:-3]), "now "),
+    (lambda shard: shard.unlink(), "deleted since the references were taken"),
+], ids=["rewritten", "truncated", "deleted"])
+def test_a_changed_source_object_is_one_problem_naming_its_key(big, tmp_path, change, words):
+    out = tmp_path / "out.json"
+    migrate(str(big), str(out), MigrateOptions(verify=False), progress=False)
+    change(_shard(big, 5))
+    problems = _problems(big, out)
+    assert list(problems) == ["big/c/5/0"] and f"file://{os.path.realpath(_shard(big, 5))}: {words}" in problems[
+        "big/c/5/0"], problems
+
+
+def test_the_cli_verify_checks_references_only_when_asked_and_says_what_it_checked(big, tmp_path, capsys):
+    out = tmp_path / "out.json"
+    migrate(str(big), str(out), MigrateOptions(verify=False), progress=False)
+    assert main(["verify", str(big), str(out), "--references-only", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "reference file: 8 references name their source objects whole and unchanged" in text
+    assert main(["verify", str(big), str(out), "--no-progress", "--json"]) == 0  # by default: every chunk read
+    assert json.loads(capsys.readouterr().out)["checked"] == "chunks"
+    _edit(out, lambda d: d["refs"]["big/c/1/0"].__setitem__(1, 4))
+    assert main(["verify", str(big), str(out), "--references-only", "--no-progress"]) == 9
+    captured = capsys.readouterr()
+    assert "big/c/1/0: names bytes [4, " in captured.err and len(captured.err.strip().splitlines()) == 1
+
+
+def test_references_only_refuses_a_copy(big, tmp_path):
+    migrate(str(big), str(tmp_path / "copy"), MigrateOptions(verify=False), progress=False)
+    with pytest.raises(UsageError, match="not a virtual destination"):
+        verify(str(big), str(tmp_path / "copy"), refs_only(), progress=False)
+
+
+def test_every_node_and_array_of_a_hierarchy_checks(tmp_path):
+    """Groups, a sharded array with '.' keys, an unsharded array, a 0-d array, a shard
+    without a live chunk: no problem, and a document changed is found as the copy finds it."""
+    make_hierarchy(tmp_path / "src")
+    out = tmp_path / "out.json"
+    report = migrate(str(tmp_path / "src"), str(out), progress=False)
+    assert report.verification.ok and report.verification.references is not None
+    _edit(out, lambda d: d["refs"].__setitem__("imgs/zarr.json", json.dumps(
+        {**json.loads(d["refs"]["imgs/zarr.json"]), "attributes": {"x": 1}})))
+    problems = _problems(tmp_path / "src", out)
+    assert list(problems) == ["imgs/zarr.json"], problems
+
+
+def test_an_unrecorded_object_is_one_message_from_every_reader(big, tmp_path):
+    """A reference whose URL the file records nothing of: ``verify`` (reading every chunk),
+    the guarded reader and the reference check say the same."""
+    out = tmp_path / "out.json"
+    migrate(str(big), str(out), MigrateOptions(verify=False), progress=False)
+    url = json.loads(out.read_bytes())["refs"]["big/c/2/0"][0]
+    _edit(out, lambda d: d["sharding-store"]["objects"].pop(url))
+    message = f"{url}: referenced, but the reference file records nothing of it"
+    with pytest.raises(SourceChangedError) as reader:
+        import zarr
+
+        zarr.open_group(open_references(str(out)), mode="r")["big"][...]
+    with pytest.raises(SourceChangedError) as full:
+        verify(str(big), str(out), progress=False)
+    assert str(reader.value) == str(full.value) == message
+    assert _problems(big, out) == {"big/c/2/0": f"big/c/2/0: {message}"}
+
+
+# --------------------------------------------------------------------------- an Icechunk repository
+
+
+needs_icechunk = pytest.mark.skipif(importlib.util.find_spec("icechunk") is None, reason="the icechunk extra")
+
+
+def _icechunk(big: Path, tmp_path: Path, src=None) -> Path:  # noqa: ANN001
+    repo = tmp_path / "repo"
+    migrate(src or str(big), str(repo), MigrateOptions(virtual=True, verify=False), progress=False)
+    return repo
+
+
+def _session_edit(repo: Path, big: Path, change) -> None:  # noqa: ANN001
+    """Edit the repository's branch in one commit, through Icechunk (as a user could)."""
+    from sharding_store.stores import as_inner
+    from sharding_store.stores.icechunk_store import open_icechunk
+
+    inner = open_icechunk(str(repo), virtual=True, source=as_inner(str(big)).location())
+    change(inner)
+    inner.commit("hand edit")
+
+
+def _ref(big: Path, i: int, offset: int = 0, shard: int | None = None):  # noqa: ANN202
+    from sharding_store.stores.base import ChunkRef
+
+    path = os.path.realpath(_shard(big, i if shard is None else shard))
+    st = os.stat(path)
+    return ChunkRef(f"file://{path}", offset, st.st_size - offset, st.st_size, modified_ns=st.st_mtime_ns)
+
+
+def _longer(inner, big: Path, key: str) -> None:  # noqa: ANN001
+    """A reference 4 bytes longer than its object (Icechunk's own call: ours refuses it)."""
+    from sharding_store.stores.icechunk_store import local_checksum
+
+    ref = _ref(big, 2)
+    inner.store.set_virtual_ref(key, ref.url, offset=0, length=ref.length + 4,
+                                checksum=local_checksum(ref.url, ref.object_size, ref.modified_ns))
+
+
+@needs_icechunk
+def test_an_icechunk_migration_verifies_by_its_references_and_reads_no_chunk(big, tmp_path):
+    src = CountingInner(str(big))
+    report = migrate(src, str(tmp_path / "repo"), MigrateOptions(virtual=True), progress=False)
+    v = report.verification
+    assert v.ok and v.references == ("Icechunk virtual", v.references[1]) and v.check.objects == SHARDS
+    assert "Icechunk virtual: 8 references name their source objects whole and unchanged" in v.summary()
+    reads = _data_reads(src)  # the migration's tails, then the check's: index bytes only, never a payload
+    assert len(reads) == 2 * SHARDS and all(r[0] == "get_ranges" and r[1][1:] == (-INDEX, None) for r in reads), reads
+
+
+@needs_icechunk
+@pytest.mark.parametrize("change, words", [
+    (_rewrite, "changed, shrank or is gone since the migration"),
+    (lambda shard: shard.write_bytes(shard.read_bytes()[:-3]), "changed, shrank or is gone since the migration"),
+    (lambda shard: shard.unlink(), "changed, shrank or is gone since the migration"),
+], ids=["rewritten", "truncated", "deleted"])
+def test_an_icechunk_source_changed_is_one_problem_naming_its_key(big, tmp_path, change, words):
+    repo = _icechunk(big, tmp_path)
+    change(_shard(big, 5))
+    problems = _problems(big, repo)
+    assert "big/c/5/0" in problems and words in problems["big/c/5/0"], problems
+    assert all(k in ("big/c/5/0", f"file://{os.path.realpath(_shard(big, 5))}") for k in problems), problems
+
+
+@needs_icechunk
+@pytest.mark.parametrize("edit, key, words", [
+    (lambda inner, big: inner.delete("big/c/3/0"), "big/c/3/0", "missing (no reference to its source object"),
+    (lambda inner, big: inner.put_reference("big/c/2/0", _ref(big, 2, offset=4)), "big/c/2/0",
+     "not the index of its source object"),
+    (lambda inner, big: _longer(inner, big, "big/c/2/0"), "big/c/2/0", "Icechunk cannot read its bytes"),
+    (lambda inner, big: inner.put_reference("big/c/2/0", _ref(big, 2, shard=6)), "big/c/2/0",
+     "not the index of its source object"),
+], ids=["removed", "offset", "longer", "other-object"])
+def test_a_hand_edited_icechunk_reference_is_a_problem_naming_its_key(big, tmp_path, edit, key, words):
+    repo = _icechunk(big, tmp_path)
+    _session_edit(repo, big, lambda inner: edit(inner, big))
+    problems = _problems(big, repo)
+    assert key in problems and words in problems[key], problems
+
+
+@needs_icechunk
+def test_an_icechunk_reference_swap_is_caught_by_key_and_by_the_urls(big, tmp_path):
+    """Two shards' references pointing at one object: each wrong key by its index, and the
+    URLs of all virtual chunks say one object is named twice, another never."""
+    repo = _icechunk(big, tmp_path)
+    _session_edit(repo, big, lambda inner: inner.put_reference("big/c/1/0", _ref(big, 0)))
+    problems = _problems(big, repo)
+    one, zero = (f"file://{os.path.realpath(_shard(big, i))}" for i in (1, 0))
+    assert "big/c/1/0" in problems and "named by 0 virtual chunks" in problems[one]
+    assert "named by 2 virtual chunks" in problems[zero]
+
+
+@needs_icechunk
+def test_a_materialised_repository_has_no_references_to_check(big, tmp_path):
+    migrate(str(big), str(tmp_path / "repo"), MigrateOptions(target="icechunk", verify=False), progress=False)
+    with pytest.raises(UsageError, match="not a virtual destination"):
+        verify(str(big), str(tmp_path / "repo"), refs_only(), progress=False)
+    assert verify(str(big), str(tmp_path / "repo"), progress=False).ok  # every chunk read
+
