@@ -278,3 +278,19 @@ def test_a_materialised_repository_has_no_references_to_check(big, tmp_path):
         verify(str(big), str(tmp_path / "repo"), refs_only(), progress=False)
     assert verify(str(big), str(tmp_path / "repo"), progress=False).ok  # every chunk read
 
+
+
+@needs_icechunk
+def test_an_extra_node_in_a_repository_is_found_by_its_listing_of_nodes(big, tmp_path):
+    """A group added to the repository: both checks find it, listing one node at a time
+    through Icechunk (``IcechunkInner.list_dir``), never every chunk key."""
+    repo = _icechunk(big, tmp_path)
+    _session_edit(repo, big, lambda inner: inner.set("more/zarr.json", b'{"zarr_format": 3, "node_type": "group"}'))
+    from sharding_store.stores.icechunk_store import open_icechunk
+
+    inner = open_icechunk(str(repo), create=False)
+    assert inner.list_dir("") == ([".sharding-store-record.json", "zarr.json"], ["big/", "more/"])
+    assert inner.list_dir("big/") == (["big/zarr.json"], ["big/c/"])
+    assert _problems(big, repo) == {"more/zarr.json": "more/zarr.json: a node the source does not have"}
+    full = verify(str(big), str(repo), VerifyOptions(raise_on_error=False), progress=False)
+    assert dict(full.check.problems) == {"more/zarr.json": "more/zarr.json: a node the source does not have"}
