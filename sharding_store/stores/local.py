@@ -40,7 +40,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from ..codec import _native
@@ -359,30 +359,48 @@ class LocalInner(BaseInner):
         return out
 
     def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
-        """The last bytes of each object, one ``pread`` each, with its size and version."""
+        """The last bytes of each object, one ``pread`` each, with its size and version. A run
+        of keys in one cached directory holds its descriptor once (one ``openat`` a key);
+        anything else (a miss, a link, ``..``) goes :meth:`_open`'s way, which decides."""
         out: list[Tail | None] = []
         floor = time.time_ns() - RECENT_NS
-        for key, n in requests:
-            fd = self._open(key)
-            if fd is None:
-                out.append(None)
-                continue
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    out.append(None)
-                    continue
-                size = st.st_size
-                lo = max(0, size - n)
-                data = os.pread(fd, size - lo, lo) if size > lo else b""
-                if st.st_mtime_ns > floor:
-                    version = _version(st, data, floor)
-                else:
-                    version = (st.st_dev, st.st_ino, st.st_mtime_ns, size)
-                out.append(_Tail((data, size, version)))
-            finally:
-                os.close(fd)
+        dirs, held, held_dir = self._dirs, None, None
+        try:
+            for key, n in requests:
+                directory, _, name = key.rpartition("/")
+                if directory != held_dir:
+                    if held is not None:
+                        dirs.release(held)
+                    held, held_dir = dirs.acquire(directory), directory
+                fd = None
+                if held is not None and name not in _DIR_NAMES:
+                    with contextlib.suppress(OSError):
+                        fd = os.open(name, _O_READ_NOFOLLOW, dir_fd=held.fd)
+                out.append(self._tail(key, n, self._open(key) if fd is None else fd, floor))
+        finally:
+            if held is not None:
+                dirs.release(held)
         return out
+
+    @staticmethod
+    def _tail(key: str, n: int, fd: int | None, floor: int) -> Tail | None:
+        """:meth:`get_tails`' read of one open file (closed here); None: missing or no file."""
+        if fd is None:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            size = st.st_size
+            lo = max(0, size - n)
+            data = os.pread(fd, size - lo, lo) if size > lo else b""
+            if st.st_mtime_ns > floor:
+                version = _version(st, data, floor)
+            else:
+                version = (st.st_dev, st.st_ino, st.st_mtime_ns, size)
+            return _Tail((data, size, version))
+        finally:
+            os.close(fd)
 
     def read_into(self, key: str, alloc: Callable[[int], Any]) -> Tail | None:
         """A whole object read into a caller-owned buffer that is reused between objects
@@ -1157,9 +1175,13 @@ class LocalInner(BaseInner):
         return self.root
 
 
+#: the epoch, aware: ``_EPOCH + timedelta(microseconds=...)`` is ``fromtimestamp`` exactly, at a third of its cost
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _reference(real: str, offset: int, length: int, st: os.stat_result) -> ChunkRef:
     ns = st.st_mtime_ns
-    modified = datetime.fromtimestamp(ns // 10**9, tz=UTC).replace(microsecond=ns % 10**9 // 1000)
+    modified = _EPOCH + timedelta(microseconds=ns // 1000)  # to the microsecond, truncated (floor)
     return ChunkRef(f"file://{real}", offset, length, st.st_size, modified=modified, modified_ns=ns)
 
 

@@ -358,33 +358,30 @@ class ReferenceFileSink(BaseInner):
         """The reference file's bytes (:meth:`pieces` joined)."""
         return b"".join(self.pieces(message))
 
-    def _entries(self) -> Iterator[tuple[str, Any]]:
-        """Every ``(key, value)`` of ``refs``, sorted by key: the documents (few, held here)
-        merged into the references (read a page at a time)."""
+    def _entries(self) -> Iterator[str]:
+        """Every entry of ``refs`` as JSON text (``"key":value``), sorted by key: the documents
+        (few, held here; inline as text, base64 where not UTF-8) merged into the references
+        (read a page at a time; ``[url, offset, length]``), a document first on a tie."""
         docs = sorted(self.docs.items())
-        refs = ((key, [url, offset, length]) for key, url, offset, length in self._rows())
-        value: Any
-        for key, value in heapq.merge(docs, refs, key=lambda item: item[0]):
-            if isinstance(value, bytes):
-                try:
-                    value = value.decode()
-                except UnicodeDecodeError:
-                    value = "base64:" + base64.b64encode(value).decode()
-            yield key, value
+        d = 0
+        for key, url, offset, length in self._rows():
+            while d < len(docs) and docs[d][0] <= key:
+                yield _doc_entry(*docs[d])
+                d += 1
+            yield f"{_json_string(key)}:[{_json_string(url)},{int(offset)},{int(length)}]"
+        for doc in docs[d:]:
+            yield _doc_entry(*doc)
 
     def pieces(self, message: str = "", batch: int = 4096) -> Iterator[bytes]:
         """The reference file in pieces of ``batch`` entries, never all of it at once:
         documents inline as text (base64 where not UTF-8), references as ``[url, offset,
         length]``, keys sorted; then the source objects as recorded."""
-        dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        dumps = _dumps
         yield b'{"version":1,"refs":{'
         out: list[str] = []
         first = True
-        for key, value in self._entries():
-            if type(value) is list:  # a reference: [url, offset, length]
-                out.append(f"{_json_string(key)}:[{_json_string(value[0])},{int(value[1])},{int(value[2])}]")
-            else:
-                out.append(f"{_json_string(key)}:{dumps(value)}")
+        for entry in self._entries():
+            out.append(entry)
             if len(out) == batch:
                 yield ("" if first else ",").encode() + ",".join(out).encode()
                 out, first = [], False
@@ -493,6 +490,15 @@ def _json_string(text: str) -> str:
     a printable string without quote or backslash (most keys and URLs) needs no escape and
     is quoted as it is, ~10x faster than the encoder, which writes the others."""
     return f'"{text}"' if text.isprintable() and '"' not in text and "\\" not in text else _dumps(text)
+
+
+def _doc_entry(key: str, value: bytes) -> str:
+    """A document's entry of ``refs``: its text as a JSON string (base64 where not UTF-8)."""
+    try:
+        text = value.decode()
+    except UnicodeDecodeError:
+        text = "base64:" + base64.b64encode(value).decode()
+    return f"{_json_string(key)}:{_dumps(text)}"
 
 
 def _info_json(size: int, etag: str | None, modified_ns: int | None) -> str:
