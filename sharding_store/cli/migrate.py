@@ -133,7 +133,8 @@ def _target(args: argparse.Namespace) -> tuple[bool, str | None]:
 def interrupted_advice(args: argparse.Namespace, phase: str) -> str:
     """What finishes an interrupted ``migrate`` (the CLI prints it after "interrupted"): the
     same command with ``--resume`` (never with ``--overwrite``, which would throw the work
-    away); after everything was written (``phase`` "verify"), the ``verify`` command; for an
+    away); after everything was written (``phase`` "verify"), the ``verify`` command (of a
+    virtual migration, its reference check: ``--references-only``); for an
     in-place upgrade its ``--resume``/``--undo`` pair; nothing after a dry run."""
     from ..formats.upgrade_journal import resume_upgrade_command, undo_upgrade_command
 
@@ -157,6 +158,8 @@ def verify_command(args: argparse.Namespace) -> str:
     words += ["--skip-damaged"] if args.skip_damaged else []
     for path, cps in args.assume_chunks_per_shard:
         words += ["--assume-chunks-per-shard", f"{path}={','.join(map(str, cps))}"]
+    if getattr(args, "virtual", None) is not None or (args.dst or "").rstrip("/").endswith(".json"):
+        words += ["--references-only"]  # what a virtual migration verifies (no chunk read)
     return shlex.join(words)
 
 

@@ -292,6 +292,22 @@ def test_interrupted_while_verifying_a_complete_migration_advises_verify(sharded
     assert run(capsys, "verify", str(src), str(tmp_path / "out"))[0] == 0
 
 
+def test_interrupted_while_checking_a_virtual_migration_advises_its_reference_check(sharded, tmp_path, capsys,
+                                                                                      monkeypatch):
+    src, _ = sharded
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(migrate_module, "run_verify", interrupted)
+    code, out, err = run(capsys, "migrate", str(src), str(tmp_path / "out.json"))
+    assert code == EXIT_INTERRUPTED and out == ""
+    assert err == (f"sharding-store: interrupted; the migration itself is complete; check it with "
+                   f"`sharding-store verify {src} {tmp_path / 'out.json'} --references-only`\n")
+    monkeypatch.undo()
+    assert run(capsys, "verify", str(src), str(tmp_path / "out.json"), "--references-only")[0] == 0
+
+
 @pytest.mark.parametrize("command", ["verify", "info", "dry-run"])
 def test_interrupted_reading_commands_say_only_interrupted(sharded, tmp_path, capsys, monkeypatch, command):
     src, _ = sharded
