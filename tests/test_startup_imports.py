@@ -86,8 +86,8 @@ def test_opening_a_sharded_array_does_not_import_the_lost_transformer_check(tmp_
 
 
 #: what a command on a local store must not load (issue 26, start-up): zarr-python 3 (with
-#: fsspec and asyncio, ~0.2 s) and the optional backends and ecosystems
-HEAVY = ("zarr", "fsspec", "s3fs", "botocore", "xarray", "dask", "distributed", "tensorstore", "obstore", "icechunk")
+#: fsspec and asyncio, ~0.2 s), asyncio itself, and the optional backends and ecosystems
+HEAVY = ("zarr", "fsspec", "asyncio", "s3fs", "botocore", "xarray", "dask", "distributed", "tensorstore", "obstore", "icechunk")
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "zarr-2.18-sharded.zr3"
 
 
