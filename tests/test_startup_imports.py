@@ -191,3 +191,17 @@ def test_commands_without_a_journal_load_no_hashing(tmp_path):
     assert _command_loads(["migrate", str(SAMPLE), str(tmp_path / "d")], tmp_path, ("hashlib",)) == {"code": 0, "hashlib": False}
     probe = "import sys\nfrom sharding_store.formats.upgrade_journal import _sha\n_sha(b'')\nprint('hashlib' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split() == ["True"]
+
+
+ENGINE = ("sharding_store.engine.store", "sharding_store.engine.shard_engine")
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_info_loads_no_read_write_engine(tmp_path):
+    """``info`` reads documents and shard indices: given a path, it does not load the read/write
+    engine (``ShardingStore``) to learn that it was not given one. The control: a
+    ``ShardingStore`` given to the same entry point is unwrapped to its store."""
+    assert _command_loads(["info", str(SAMPLE)], tmp_path, ENGINE) == {"code": 0, **dict.fromkeys(ENGINE, False)}
+    probe = ("from sharding_store import ShardingStore\nfrom sharding_store.api.hierarchy import inner_of\n"
+             f"s = ShardingStore({str(SAMPLE)!r})\nprint(inner_of(s) is s.inner, inner_of(s.inner) is s.inner)")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split() == ["True", "True"]

@@ -14,6 +14,7 @@ enumerated here, so the walk costs one listing of ``meta/`` plus one get per arr
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -400,10 +401,11 @@ class Node:
 
 
 def inner_of(store_or_url: Any, storage_options: Mapping[str, Any] | None = None) -> Inner:
-    """The raw store below anything our API accepts (a ``ShardingStore`` is unwrapped)."""
-    from ..engine.store import ShardingStore
-
-    if isinstance(store_or_url, ShardingStore):
+    """The raw store below anything our API accepts (a ``ShardingStore`` is unwrapped).
+    A ``ShardingStore`` exists only once its module is loaded: a command given a path or URL
+    does not load the read/write engine to learn that it was not given one."""
+    engine = sys.modules.get(f"{__package__.rpartition('.')[0]}.engine.store")
+    if engine is not None and isinstance(store_or_url, engine.ShardingStore):
         return store_or_url.inner
     return as_inner(store_or_url, storage_options=storage_options)
 
