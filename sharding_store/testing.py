@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .stores import BaseInner, ChunkRef, Inner, Location, Part, RangeRequest, Tail, Version, as_inner
+from .stores import BaseInner, ChunkRef, ComposePlan, Inner, Location, Part, RangeRequest, Tail, Version, as_inner
 
 __all__ = ["PAUSE_LINE", "CountingInner", "fault_hook", "kill_at", "pause_after", "rendezvous"]
 
@@ -190,6 +190,33 @@ class CountingInner:
         n = self.inner.compose(key, parts, into=dst, versions=versions)
         self._count("compose", (key, len(parts)), nwritten=n)
         return n
+
+    def compose_from_tails(
+        self, sources: Sequence[tuple[str, int]], plan: ComposePlan, *, into: Inner | None = None,
+        done: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """Kernel copies of the wrapped store: the tails count as :meth:`get_tails` does, each
+        object as one ``compose``; otherwise the generic way runs through this wrapper."""
+        dst = self if into is None else into
+        if not self.inner.can_compose_to(dst):
+            return BaseInner.compose_from_tails(self, sources, plan, into=dst, done=done)  # type: ignore[arg-type]
+
+        n_parts: dict[str, int] = {}
+
+        def counted_plan(tails: list[Tail | None]) -> Iterator[tuple[str, Sequence[Part]]]:
+            self._count("get_ranges", [(k, -n, None) for k, n in sources],
+                        sum(len(t[0]) for t in tails if t is not None), ranges=len(sources))
+            for key, parts in plan(tails):
+                n_parts[key] = len(parts)
+                yield key, parts
+
+        def counted_done(key: str, n: int) -> None:
+            self._count("compose", (key, n_parts.pop(key)), nwritten=n)
+            if done is not None:
+                done(key, n)
+
+        self.inner.compose_from_tails(sources, counted_plan, into=dst, done=counted_done)
+        return None
 
     def move(self, key: str, dst_key: str) -> None:
         self.inner.move(key, dst_key)

@@ -17,16 +17,20 @@ coalesced ranges): :meth:`ShardEngine.gather`. The tasks are planned by
 (:func:`~sharding_store.ops.jobs.run_all`).
 
 Where the stores can build an object from ranges of others without the bytes passing
-through this process (:meth:`Inner.compose`: local disk to local disk, kernel copies), a
-task reads only its source objects' indices (one tail request) and builds each target
-object from source ranges plus the index it computes (:func:`source_ranges`,
-:func:`target_parts`): each contributing source's *payload runs* back to back, a run being
-chunks that lie back to back in the source in any order (a zarr-python 2.18 shard holds
-its chunks in no grid order, all of them one run), so one kernel copy per run, not per
-chunk. Packing writes the same chunks in grid order. Elsewhere (object stores, mappings)
-a task reads as above: whole source objects, one request each, or one index read per
-source and one call of coalesced ranges (one range per source shard unless its chunks lie
-far apart), then writes each target with one put.
+through this process (:meth:`Inner.compose_from_tails`: local disk to local disk, kernel
+copies), a task reads only its source objects' indices and builds each target object from
+source ranges plus the index it computes (:func:`locate`, :func:`target_parts`): each
+contributing source's *payload runs* back to back, a run being chunks that lie back to
+back in the source in any order (a zarr-python 2.18 shard holds its chunks in no grid
+order, all of them one run), so one kernel copy per run, not per chunk. Each source file
+is opened once, as ``cp`` opens it: its index is read from the descriptor its runs are
+then copied from. Such a task takes several consecutive lcm blocks of a row
+(:func:`merge_blocks`, up to :data:`COMPOSE_SOURCES` sources), written block after block:
+the numpy work of locating chunks costs per call, not per chunk. Packing writes the same
+chunks in grid order. Elsewhere (object stores, mappings) a task reads as above: whole
+source objects, one request each, or one index read per source and one call of coalesced
+ranges (one range per source shard unless its chunks lie far apart), then writes each
+target with one put.
 
 With a destination
 ------------------
@@ -75,6 +79,7 @@ before the switch and keep reading after it (they hold the old metadata).
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -93,7 +98,7 @@ from ..formats import draft_metadata as dm
 from ..formats.keys import Coords, chunk_to_shard, local_to_global
 from ..formats.reshard_journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshards, staging_leftovers
 from ..formats.shard_index import MAX_UINT64, encode_shard, index_nbytes, n_entries, parse_indices
-from ..stores import Inner, Part, Tail, Version
+from ..stores import Inner, Part, Tail
 from .jobs import (
     Group,
     Source,
@@ -117,6 +122,12 @@ STAGING = STAGING_PREFIX
 #: target shard becomes its own task (bounds a task's memory)
 MAX_BLOCK_FACTOR = 8
 DEFAULT_JOBS = 8
+#: whole lcm blocks one kernel-copy task takes together, up to this many source objects
+#: and source chunks: locating the chunks and computing the target indices costs a few
+#: dozen numpy calls per task whatever its size (~0.4 ms: a block of 4 shards of 8x8
+#: chunks alone spent more on them than on its copies' system calls)
+COMPOSE_SOURCES = 32
+COMPOSE_CHUNKS = 4096
 
 __all__ = ["JOURNAL_PREFIX", "STAGING", "ReshardReport", "complete_interrupted", "reshard", "staging_leftovers", "resolve_chunks_per_shard",
            "shard", "unshard"]
@@ -262,11 +273,15 @@ class _Repack:
         """Write every target object; tasks whose targets are all in ``skip`` are not redone."""
         src_cps, dst_cps = _object_cps(self.src), _object_cps(self.dst)
         tasks = [t for t in plan_tasks(objects, src_cps, dst_cps) if not group_targets(t, src_cps, dst_cps) <= skip]
+        # the targets the tasks may write (one without a chunk is not written: the bar may stop short of it)
+        targets = sum(len(group_targets(t, src_cps, dst_cps) - skip) for t in tasks)
         task = self._task
         if self.src_inner.can_compose_to(self.dst_inner):
             task, report.copied_by = self._compose_task, copy_words(self.dst_inner)
-        # the targets the tasks may write (one without a chunk is not written: the bar may stop short of it)
-        targets = sum(len(group_targets(t, src_cps, dst_cps) - skip) for t in tasks)
+            block = _block_shape(src_cps, dst_cps)
+            if block is not None:
+                tasks = merge_blocks(tasks, min(COMPOSE_SOURCES, COMPOSE_CHUNKS // math.prod(src_cps)),
+                                     lambda t: tuple(c * a // b for c, a, b in zip(t.sources[0].coords, src_cps, block))[:-1])
         written, nbytes = report.objects_written, report.bytes_written  # before this array
         with _progress(targets, self.src.path or "/", progress) as bar:
             run_all(lambda t: task(t, report), tasks, jobs,
@@ -288,17 +303,45 @@ class _Repack:
             fault_point("stage")
 
     def _compose_task(self, task: Group, report: ReshardReport) -> None:
-        """The same objects, their payload runs in source order, built by :meth:`Inner.compose`
-        from ranges of the source objects (a kernel copy per run on local disk): only the sources' indices are read
-        (one call for the task), each target's index is computed; the payloads never pass
-        through this process. A source that changes after its index was read makes the
-        copy raise :class:`~sharding_store.errors.ObjectChangedError`."""
-        located, versions, nread = source_ranges(self.src_inner, self.src, task.sources)
-        report.add(bytes_read=nread)
-        for key, parts in target_parts(located, self.dst, task.target):
-            n = self.src_inner.compose(self.dst_under + key, parts, into=self.dst_inner, versions=versions)
+        """The same objects, their payload runs in source order, built by
+        :meth:`Inner.compose_from_tails` from ranges of the source objects (a kernel copy per
+        run on local disk, from the descriptor each source's index was read from: one open
+        per source): only the sources' indices are read (one call for the task), each
+        target's index is computed; the payloads never pass through this process. A source
+        that changes after its index was read makes the copy raise
+        :class:`~sharding_store.errors.ObjectChangedError`."""
+        cps = self.src.chunks_per_shard
+        tail = 0 if cps is None else index_nbytes(cps)
+
+        def plan(tails: list[Tail | None]) -> Iterator[tuple[str, list[Part]]]:
+            located, nread = locate(self.src, task.sources, tails)
+            report.add(bytes_read=nread)
+            for key, parts in target_parts(located, self.dst, task.target):
+                yield self.dst_under + key, parts
+
+        def written(key: str, n: int) -> None:
             report.add(objects_written=1, bytes_written=n)
             fault_point("stage")
+
+        self.src_inner.compose_from_tails([(s.key, tail) for s in task.sources], plan, into=self.dst_inner,
+                                          done=written)
+
+
+def merge_blocks(tasks: Sequence[Group], most: int, row: Callable[[Group], Coords]) -> list[Group]:
+    """Consecutive whole-block tasks of one ``row`` of blocks (``row(task)``: the block's
+    coordinates but the last) joined into tasks of at most ``most`` source objects. Blocks
+    cover disjoint targets, so a joined task writes what they would; within one row the
+    targets a task numbers (:func:`target_parts`) stay few. Per-target tasks, and blocks
+    larger than ``most``, stay as they are."""
+    out: list[Group] = []
+    for t in tasks:
+        last = out[-1] if out else None
+        if (t.target is None and last is not None and last.target is None
+                and len(last.sources) + len(t.sources) <= most and row(last) == row(t)):
+            out[-1] = Group(None, last.sources + t.sources)
+        else:
+            out.append(t)
+    return out
 
 
 class Located(NamedTuple):
@@ -314,21 +357,17 @@ class Located(NamedTuple):
     sizes: np.ndarray
 
 
-def source_ranges(
-    inner: Inner, layout: ArrayLayout, sources: Sequence[Source]
-) -> tuple[Located, dict[str, Version | None], int]:
-    """Where each chunk of ``sources`` lies (:class:`Located`), the version of each source
-    as read, and the bytes read. One tail request for all sources: a shard's index
-    (validated against the object's size), an unsharded chunk's size alone. A listed
-    source that is gone raises :class:`ObjectChangedError`."""
+def locate(layout: ArrayLayout, sources: Sequence[Source], tails: Sequence[Tail | None]) -> tuple[Located, int]:
+    """Where each chunk of ``sources`` lies (:class:`Located`), from each source's tail as
+    read (a shard's index, validated against the object's size; an unsharded chunk's size
+    alone), and the bytes read. A listed source that is gone raises
+    :class:`ObjectChangedError`."""
     keys = [s.key for s in sources]
     cps = layout.chunks_per_shard
-    tails = inner.get_tails([(k, 0 if cps is None else index_nbytes(cps)) for k in keys]) if keys else []
     for key, tail in zip(keys, tails):
         if tail is None:
             raise ObjectChangedError(f"{key}: listed, but gone before it was read (is another process writing?)", key=key)
     found = cast("list[Tail]", tails)  # none is None (checked above)
-    versions = {k: getattr(t, "version", None) for k, t in zip(keys, found)}
     origin = np.array([s.coords for s in sources], dtype=np.int64).reshape(len(sources), layout.ndim)
     if cps is None:
         for src, tail in zip(sources, found):
@@ -336,7 +375,7 @@ def source_ranges(
                 raise MigrationError(f"{src.key}: the store did not report the object's size", key=src.key)
         sizes = np.array([t.size for t in found], dtype=np.uint64)
         rows = np.arange(len(keys), dtype=np.int64)
-        return Located(keys, rows, origin, np.zeros(len(keys), np.uint64), sizes), versions, 0
+        return Located(keys, rows, origin, np.zeros(len(keys), np.uint64), sizes), 0
     raws = [t.data for t in found]
     limits = [None if t.size is None else max(0, t.size - len(r)) for r, t in zip(raws, found)]
     table = parse_indices(raws, cps, keys=keys, payload_limits=limits)
@@ -344,7 +383,7 @@ def source_ranges(
     local = np.stack(np.unravel_index(flat, cps), axis=1) if cps else np.zeros((len(flat), 0), np.int64)
     coords = origin[which] * np.array(cps, dtype=np.int64) + local
     located = Located(keys, which, coords, table[which, flat, 0], table[which, flat, 1])
-    return located, versions, sum(len(r) for r in raws)
+    return located, sum(len(r) for r in raws)
 
 
 def target_parts(located: Located, dst: ArrayLayout, target: Coords | None) -> Iterator[tuple[str, list[Part]]]:
@@ -354,30 +393,74 @@ def target_parts(located: Located, dst: ArrayLayout, target: Coords | None) -> I
     whatever order the source holds them), then the index computed to match. The chunks
     :func:`pack_objects` would write, in another order: a reader sees the same object."""
     keys, src, coords, offsets, sizes = located
-    if dst.chunks_per_shard is None:
-        for row in sorted(range(len(src)), key=lambda i: coords[i].tolist()):
+    if dst.chunks_per_shard is None:  # source after source (block after block), each in C order
+        for row in sorted(range(len(src)), key=lambda i: (int(src[i]), coords[i].tolist())):
             if target is None or tuple(coords[row].tolist()) == target:
                 start, end = int(offsets[row]), int(offsets[row] + sizes[row])
                 yield dst.chunk_key(tuple(coords[row].tolist())), [(keys[src[row]], start, end)]
         return
-    cps = np.array(dst.chunks_per_shard, dtype=np.int64)
-    shard, local = coords // cps, coords % cps
-    if target is not None:
-        mine = np.all(shard == np.array(target, dtype=np.int64), axis=1)
-        src, shard, local, offsets, sizes = src[mine], shard[mine], local[mine], offsets[mine], sizes[mine]
-    flat = np.ravel_multi_index(tuple(local.T), dst.chunks_per_shard) if len(cps) else np.zeros(len(src), np.int64)
-    # by target (C order), then source, offset and size: a target's chunks of one source in file order
-    order = np.lexsort((sizes, offsets, src, *shard.T[::-1]))
-    shard, src, flat, offsets, sizes = shard[order], src[order], flat[order], offsets[order], sizes[order]
+    tid, flat, boxes, mine = _number_targets(coords, dst.chunks_per_shard, target)
+    if mine is not None:
+        src, tid, flat, offsets, sizes = src[mine], tid[mine], flat[mine], offsets[mine], sizes[mine]
+    if not len(src):
+        return
+    # by target, then source, offset and size: a target's chunks of one source in file order.
+    # Targets in the order of their first source, then C order: a task of several blocks
+    # (:func:`merge_blocks`) writes block after block, so a run killed midway keeps whole
+    # blocks for the resume (:meth:`_Repack.run` skips those whose targets are all staged)
+    first_source = np.full(math.prod(n for _, n in boxes), len(keys), dtype=np.int64)
+    np.minimum.at(first_source, tid, src)
+    tid = first_source[tid] * len(first_source) + tid
+    order = _file_order(tid * len(keys) + src, offsets, sizes)
+    tid, src, flat, offsets, sizes = tid[order], src[order], flat[order], offsets[order], sizes[order]
     first = np.ones(len(src), dtype=bool)  # where each target's rows begin
-    first[1:] = np.any(shard[1:] != shard[:-1], axis=1)
-    bounds = [*np.flatnonzero(first).tolist(), len(src)]
-    for lo, hi in zip(bounds, bounds[1:]):
-        parts, positions = payload_runs(keys, src[lo:hi], offsets[lo:hi], sizes[lo:hi])
-        index = np.full((n_entries(dst.chunks_per_shard), 2), MAX_UINT64, dtype="<u8")
-        index[flat[lo:hi], 0] = positions
+    first[1:] = tid[1:] != tid[:-1]
+    parts, positions, run_bounds = _runs(keys, src, offsets, sizes, first)
+    # every target's runs and positions at once (numpy calls cost per call): a loop only to slice
+    rows = [*np.flatnonzero(first).tolist(), len(src)]
+    entries = n_entries(dst.chunks_per_shard)
+    for i, (lo, hi) in enumerate(zip(rows, rows[1:])):
+        index = np.full((entries, 2), MAX_UINT64, dtype="<u8")
+        index[flat[lo:hi], 0] = positions[lo:hi]
         index[flat[lo:hi], 1] = sizes[lo:hi]
-        yield dst.shard_key(tuple(shard[lo].tolist())), [*parts, index.tobytes()]
+        box_index = np.unravel_index(int(tid[lo]) % len(first_source), [n for _, n in boxes])
+        shard = tuple(low + int(c) for (low, _), c in zip(boxes, box_index))
+        yield dst.shard_key(shard), [*parts[run_bounds[i] : run_bounds[i + 1]], index.tobytes()]
+
+
+def _number_targets(
+    coords: np.ndarray, cps: Coords, target: Coords | None
+) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]], np.ndarray | None]:
+    """Per chunk (global ``coords``) its target shard numbered in C order within the box of
+    the targets present, and its entry in that target's index; the box (first coordinate,
+    extent) per dimension; with ``target``, which chunks are that target's. One column at
+    a time: numpy calls on 1-d arrays, a few per dimension."""
+    tid = np.zeros(len(coords), dtype=np.int64)
+    flat = np.zeros(len(coords), dtype=np.int64)
+    mine = None if target is None else np.ones(len(coords), dtype=bool)
+    boxes = []
+    for d, n in enumerate(cps):
+        column = coords[:, d]
+        shard = column // n
+        low, high = (int(shard.min()), int(shard.max())) if len(shard) else (0, 0)
+        boxes.append((low, high - low + 1))
+        tid = tid * (high - low + 1) + (shard - low)
+        flat = flat * n + (column - shard * n)
+        if mine is not None and target is not None:
+            mine &= shard == target[d]
+    return tid, flat, boxes, mine
+
+
+def _file_order(group: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The row order by ``group`` (target and source), then offset and size: each target's
+    chunks of one source in file order. One stable sort of the three packed into 64 bits
+    where they fit (a ``lexsort`` of the keys is several times slower)."""
+    bits = [int(a.max()).bit_length() for a in (group, offsets, sizes)]
+    if sum(bits) <= 63:
+        key = (group.astype(np.uint64) << np.uint64(bits[1] + bits[2])) | (offsets << np.uint64(bits[2])) | sizes
+        return np.argsort(key, kind="stable")
+    by_place = np.lexsort((sizes, offsets))
+    return by_place[np.argsort(group[by_place], kind="stable")]
 
 
 def payload_runs(
@@ -389,18 +472,34 @@ def payload_runs(
     (one kernel copy), the runs back to back. Chunks that overlap or share bytes in the
     source start a run of their own: each chunk gets its own bytes (un-shared, as
     :mod:`~sharding_store.formats.shard_index` promises on rewrite)."""
+    first = np.zeros(len(src), dtype=bool)
+    first[:1] = True
+    parts, positions, _ = _runs(keys, src, offsets, sizes, first)
+    return parts, positions
+
+
+def _runs(
+    keys: Sequence[str], src: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, first: np.ndarray
+) -> tuple[list[Part], np.ndarray, list[int]]:
+    """:func:`payload_runs` of many targets at once: ``first`` marks the row where each
+    target's chunks begin (a run never spans two targets, each target's payload starts at
+    0). Also where each target's runs begin in the parts (and their count, last)."""
+    if not len(src):
+        return [], np.zeros(0, dtype=np.uint64), [0]
     ends = offsets + sizes
-    new = np.ones(len(src), dtype=bool)
-    new[1:] = (src[1:] != src[:-1]) | (offsets[1:] != ends[:-1])
+    new = first.copy()
+    new[1:] |= (src[1:] != src[:-1]) | (offsets[1:] != ends[:-1])
     run = np.cumsum(new) - 1
     starts = np.flatnonzero(new)
     run_start = offsets[starts]
-    run_end = ends[[*(starts[1:] - 1).tolist(), len(src) - 1]]  # a run's last chunk ends it
+    run_end = ends[np.append(starts[1:] - 1, len(src) - 1)]  # a run's last chunk ends it
     lengths = run_end - run_start
-    placed = np.cumsum(lengths) - lengths  # where each run starts in the target
+    placed = np.cumsum(lengths) - lengths  # where each run starts, all targets back to back
+    target_runs = np.flatnonzero(first[starts])  # each target's first run
+    placed -= np.repeat(placed[target_runs], np.diff(np.append(target_runs, len(starts))))
     positions = placed[run] + (offsets - run_start[run])
     parts: list[Part] = [(keys[s], a, b) for s, a, b in zip(src[starts].tolist(), run_start.tolist(), run_end.tolist())]
-    return parts, positions
+    return parts, positions, [*target_runs.tolist(), len(starts)]
 
 
 def copy_object(src: Inner, dst: Inner, key: str, size: int | None = None) -> int:

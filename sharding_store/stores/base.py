@@ -3,7 +3,7 @@
 A store ("inner store", below a :class:`~sharding_store.ShardingStore`) is anything with the
 methods of :class:`Inner`. The *core* is what every backend has (whole gets, byte ranges,
 tails of objects, atomic puts, deletes, listings); the *capabilities* (``size``,
-``read_into``, ``local_path``, ``copy_to``, ``compose``, ``move``, ``create_exclusive``,
+``read_into``, ``local_path``, ``copy_to``, ``compose``, ``compose_from_tails``, ``move``, ``create_exclusive``,
 ``put_if_unchanged``, ``list_sized``, ``list_unordered``, ``location``, ``describe``, ...) let a backend do better than the generic way:
 a kernel copy, a server-side copy, a rename, a conditional put. :class:`BaseInner` implements every
 capability from the core, so a new backend writes the core and overrides what it can do
@@ -38,6 +38,7 @@ from ..errors import LinkOutsideStoreError, ObjectChangedError, StoreIOError
 __all__ = [
     "BaseInner",
     "ChunkRef",
+    "ComposePlan",
     "CoreInner",
     "Inner",
     "LinkOutsideStoreError",
@@ -61,6 +62,9 @@ Relation = Literal["same", "inside", "contains", None]
 #: one piece of an object built by :meth:`Inner.compose`: bytes ``[start, end)`` of an object
 #: of the source store, or literal bytes
 Part = tuple[str, int, int] | bytes
+#: what :meth:`Inner.compose_from_tails` builds from the tails it read (one per source,
+#: ``None`` for a missing one): ``(key, parts)`` of each object to write
+ComposePlan = Callable[[list["Tail | None"]], Iterable[tuple[str, Sequence[Part]]]]
 #: ranges of one object closer than this are read as one range by the generic :meth:`BaseInner.compose`
 COMPOSE_GAP = 1 << 16
 
@@ -225,6 +229,10 @@ class Inner(Protocol):
         self, key: str, parts: Sequence[Part], *, into: Inner | None = None,
         versions: Mapping[str, Version | None] | None = None,
     ) -> int: ...
+    def compose_from_tails(
+        self, sources: Sequence[tuple[str, int]], plan: ComposePlan, *, into: Inner | None = None,
+        done: Callable[[str, int], None] | None = None,
+    ) -> None: ...
     def move(self, key: str, dst_key: str) -> None: ...
     def tidy(self, prefix: str = "", *, keep_top: bool = True) -> None: ...
     def location(self) -> Location: ...
@@ -409,6 +417,26 @@ class BaseInner:
         value = b"".join(pieces)
         (self if into is None else into).set(key, value)
         return len(value)
+
+    def compose_from_tails(
+        self, sources: Sequence[tuple[str, int]], plan: ComposePlan, *, into: Inner | None = None,
+        done: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """Read the last ``n`` bytes of each ``(key, n)`` of ``sources`` (as :meth:`get_tails`),
+        then write each object ``plan(tails)`` names, as :meth:`compose` would, from ranges
+        of those sources *as read*: a source that changed since raises
+        :class:`ObjectChangedError`. ``done(key, size)`` after each object is written.
+
+        Why one call: a store that holds open what it read (local files) copies from the
+        very descriptors it read the tails from, one open per source (reshard reads a
+        shard's index and copies its payload). Here: :meth:`get_tails`, then :meth:`compose`
+        with the tails' versions."""
+        tails = self.get_tails(sources) if sources else []
+        versions = {k: t.version for (k, _), t in zip(sources, tails) if t is not None}
+        for key, parts in plan(tails):
+            n = self.compose(key, parts, into=into, versions=versions)
+            if done is not None:
+                done(key, n)
 
     def move(self, key: str, dst_key: str) -> None:
         """Move an object within this store (here: get, set, delete); a missing source

@@ -48,6 +48,7 @@ from ..errors import LinkOutsideStoreError, MigrationError, ObjectChangedError
 from .base import (
     BaseInner,
     ChunkRef,
+    ComposePlan,
     ForkSafeLock,
     Inner,
     Location,
@@ -362,31 +363,44 @@ class LocalInner(BaseInner):
         """The last bytes of each object, one ``pread`` each, with its size and version. A run
         of keys in one cached directory holds its descriptor once (one ``openat`` a key);
         anything else (a miss, a link, ``..``) goes :meth:`_open`'s way, which decides."""
+        return self._tails(requests)
+
+    def _tails(
+        self, requests: Sequence[tuple[str, int]], held: dict[str, tuple[int, os.stat_result]] | None = None,
+        most: int = 0,
+    ) -> list[Tail | None]:
+        """:meth:`get_tails`; with ``held``, the descriptors (and ``fstat``) of up to ``most``
+        of the files are kept there for the caller to read again and close, the others closed."""
         out: list[Tail | None] = []
         floor = time.time_ns() - RECENT_NS
-        dirs, held, held_dir = self._dirs, None, None
+        dirs, in_dir, held_dir = self._dirs, None, None
         try:
             for key, n in requests:
                 directory, _, name = key.rpartition("/")
                 if directory != held_dir:
-                    if held is not None:
-                        dirs.release(held)
-                    held, held_dir = dirs.acquire(directory), directory
+                    if in_dir is not None:
+                        dirs.release(in_dir)
+                    in_dir, held_dir = dirs.acquire(directory), directory
                 fd = None
-                if held is not None and name not in _DIR_NAMES:
+                if in_dir is not None and name not in _DIR_NAMES:
                     with contextlib.suppress(OSError):
-                        fd = os.open(name, _O_READ_NOFOLLOW, dir_fd=held.fd)
-                out.append(self._tail(key, n, self._open(key) if fd is None else fd, floor))
+                        fd = os.open(name, _O_READ_NOFOLLOW, dir_fd=in_dir.fd)
+                fd = self._open(key) if fd is None else fd
+                got = None if fd is None else self._tail(n, fd, floor)
+                if got is not None and held is not None and len(held) < most and key not in held:
+                    held[key] = (cast(int, fd), got[0])
+                elif fd is not None:
+                    os.close(fd)
+                out.append(None if got is None else got[1])
         finally:
-            if held is not None:
-                dirs.release(held)
+            if in_dir is not None:
+                dirs.release(in_dir)
         return out
 
     @staticmethod
-    def _tail(key: str, n: int, fd: int | None, floor: int) -> Tail | None:
-        """:meth:`get_tails`' read of one open file (closed here); None: missing or no file."""
-        if fd is None:
-            return None
+    def _tail(n: int, fd: int, floor: int) -> tuple[os.stat_result, Tail] | None:
+        """:meth:`get_tails`' read of one open file (closed here on an error only): its
+        ``fstat`` and tail; None when it is no file."""
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -394,13 +408,14 @@ class LocalInner(BaseInner):
             size = st.st_size
             lo = max(0, size - n)
             data = os.pread(fd, size - lo, lo) if size > lo else b""
-            if st.st_mtime_ns > floor:
-                version = _version(st, data, floor)
-            else:
-                version = (st.st_dev, st.st_ino, st.st_mtime_ns, size)
-            return _Tail((data, size, version))
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        if st.st_mtime_ns > floor:
+            version = _version(st, data, floor)
+        else:
+            version = (st.st_dev, st.st_ino, st.st_mtime_ns, size)
+        return st, _Tail((data, size, version))
 
     def read_into(self, key: str, alloc: Callable[[int], Any]) -> Tail | None:
         """A whole object read into a caller-owned buffer that is reused between objects
@@ -928,31 +943,31 @@ class LocalInner(BaseInner):
         source replaced or rewritten meanwhile raises :class:`ObjectChangedError` and
         nothing is written. The new file is ``into``'s own (:meth:`create_local`, by
         directory descriptor). Another kind of destination: the generic way."""
+        with _Sources(self) as sources:
+            return sources.compose(self if into is None else into, key, parts, versions or {})
+
+    def compose_from_tails(
+        self, sources: Sequence[tuple[str, int]], plan: ComposePlan, *, into: Inner | None = None,
+        done: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """:meth:`BaseInner.compose_from_tails` with one open per source file: its tail is
+        read from the descriptor the kernel copies then read from (kept open for the call,
+        up to :data:`HELD_SOURCES` of them; a source beyond those is opened again, its
+        version checked), and each source's ``fstat`` (and a recent file's tail CRC) is
+        compared after the copies of each object, before the object is published: a source
+        rewritten in place meanwhile raises :class:`ObjectChangedError`. Another kind of
+        destination: the generic way."""
         dst = self if into is None else into
-        out_file = dst.create_local(key)
-        if out_file is None:
-            return super().compose(key, parts, into=into, versions=versions)
-        fds: dict[str, tuple[int, os.stat_result]] = {}
-        try:
-            for part in parts:
-                if isinstance(part, (bytes, bytearray, memoryview)) or part[0] in fds:
-                    continue
-                src_key = part[0]
-                fd = self._open(src_key)
-                if fd is None:
-                    raise ObjectChangedError(f"{src_key}: gone since its ranges were computed", key=src_key)
-                fds[src_key] = (fd, os.fstat(fd))
-                st = fds[src_key][1]
-                expected = None if versions is None else versions.get(src_key)
-                if expected is not None:
-                    _check(src_key, expected, fd, st if stat.S_ISREG(st.st_mode) else None)
-                elif not stat.S_ISREG(st.st_mode):
-                    raise ObjectChangedError(f"{src_key}: not a file any more", key=src_key)
-            with out_file as out:
-                return _compose_into(out, parts, fds)
-        finally:
-            for fd, _ in fds.values():
-                os.close(fd)
+        if not self.can_compose_to(dst):
+            return super().compose_from_tails(sources, plan, into=into, done=done)
+        with _Sources(self) as held:
+            tails = held.read_tails(sources)
+            versions = {k: t.version for (k, _), t in zip(sources, tails) if t is not None}
+            for key, parts in plan(tails):
+                n = held.compose(dst, key, parts, versions)
+                if done is not None:
+                    done(key, n)
+        return None
 
     # ------------------------------------------------------------------ listings
     def list_prefix(self, prefix: str) -> Iterator[str]:
@@ -1198,8 +1213,78 @@ def _resolved(fd: int, path: str) -> str:
     return os.path.realpath(path)
 
 
-def _compose_into(out: int, parts: Sequence[Part], fds: Mapping[str, tuple[int, os.stat_result]]) -> int:
-    """:meth:`LocalInner.compose`'s copies into ``out``; the size written."""
+#: source files :meth:`LocalInner.compose_from_tails` keeps open between reading their tails
+#: and copying from them (more are opened again; bounds the descriptors a task holds)
+HELD_SOURCES = 64
+
+
+class _Sources:
+    """The source files of kernel copies, each opened once (never through a link out of
+    the store) and closed when the block ends: those whose tails were read stay open for
+    the copies (up to :data:`HELD_SOURCES`), others are opened as a copy needs them (for
+    that object only), their version checked on the new descriptor."""
+
+    def __init__(self, inner: LocalInner) -> None:
+        self.inner = inner
+        self.held: dict[str, tuple[int, os.stat_result]] = {}
+
+    def __enter__(self) -> _Sources:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd, _ in self.held.values():
+            os.close(fd)
+        self.held.clear()
+
+    def read_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        """:meth:`LocalInner.get_tails`, the descriptors kept (see the class docstring)."""
+        return self.inner._tails(requests, self.held, HELD_SOURCES)
+
+    def _open(self, key: str, expected: Version | None) -> tuple[int, os.stat_result]:
+        fd = self.inner._open(key)
+        if fd is None:
+            raise ObjectChangedError(f"{key}: gone since its ranges were computed", key=key)
+        try:
+            st = os.fstat(fd)
+            if expected is not None:
+                _check(key, expected, fd, st if stat.S_ISREG(st.st_mode) else None)
+            elif not stat.S_ISREG(st.st_mode):
+                raise ObjectChangedError(f"{key}: not a file any more", key=key)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
+    def compose(self, dst: Inner, key: str, parts: Sequence[Part], versions: Mapping[str, Version | None]) -> int:
+        """One object of ``dst`` from ``parts`` (see :meth:`LocalInner.compose`); its size."""
+        out_file = dst.create_local(key)
+        if out_file is None:  # not a local destination: the generic way
+            return BaseInner.compose(self.inner, key, parts, into=dst, versions=versions)
+        used: dict[str, tuple[int, os.stat_result]] = {}
+        opened: list[int] = []
+        try:
+            for part in parts:
+                if isinstance(part, (bytes, bytearray, memoryview)) or part[0] in used:
+                    continue
+                got = self.held.get(part[0])
+                if got is None:
+                    got = self._open(part[0], versions.get(part[0]))
+                    opened.append(got[0])
+                used[part[0]] = got
+            with out_file as out:
+                return _compose_into(out, parts, used, versions)
+        finally:
+            for fd in opened:
+                os.close(fd)
+
+
+def _compose_into(
+    out: int, parts: Sequence[Part], fds: Mapping[str, tuple[int, os.stat_result]],
+    versions: Mapping[str, Version | None],
+) -> int:
+    """:meth:`LocalInner.compose`'s copies into ``out``; the size written. Each source's
+    ``fstat`` is compared after the copies with the one taken when it was opened (and a
+    recent file's tail CRC with its version's): nothing rewrote it in place meanwhile."""
     mode = [_KERNEL_COPY]
     written = 0
     for part in parts:
@@ -1215,9 +1300,13 @@ def _compose_into(out: int, parts: Sequence[Part], fds: Mapping[str, tuple[int, 
             raise ObjectChangedError(f"{src_key}: shorter than {end} bytes since its ranges were computed", key=src_key)
         _copy_range(src_key, fd, out, start, end - start, mode)
         written += end - start
-    for src_key, (fd, st) in fds.items():  # nothing rewrote a source in place meanwhile
+    for src_key, (fd, st) in fds.items():
         now = os.fstat(fd)
-        if (now.st_ino, now.st_mtime_ns, now.st_size) != (st.st_ino, st.st_mtime_ns, st.st_size):
+        version = versions.get(src_key)
+        if (now.st_ino, now.st_mtime_ns, now.st_size) != (st.st_ino, st.st_mtime_ns, st.st_size) or (
+            type(version) is tuple and len(version) == 6
+            and zlib.crc32(os.pread(fd, version[4], now.st_size - version[4])) != version[5]
+        ):
             raise ObjectChangedError(f"{src_key}: changed while being copied", key=src_key)
     return written
 

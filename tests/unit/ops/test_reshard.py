@@ -304,15 +304,19 @@ def test_crash_then_resume(tmp_path, crash_after, phase, n, resume_via):
     assert consolidated["meta/root/a.array.json"]["storage_transformers"][0]["configuration"]["chunks_per_shard"] == [6]
 
 
-def test_resumed_staging_keeps_staged_objects(tmp_path, crash_after):
-    make_store(tmp_path, shape=(40, 40), chunks=(2, 2), cps=(2, 2))
+@pytest.mark.parametrize("old,new,total", [((2, 2), None, 400), ((4, 4), (2, 2), 100)])
+def test_resumed_staging_keeps_staged_objects(tmp_path, crash_after, old, new, total):
+    """Blocks of 4 targets (4 chunks unsharded, or a shard of 4x4 chunks split into four):
+    the crash after the 30th object leaves 7 whole blocks, which the resume keeps, also
+    where a task takes several blocks (``merge_blocks``): it writes them one after the other."""
+    make_store(tmp_path, shape=(40, 40), chunks=(2, 2), cps=old)
     crash_after("stage", 30)
     with pytest.raises(InjectedCrash):
-        unshard(tmp_path, jobs=1)
+        reshard(tmp_path, chunks_per_shard=new, jobs=1)
     crash_after.disarm()
     report = rs.complete_interrupted(tmp_path, jobs=1)
     assert report.arrays_resumed == ["a/b"]
-    assert report.objects_written == 400 - 28  # whole tasks of 4 chunks staged before the crash are kept
+    assert report.objects_written == total - 28  # whole tasks of 4 objects staged before the crash are kept
 
 
 def test_stage_journal_is_rolled_back_when_the_array_changed(tmp_path, crash_after):

@@ -123,6 +123,42 @@ def test_compose_is_exactly_the_concatenation(kind, tmp_path, data):
         assert not any(local_mod.TEMP_MARKER in p.name for p in Path(src.root).rglob("*"))
 
 
+@pytest.mark.parametrize("kind", ["local", "dict", "memory"])
+@pytest.mark.parametrize("counted", [False, True])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_compose_from_tails_builds_what_the_plan_names_from_the_tails_read(kind, counted, tmp_path, data):
+    """``compose_from_tails``: the plan gets each source's tail as ``get_tails`` reads it
+    (None for a missing source), each object it names is the concatenation of its parts,
+    ``done`` is told each object's key and size, in order; the sources stay as they were
+    (also through ``CountingInner``, which counts the tails and one ``compose`` per object)."""
+    src = new_store(kind, tmp_path)
+    into = new_store(kind, tmp_path) if data.draw(st.booleans(), label="another store") else None
+    objects = data.draw(st.dictionaries(st.sampled_from(["a", "d/b", "d/e/c"]), st.binary(max_size=300), min_size=1))
+    for k, v in objects.items():
+        src.set(k, v)
+    store = CountingInner(src) if counted else src
+    tails = [(k, data.draw(st.integers(0, 400), label=f"tail of {k}")) for k in [*objects, "missing"]]
+    plans = [data.draw(parts_of(objects), label="parts") for _ in range(data.draw(st.integers(0, 3), label="objects"))]
+    seen, done = [], []
+
+    def plan(got):
+        seen.extend(got)
+        return ((f"out/{i}", parts) for i, parts in enumerate(plans))
+
+    store.compose_from_tails(tails, plan, into=into, done=lambda key, n: done.append((key, n)))
+    assert [None if t is None else t.data for t in seen] == [
+        objects[k][max(0, len(objects[k]) - n):] if k in objects else None for k, n in tails]
+    assert all(t.size in (None, len(objects[k])) for (k, _), t in zip(tails, seen) if t is not None)  # when known
+    expected = [b"".join(p if isinstance(p, bytes) else objects[p[0]][p[1] : p[2]] for p in parts) for parts in plans]
+    assert done == [(f"out/{i}", len(e)) for i, e in enumerate(expected)]
+    assert [(src if into is None else into).get(f"out/{i}") for i in range(len(plans))] == expected
+    assert {k: src.get(k) for k in objects} == objects
+    if counted:
+        assert store.calls["compose"] == (len(plans) if kind == "local" else 0)
+        assert store.ranges >= len(tails)
+
+
 def test_only_local_pairs_compose_by_kernel_copies(tmp_path):
     local, other = LocalInner(tmp_path / "a"), LocalInner(tmp_path / "b")
     assert local.can_compose_to(other) and local.can_compose_to(CountingInner(other))
@@ -357,24 +393,36 @@ def test_compose_refuses_a_range_past_the_end_of_its_source(tmp_path):
         assert not inner.exists("t")
 
 
+def change_first_source(monkeypatch: pytest.MonkeyPatch, src: Path, how: str) -> list[str]:
+    """After the first task read its sources' indices (:func:`rs.locate` runs on them), its
+    first source is rewritten in place (the same inode, its bytes written again, another
+    mtime) or replaced by a new file of garbage of the same size; returns [its key]."""
+    locate, changed = rs.locate, []
+
+    def locate_then_change(layout, sources, tails):
+        out = locate(layout, sources, tails)
+        if not changed:
+            path = src / sources[0].key
+            data = path.read_bytes()
+            if how == "in place":
+                with open(path, "r+b") as f:
+                    f.write(data)
+                    os.utime(f.fileno(), ns=(1, 1))
+            else:
+                path.unlink()
+                path.write_bytes(bytes(len(data)))
+            changed.append(sources[0].key)
+        return out
+
+    monkeypatch.setattr(rs, "locate", locate_then_change)
+    return changed
+
+
 @pytest.mark.parametrize("in_place", [False, True])
 def test_reshard_refuses_a_source_shard_changed_after_its_index_was_read(tmp_path, monkeypatch, in_place):
     src = make_store(tmp_path / "src", shape=(16, 16), chunks=(2, 2), cps=(2, 2))
     view, vals = chunk_view(src), values(src)
-    locate = rs.source_ranges
-    changed = []
-
-    def locate_then_change(inner, layout, sources):
-        out = locate(inner, layout, sources)
-        if not changed:  # the first task's first source is rewritten (new inode, same bytes)
-            path = src / sources[0].key
-            data = path.read_bytes()
-            path.unlink()
-            path.write_bytes(data)
-            changed.append(sources[0].key)
-        return out
-
-    monkeypatch.setattr(rs, "source_ranges", locate_then_change)
+    changed = change_first_source(monkeypatch, src, "in place")
     dst = None if in_place else tmp_path / "dst"
     with pytest.raises(ObjectChangedError) as e:
         reshard(src, dst, chunks_per_shard=(4, 4), jobs=1, progress=False)
@@ -389,6 +437,20 @@ def test_reshard_refuses_a_source_shard_changed_after_its_index_was_read(tmp_pat
         reshard(src, result, chunks_per_shard=(4, 4), progress=False)
     assert chunk_view(result) == view
     assert_same_values(values(result), vals)
+
+
+def test_reshard_copies_the_source_version_whose_index_it_read(tmp_path, monkeypatch):
+    """A source replaced by another file after its index was read: the payload is copied
+    from the descriptor the index was read from (one open per source), so the target holds
+    the chunks that index describes, never bytes of the new file at the old offsets."""
+    src = make_store(tmp_path / "src", shape=(16, 16), chunks=(2, 2), cps=(2, 2))
+    view, vals = chunk_view(src), values(src)
+    changed = change_first_source(monkeypatch, src, "replaced")
+    reshard(src, tmp_path / "dst", chunks_per_shard=(4, 4), jobs=1, progress=False)
+    monkeypatch.undo()
+    assert set((src / changed[0]).read_bytes()) == {0}  # replaced indeed
+    assert chunk_view(tmp_path / "dst") == view
+    assert_same_values(values(tmp_path / "dst"), vals)
 
 
 # --------------------------------------------------------------------------- object stores

@@ -16,9 +16,11 @@ edge shards included, some with dead bytes and entries sharing another chunk's b
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import shutil
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 import hypothesis.strategies as st
@@ -32,6 +34,7 @@ from sharding_store.engine.store import ArrayLayout
 from sharding_store.formats import draft_metadata as dm
 from sharding_store.formats.keys import chunk_to_shard, local_to_global
 from sharding_store.formats.shard_index import ShardIndex, read_index
+from sharding_store.ops.jobs import target_range
 from sharding_store.stores import LocalInner
 from sharding_store.stores import local as local_mod
 from sharding_store.testing import CountingInner
@@ -140,6 +143,41 @@ class CopyCounter:
         monkeypatch.setattr(local_mod, "_copy_range", counted)
 
 
+class OpenCounter:
+    """Opens for reading of the files below ``root`` (relative path -> count), counted at
+    ``os.open`` itself (every open of the store goes through it: by directory descriptor,
+    resolved through ``/proc/self/fd``), so a second open of a source for its copy shows."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
+        if not os.path.isdir("/proc/self/fd"):
+            pytest.skip("needs /proc/self/fd to name a descriptor's directory")
+        self.calls: Counter[str] = Counter()
+        top, real_open = str(root.resolve()), os.open
+
+        def counted(path, flags, mode=0o777, *, dir_fd=None):
+            fd = real_open(path, flags, mode, dir_fd=dir_fd)
+            if not flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | getattr(os, "O_DIRECTORY", 0)):
+                where = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else "", path)
+                if where.startswith(top + "/") and os.path.isfile(where):
+                    self.calls[os.path.relpath(where, top)] += 1
+            return fd
+
+        monkeypatch.setattr(os, "open", counted)
+
+    def of(self, keys: Iterable[str]) -> dict[str, int]:
+        return {k: self.calls[k] for k in keys}
+
+
+def expected_opens(located: Located, old: tuple[int, ...], new: tuple[int, ...]) -> dict[str, int]:
+    """Source shard key -> the reads it takes: one open in an lcm block (each source in one
+    task), else one per target task that lists it (every target shard it overlaps)."""
+    keys = sorted({key for key, _, _ in located.values()})
+    if rs._block_shape(old, new) is not None:
+        return dict.fromkeys(keys, 1)
+    coords = {key: chunk_to_shard(c, old)[0] for c, (key, _, _) in located.items()}
+    return {k: sum(1 for _ in target_range(coords[k], old, new)) for k in keys}
+
+
 def composed_parts(counted: CountingInner) -> dict[str, int]:
     """Target key (staged or not) -> the number of parts it was composed of."""
     out: dict[str, int] = {}
@@ -178,6 +216,7 @@ def test_targets_hold_each_source_run_in_one_copy(tmp_path, monkeypatch, shape, 
         shutil.copytree(base / "src", base / "pristine")
     counted = CountingInner(str(base / "src"))
     copies = CopyCounter(monkeypatch)
+    opens, wanted = OpenCounter(monkeypatch, base / "src"), expected_opens(located, old, new)
     reshard(counted, None if in_place else base / "dst", chunks_per_shard=new, jobs=2, progress=False)
     monkeypatch.undo()
     out = base / ("src" if in_place else "dst")
@@ -192,6 +231,9 @@ def test_targets_hold_each_source_run_in_one_copy(tmp_path, monkeypatch, shape, 
     composed = composed_parts(counted)
     assert composed == {out_layout.shard_key(t): n + 1 for t, n in runs.items()}
     assert sum(copies.calls.values()) == sum(runs.values())
+    # each source shard opened once per task that reads it: its index and its payload runs
+    # read through one descriptor (before: twice, once for the index, once for the copies)
+    assert opens.of(wanted) == wanted
     if not in_place:  # the source was only read
         assert {p: p.read_bytes() for p in sorted((base / "src").rglob("*")) if p.is_file()} == {
             base / "src" / p.relative_to(base / "pristine"): p.read_bytes()
@@ -227,3 +269,37 @@ def test_payload_runs_unshare_overlapping_chunks():
     parts, positions = rs.payload_runs(["s", "t"], src, offsets, sizes)
     assert parts == [("s", 0, 10), ("s", 0, 15), ("s", 12, 15), ("t", 0, 0)]
     assert positions.tolist() == [0, 10, 20, 25, 28]
+
+
+@pytest.mark.parametrize("old,new,in_place", [
+    ((8, 8), (16, 16), False),  # issue 26's case: four whole sources per target
+    ((8, 8), (16, 16), True),
+    ((4, 4), (2, 2), False),  # one source feeds four targets
+    (None, (4, 4), False),  # one object per chunk, sharded
+])
+def test_each_source_object_is_opened_once(tmp_path, monkeypatch, old, new, in_place):
+    """Issue 26's reshard: a source object's index and its payload are read through one
+    descriptor (the index from its tail, the payload runs by kernel copies), so each
+    source file is opened once, as ``cp`` opens it; the targets hold every source chunk
+    once and read equal."""
+    src = tmp_path / "src"
+    arr = create_draft_array(str(src), PATH, shape=(48, 40), chunks=(2, 2), dtype="<u2", chunks_per_shard=old)
+    arr[...] = np.arange(48 * 40, dtype="<u2").reshape(48, 40)
+    layout = layout_of(src)
+    if old is not None:
+        scramble(src, random.Random(26), 0.0)  # zarr-python 2.18's order: no chunk follows its grid predecessor
+        before = chunk_bytes(src, layout, compact=False)
+    sources = sorted(str(p.relative_to(src)) for p in (src / "data").rglob("*") if p.is_file())
+    vals = values(src)
+    opens = OpenCounter(monkeypatch, src)
+    report = reshard(src, None if in_place else tmp_path / "dst", chunks_per_shard=new, jobs=2, progress=False)
+    monkeypatch.undo()
+    wanted = dict.fromkeys(sources, 1)
+    if old is None:  # the check that an unsharded array's objects are no shards reads its first one
+        wanted[f"data/root/{PATH}/c0/0"] += 1
+    assert opens.of(sources) == wanted
+    out = src if in_place else tmp_path / "dst"
+    assert report.objects_written == sum(1 for p in (out / "data").rglob("*") if p.is_file())
+    if old is not None:
+        assert chunk_bytes(out, layout_of(out)) == before
+    assert_same_values(values(out), vals)
