@@ -123,7 +123,19 @@ def compare(work: Path, old: Path | None, repeat: int, n: int = 8192, count: boo
             mig[name].append(timed(argv, tree, sync=True))
             shutil.rmtree(dst, ignore_errors=True)
     size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-    return {"info": info, "instructions": ir, "migrate": mig, "src_bytes": size, "load": os.getloadavg()}
+    mig_ir = {k: _migrate_instructions(src, dst, t) for k, t in trees.items()} if count else {}
+    return {"info": info, "instructions": ir, "migrate": mig, "migrate_instructions": mig_ir, "src_bytes": size,
+            "load": os.getloadavg()}
+
+
+def _migrate_instructions(src: Path, dst: Path, tree: Path | None) -> int | None:
+    """Instructions of one ``migrate`` (verifying) of ``src``: its user-space work, start-up
+    included (the kernel's copy is not counted), whatever the load of the machine."""
+    shutil.rmtree(dst, ignore_errors=True)
+    try:
+        return instructions([str(CLI), "migrate", str(src), str(dst), "--no-progress"], tree)
+    finally:
+        shutil.rmtree(dst, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -158,9 +170,13 @@ def rows(result: dict[str, Any], make_row: Any) -> list[dict[str, Any]]:
                                                   f"{best['old'] * 1e3:.0f} ms"))
     mcase = StartupCase(f"{result['src_bytes'] / 2**20:.0f} MiB", "u2/blosc-lz4/cps 4x4, written by zarr-python 2.18",
                         "startup-migrate")
+    mir = result.get("migrate_instructions") or {}
+    mcount = "" if mir.get("new") is None else (
+        f"; instructions (callgrind, user space): {mir['new'] / 1e6:.0f} M"
+        + (f" vs {mir['old'] / 1e6:.0f} M old tree" if mir.get("old") else ""))
     out.append(make_row("12 startup", mcase, "sharding-store migrate (verifies)", _m(mig["new"]), "cp -r",
                         _m(mig["cp -r"]), target=f"≤ {MIGRATE_TARGET:g}× cp -r", min_speedup=1 / MIGRATE_TARGET,
-                        note="whole commands, each after sync, interleaved"))
+                        note=f"whole commands, each after sync, interleaved{mcount}"))
     if mig.get("old"):
         out.append(make_row("12 startup", mcase, "sharding-store migrate, this tree", _m(mig["new"]), "old tree",
                             _m(mig["old"]), note="interleaved"))
