@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -389,6 +389,18 @@ def measure(comps: list[Competitor], repeat: int, warmup: bool, log: Callable[[s
 # -------------------------------------------------------------------------------- rows
 
 
+def cpu_note(m: dict[str, dict], names: Sequence[str]) -> str:
+    """``; CPU (user+sys, all threads) medians: ...`` of the competitors whose runs report
+    ``cpu_s`` (the read workers): wall times on a loaded machine favour the reader with
+    more threads, CPU time is what the reader costs."""
+    parts = []
+    for name in names:
+        cpu = [e["cpu_s"] for e in m.get(name, {}).get("extra", []) if e.get("cpu_s") is not None]
+        if cpu:
+            parts.append(f"{name} {fmt_num(statistics.median(cpu))}")
+    return f"; CPU (user+sys, all threads, median): {', '.join(parts)}" if parts else ""
+
+
 def fmt_num(v: float | None, unit: str = "s") -> str:
     if v is None:
         return "—"
@@ -604,7 +616,7 @@ class Bench:
                        skip=None if self.avail.get("zarrs") is True else "not available (zarrs)"),
         ]
         m = measure(comps, self.reps(case), not self.args.quick, self.log)
-        note = f"draft {how}; v1.0 copy: {v1how}"
+        note = f"draft {how}; v1.0 copy: {v1how}" + cpu_note(m, ("open_draft", "open_v3", "tensorstore", "zarrs"))
         for ours in ("open_draft", "open_v3"):
             lbl = f"{ours}(...)[...]"
             self.rows.append(make_row("2 read", case, lbl, m[ours], "tensorstore (v1.0 copy)", m["tensorstore"],

@@ -40,6 +40,11 @@ def test_quick_benchmark_run(tmp_path):
     scenarios = {r["scenario"] for r in results["rows"]}
     assert {"2 read", "4 migrate", "5 reshard", "7 scale time", "7 scale RSS", "10 virtual"} <= scenarios, scenarios
     assert all(r["ours_median"] is not None for r in results["rows"] if r["scenario"] in ("2 read", "7 scale time"))
+    # reads report what each reader cost in CPU beside its wall time (a loaded machine's wall
+    # times favour the reader with more threads)
+    reads = [r for r in results["rows"] if r["scenario"] == "2 read" and r["anchor"].startswith("tensorstore")]
+    assert reads and all("CPU (user+sys, all threads, median): open_draft " in r["note"] for r in reads)
+    assert all("tensorstore " in r["note"].split("CPU")[1] for r in reads)
     _assert_plots(tmp_path)
     # ... and redrawn from results.json alone, without measuring
     again = tmp_path / "again"
