@@ -205,3 +205,21 @@ def test_info_loads_no_read_write_engine(tmp_path):
     probe = ("from sharding_store import ShardingStore\nfrom sharding_store.api.hierarchy import inner_of\n"
              f"s = ShardingStore({str(SAMPLE)!r})\nprint(inner_of(s) is s.inner, inner_of(s.inner) is s.inner)")
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split() == ["True", "True"]
+
+
+ADAPTERS = tuple(f"sharding_store.stores.{m}" for m in ("_obstore", "fsspec_store", "mapping", "zarr_store"))
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_a_local_store_loads_no_other_store_adapter(tmp_path):
+    """``info`` and ``migrate`` of local paths load no adapter of another kind of store
+    (obstore, fsspec, a mapping, a zarr-python store); the controls: the package still
+    exports each (``from sharding_store.stores import FsspecInner``), and a mapping given to
+    ``as_inner`` gets its adapter."""
+    expect = {"code": 0, **dict.fromkeys(ADAPTERS, False)}
+    assert _command_loads(["info", str(SAMPLE)], tmp_path, ADAPTERS) == expect
+    assert _command_loads(["migrate", str(SAMPLE), str(tmp_path / "d")], tmp_path, ADAPTERS) == expect
+    probe = ("import sys\nfrom sharding_store.stores import as_inner, FsspecInner, ObstoreInner, MappingInner, ZarrStoreInner\n"
+             "print(type(as_inner({})).__name__, FsspecInner.__module__, ZarrStoreInner.__name__)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["MappingInner", "sharding_store.stores.fsspec_store", "ZarrStoreInner"]

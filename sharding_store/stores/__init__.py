@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import LinkOutsideStoreError, ObjectChangedError, StoreIOError, UsageError
-from ._obstore import ObstoreInner, obstore_options
 from .base import (
     BaseInner,
     ChunkRef,
@@ -33,11 +32,33 @@ from .base import (
     list_dir_from_keys,
     slice_range,
 )
-from .fsspec_store import FsspecInner
 from .local import FILE_MODE, TEMP_MARKER, LocalInner, atomic_local_file, is_temp, write_all, write_local_atomic
 from .location import relation
-from .mapping import MappingInner
-from .zarr_store import ZarrStoreInner
+
+if TYPE_CHECKING:
+    from ._obstore import ObstoreInner
+    from .fsspec_store import FsspecInner
+    from .mapping import MappingInner
+    from .zarr_store import ZarrStoreInner
+
+
+def __getattr__(name: str) -> Any:
+    """The adapters a local path never needs, imported on first use (a command on a local
+    store loads none of them: ~6 M instructions of its start-up)."""
+    value: Any
+    if name == "ObstoreInner":
+        from ._obstore import ObstoreInner as value
+    elif name == "FsspecInner":
+        from .fsspec_store import FsspecInner as value
+    elif name == "MappingInner":
+        from .mapping import MappingInner as value
+    elif name == "ZarrStoreInner":
+        from .zarr_store import ZarrStoreInner as value
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "FILE_MODE",
@@ -92,12 +113,16 @@ def open_url(url: str, storage_options: Mapping[str, Any] | None = None) -> Inne
         return LocalInner(url)  # no fsspec import on the local read path
     protocol = url.split("://", 1)[0].split("::")[-1] if "://" in url else "file"
     if protocol in ("s3", "s3a"):
+        from ._obstore import ObstoreInner, obstore_options
+
         settings = obstore_options(url, storage_options)
         if settings is not None:  # reads through obstore, the rest through s3fs (see _obstore)
             store = ObstoreInner(url, storage_options, settings)
             store.check_options()
             return store
     import fsspec
+
+    from .fsspec_store import FsspecInner
 
     try:
         fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
@@ -138,14 +163,20 @@ def as_inner(store: Any, *, storage_options: Mapping[str, Any] | None = None) ->
     if isinstance(store, MutableMapping) and type(store).__module__.startswith("fsspec"):
         fs = getattr(store, "fs", None)
         if fs is not None:  # an fsspec FSMap
+            from .fsspec_store import FsspecInner
+
             return FsspecInner(fs, store.root)  # type: ignore[attr-defined]  # an FSMap's
     try:
         from zarr.abc.store import Store as ZarrStore
     except ImportError:  # pragma: no cover - zarr is a dependency
         ZarrStore = ()  # type: ignore[assignment,misc]
     if isinstance(store, ZarrStore):
+        from .zarr_store import ZarrStoreInner
+
         return ZarrStoreInner(store)
     if isinstance(store, MutableMapping):
+        from .mapping import MappingInner
+
         return MappingInner(store)
     raise UsageError(
         f"cannot use {type(store).__name__} as a store: expected a path/URL, a mapping or a zarr Store"
