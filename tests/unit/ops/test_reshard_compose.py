@@ -506,3 +506,15 @@ def test_compose_falls_back_when_the_kernel_refuses(tmp_path, monkeypatch, refus
     assert src.compose("t", parts, into=dst) == 4900 + 2 + 10 + 1240
     assert dst.get("t") == data[100:5000] + b"--" + data[:10] + data[9000:]
     assert calls["copy_file_range"] == 1  # refused once, then the next way for every range
+
+
+def test_a_source_opened_again_is_checked_against_the_index_read(tmp_path, monkeypatch):
+    """A source whose descriptor was not held (beyond ``HELD_SOURCES``) is opened again for
+    its copies: replaced after its index was read, it is refused, not copied at the old
+    offsets."""
+    src = make_store(tmp_path / "src", shape=(16, 16), chunks=(2, 2), cps=(2, 2))
+    monkeypatch.setattr(local_mod, "HELD_SOURCES", 0)
+    changed = change_first_source(monkeypatch, src, "replaced")
+    with pytest.raises(ObjectChangedError) as e:
+        reshard(src, tmp_path / "dst", chunks_per_shard=(4, 4), jobs=1, progress=False)
+    assert e.value.key == changed[0]

@@ -303,3 +303,24 @@ def test_each_source_object_is_opened_once(tmp_path, monkeypatch, old, new, in_p
     if old is not None:
         assert chunk_bytes(out, layout_of(out)) == before
     assert_same_values(values(out), vals)
+
+
+def test_sources_beyond_the_held_ones_are_opened_again_and_checked(tmp_path, monkeypatch):
+    """A task holds at most ``HELD_SOURCES`` source descriptors between the index reads and
+    the copies; the others are opened again for their copies (their version checked on the
+    new descriptor): twice, and the targets still hold every chunk once and read equal."""
+    src = tmp_path / "src"
+    arr = create_draft_array(str(src), PATH, shape=(16, 16), chunks=(2, 2), dtype="<u2", chunks_per_shard=(2, 2))
+    arr[...] = np.arange(256, dtype="<u2").reshape(16, 16)
+    scramble(src, random.Random(7), 0.0)
+    layout, vals = layout_of(src), values(src)
+    before = chunk_bytes(src, layout, compact=False)
+    sources = sorted(str(p.relative_to(src)) for p in (src / "data").rglob("*") if p.is_file())
+    monkeypatch.setattr(local_mod, "HELD_SOURCES", 1)
+    monkeypatch.setattr(rs, "COMPOSE_SOURCES", 4)  # one lcm block (4 sources) a task
+    opens = OpenCounter(monkeypatch, src)
+    reshard(src, tmp_path / "dst", chunks_per_shard=(4, 4), jobs=1, progress=False)
+    monkeypatch.undo()
+    assert len(sources) == 16 and sorted(opens.of(sources).values()) == [1] * 4 + [2] * 12  # 4 tasks: 1 held, 3 again
+    assert chunk_bytes(tmp_path / "dst", layout_of(tmp_path / "dst")) == before
+    assert_same_values(values(tmp_path / "dst"), vals)
