@@ -3,8 +3,8 @@
 Shared by the copy migration of every generation (:mod:`.migrate`) and
 by :mod:`.verify`, so the rules are one set:
 
-* the **marker** (:data:`MARKER_KEY`) exists while a migration writes into DST: created
-  exclusively before the first write, deleted after the root document;
+* the **marker** (:data:`MARKER_KEY`) exists while a migration (or a reshard's copy)
+  writes into DST: created before the first write, deleted after the root document;
 * the **record** (:data:`RECORD_KEY`) is written right after the marker and stays: what
   DST was migrated from (the source as spelled and its canonical location) and with which
   options (generation, chunks per shard, index checksum and location, portable,
@@ -17,7 +17,8 @@ by :mod:`.verify`, so the rules are one set:
 * ``--overwrite`` empties DST only when it holds a Zarr hierarchy (a document of any
   generation at its root) or one of our markers or records (:func:`check_overwrite`,
   else :class:`DestinationExistsError`, exit 8, naming what is there); what identifies it
-  is deleted last, so an interrupted emptying can be run again.
+  is deleted last, so an interrupted emptying can be run again. A reshard's copy follows
+  the same rule (:func:`prepare_plain`).
 """
 
 from __future__ import annotations
@@ -213,6 +214,19 @@ def describe_removal(r: Removal, human_bytes: Callable[[int], str], limit: int =
     return lines
 
 
+def prepare_plain(dst: Inner, name: str, *, overwrite: bool) -> None:
+    """A destination without resume or dry run (reshard's copy): empty is ready; a non-empty
+    one is refused, or with ``overwrite`` emptied when :func:`check_overwrite` recognises it
+    (a directory of other files is never emptied; a local delete removes links, never what
+    they point to)."""
+    keys, prefixes = dst.list_dir("")
+    if not keys and not prefixes:
+        return
+    if not overwrite:
+        raise DestinationExistsError(f"{name}: destination exists and is not empty (use --overwrite)", key=name)
+    empty(dst, *check_overwrite(dst, name))
+
+
 def prepare(dst: Inner, name: str, current: Mapping[str, Any], *, overwrite: bool, resume: bool, dry_run: bool,
             retried: Retried) -> tuple[bool, Removal | None]:
     """A destination to write into: empty, emptied (``overwrite``: recognised first), or
@@ -350,6 +364,6 @@ def extra_node_key(key: str, prefix: str, nodes: Container[str]) -> bool:
     return key[: -len(NODE_DOCUMENT) - 1] not in nodes
 
 
-__all__ = ["DESTINATION_KINDS", "ICECHUNK_HINT", "MARKER_KEY", "RECORD_KEY", "Removal", "check_overwrite",
+__all__ = ["DESTINATION_KINDS", "ICECHUNK_HINT", "MARKER_KEY", "RECORD_KEY", "Removal", "check_overwrite", "prepare_plain",
            "check_resume", "extra_node_key", "extra_nodes", "open_destination", "prepare", "read_record", "record",
            "recorded_dimension_names", "resolve_target"]

@@ -9,7 +9,7 @@ The machinery the three drivers (:mod:`~sharding_store.ops.migration`,
 * **Planning** — which source objects each unit reads: :func:`plan_units` (one unit
   per target object, or per ``lcm`` block of both layouts), and the refusals every
   driver makes the same way (:func:`damage_error`, :func:`lost_transformer`,
-  :func:`resolve_chunks_per_shard`, :func:`prepare_destination`).
+  :func:`resolve_chunks_per_shard`).
 * **Running** — :func:`run_units` runs a driver's units inline (one job: no thread, no
   future), on a pool of threads or on an executor; :func:`run_bounded` feeds them to any ``concurrent.futures.Executor``
   (a thread pool or ``distributed.Client.get_executor()``) in batches with a bounded
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..api.hierarchy import DraftHierarchy, Node
-from ..errors import DestinationExistsError, DraftMetadataError, LinkOutsideStoreError, ShardingStoreError, UsageError
+from ..errors import DraftMetadataError, LinkOutsideStoreError, ShardingStoreError, UsageError
 from ..formats import draft_metadata as dm
 from ..formats.keys import Coords, parse_chunk_suffix
 from ..stores import Inner, as_inner
@@ -181,17 +181,6 @@ def check_apart(
         + (f"; {hint}" if hint else ""),
         key=dst_name,
     )
-
-
-def prepare_destination(dst: Inner, name: str, *, overwrite: bool, hint: str = "use --overwrite") -> None:
-    """An empty destination is ready; a non-empty one is emptied with ``overwrite`` (a local
-    delete removes links, never what they point to), else refused (:class:`DestinationExistsError`)."""
-    keys, prefixes = dst.list_dir("")
-    if not keys and not prefixes:
-        return
-    if not overwrite:
-        raise DestinationExistsError(f"{name}: destination exists and is not empty ({hint})", key=name)
-    dst.delete_prefix("")
 
 
 # --------------------------------------------------------------------------- refusals every driver shares
@@ -632,7 +621,6 @@ __all__ = [
     "lost_transformer",
     "other_prefixes",
     "plan_units",
-    "prepare_destination",
     "resolve_chunks_per_shard",
     "run_all",
     "run_bounded",

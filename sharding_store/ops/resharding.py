@@ -99,6 +99,7 @@ from ..formats.keys import Coords, chunk_to_shard, local_to_global
 from ..formats.reshard_journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshards, staging_leftovers
 from ..formats.shard_index import MAX_UINT64, encode_shard, index_nbytes, n_entries, parse_indices
 from ..stores import Inner, Part, Tail
+from .destination import MARKER_KEY, prepare_plain
 from .jobs import (
     Group,
     Source,
@@ -110,7 +111,6 @@ from .jobs import (
     group_targets,
     lost_transformer,
     plan_units,
-    prepare_destination,
     resolve_chunks_per_shard,
     run_all,
 )
@@ -784,8 +784,11 @@ def _run(src: Any, dst: Any | None, options: ReshardOptions, run: RunOptions, st
             _reshard_in_place(src_inner, dm.array_meta_key(path, h.suffix), target, report, opts)
             report.arrays_changed.append(path)
     else:
-        prepare_destination(dst_inner, _describe(dst), overwrite=options.overwrite)
+        prepare_plain(dst_inner, _describe(dst), overwrite=options.overwrite)
+        # the marker keeps an interrupted copy (its zarr.json comes last) one that --overwrite recognises
+        dst_inner.set(MARKER_KEY, json.dumps({"command": "reshard", "source": _describe(src)}).encode())
         _copy_hierarchy(src_inner, dst_inner, h, targets, report, opts)
+        dst_inner.delete(MARKER_KEY)
         report.arrays_changed.extend(targets)
     report.seconds = time.perf_counter() - started
     return report

@@ -365,11 +365,41 @@ def test_destination_must_not_exist(tmp_path):
     with pytest.raises(DestinationExistsError, match="dst.*--overwrite"):
         unshard(src, dst)
     assert (dst / "keep.txt").exists()
-    unshard(src, dst, overwrite=True)
-    assert not (dst / "keep.txt").exists()
+    # a directory that holds no Zarr hierarchy and nothing of ours is never emptied
+    with pytest.raises(DestinationExistsError, match="--overwrite empties only a Zarr hierarchy.*'keep.txt'"):
+        unshard(src, dst, overwrite=True)
+    assert (dst / "keep.txt").read_text() == "x"
+    (dst / "keep.txt").unlink()
+    unshard(src, dst)
+    assert chunk_view(dst) == chunk_view(src)
+    assert not (dst / ".sharding-store-migration.json").exists()
+    unshard(src, dst, overwrite=True)  # a hierarchy (here our own output) is emptied and rewritten
     assert chunk_view(dst) == chunk_view(src)
     with pytest.raises(UsageError, match="destination is the source"):
         unshard(src, src / "inner", overwrite=True)
+
+
+def test_overwrite_of_an_interrupted_copy_and_the_cli_refusal(tmp_path, capsys):
+    """A reshard's copy killed before its zarr.json stays one that --overwrite recognises
+    (the marker); the CLI refuses a foreign directory in one line, exit 8, touching nothing."""
+    src = copy_fixture("2d.chunked.compressed.sharded.i2.zarr", tmp_path)
+    dst = tmp_path / "dst"
+
+    def boom(phase: str) -> None:
+        raise KeyboardInterrupt
+
+    with fault_hook(boom), pytest.raises(KeyboardInterrupt):
+        unshard(src, dst)
+    assert (dst / ".sharding-store-migration.json").exists() and not (dst / "zarr.json").exists()
+    unshard(src, dst, overwrite=True)
+    assert chunk_view(dst) == chunk_view(src)
+    other = tmp_path / "photos"
+    other.mkdir()
+    (other / "a.jpg").write_bytes(b"\xff\xd8")
+    assert main(["reshard", str(src), str(other), "--chunks-per-shard", "1,1", "--overwrite"]) == 8
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "photos" in err[0] and "a.jpg" in err[0]
+    assert (other / "a.jpg").read_bytes() == b"\xff\xd8" and sorted(p.name for p in other.iterdir()) == ["a.jpg"]
 
 
 def test_array_selection(tmp_path):
