@@ -513,13 +513,16 @@ def _zstd(codec: Any, data: Any, limit: int) -> Any:
 
 
 def _blosc(codec: Any, data: Any, limit: int) -> Any:
+    """blosc 1 trusts its header: a payload shorter than the 16-byte header or than the
+    ``cbytes`` it announces would be read past its end (heap bytes returned as a chunk)."""
     n = len(data)
-    if n >= 16:
-        h = BloscHeader(*_BLOSC_HEADER.unpack_from(data, 0))
-        if h.nbytes > limit:
-            raise _Overshoot(h.nbytes)
-        if h.cbytes > n or h.cbytes < 16 or (h.flags & _BLOSC_MEMCPYED and h.cbytes < h.nbytes + 16):
-            raise ValueError(f"blosc header announces {h.cbytes} compressed bytes for {h.nbytes}, the payload has {n}")
+    if n < 16:
+        raise ValueError(f"{n} bytes cannot be a blosc buffer (16-byte header)")
+    h = BloscHeader(*_BLOSC_HEADER.unpack_from(data, 0))
+    if h.nbytes > limit:
+        raise _Overshoot(h.nbytes)
+    if h.cbytes > n or h.cbytes < 16 or (h.flags & _BLOSC_MEMCPYED and h.cbytes < h.nbytes + 16):
+        raise ValueError(f"blosc header announces {h.cbytes} compressed bytes for {h.nbytes}, the payload has {n}")
     return codec.decode(data)
 
 

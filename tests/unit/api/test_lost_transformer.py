@@ -17,7 +17,7 @@ import numcodecs
 import numpy as np
 import pytest
 
-from sharding_store import create_draft_array, migrate, reshard, verify
+from sharding_store import create_draft_array, migrate, open_draft, reshard, verify
 from sharding_store.api.evidence import detect_lost_transformer, hierarchy_stats
 from sharding_store.api.hierarchy import open_hierarchy
 from sharding_store.errors import DraftMetadataError, ShardCorruptError, UsageError
@@ -200,3 +200,18 @@ def test_odd_dtypes_no_longer_block_info_and_migrate(tmp_path):
     assert main(["info", str(src)]) == 0
     report = migrate(src, tmp_path / "out", skip_damaged=True, progress=False)
     assert "vlen_utf8" in report.skipped_paths and report.verification.ok
+
+
+def test_a_small_blosc_chunk_whose_bytes_read_as_a_shard_index_is_read_as_plain():
+    """A 32-byte blosc chunk (stored) whose last 16 bytes read as a 1-entry index pointing at
+    its first 13 bytes: those 13 bytes are no blosc buffer (blosc 1 would read past them and
+    return heap bytes), so no payload decodes and the array is no lost transformer. Found by
+    hypothesis in test_reshard's random layouts: open_draft refused this valid array."""
+    store: dict = {}
+    arr = create_draft_array(store, "x", shape=(2, 1, 13), chunks=(2, 2, 1), dtype="<i4",
+                             compressor=numcodecs.Blosc("lz4", 5, shuffle=1), dimension_separator="/")
+    want = np.arange(26, dtype="<i4").reshape(2, 1, 13)
+    arr[...] = want
+    tail = np.frombuffer(store["data/root/x/c0/0/0"][-16:], "<u8")
+    assert tail.tolist() == [0, 13]  # the case: reads as one live entry inside the object
+    assert np.array_equal(open_draft(store, "x")[...], want)

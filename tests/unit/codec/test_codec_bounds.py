@@ -354,7 +354,7 @@ def test_a_payload_of_exactly_one_chunk_decodes_and_one_byte_more_is_refused(com
 def _truncated_blosc():
     comp = numcodecs.Blosc("lz4", 5, shuffle=1)
     payload = comp.encode(np.random.default_rng(0).random(1024).astype("<f4"))
-    return _meta(comp), [payload[:cut] for cut in (len(payload) - 1, len(payload) // 2, 17)]
+    return _meta(comp), [payload[:cut] for cut in (len(payload) - 1, len(payload) // 2, 17, 16, 15, 13, 1)]
 
 
 def test_a_truncated_blosc_payload_is_never_handed_to_blosc():
@@ -379,5 +379,7 @@ def test_a_truncated_blosc_payload_is_refused_by_every_decode_path(native):
         for payload in cuts:
             with pytest.raises(ChunkDecodeError, match="c3"):
                 decode(meta, payload, key="c3", out=np.empty(1024, "<f4"))
+            with pytest.raises(ChunkDecodeError, match="c3"):
+                decode(meta, payload, key="c3")  # the bounded general path (evidence probes take it)
             with pytest.raises(ChunkDecodeError, match="c3"):
                 codec.decode_into(payload, np.empty(4096, np.uint8), key="c3")
