@@ -223,3 +223,18 @@ def test_a_local_store_loads_no_other_store_adapter(tmp_path):
              "print(type(as_inner({})).__name__, FsspecInner.__module__, ZarrStoreInner.__name__)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["MappingInner", "sharding_store.stores.fsspec_store", "ZarrStoreInner"]
+
+
+JOBS = ("sharding_store.ops.jobs", "sharding_store.ops.options", "concurrent.futures")
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_info_of_a_zarr_store_loads_no_job_machinery(tmp_path):
+    """``info`` asks whether its path is a migration's destination of another kind (a
+    reference file, an Icechunk repository) before reading it as Zarr objects; for a directory
+    of Zarr objects the answer needs none of the job machinery (thread pools, the options
+    classes). The control: ``info`` of a reference file opens it as a destination, and loads them."""
+    assert _command_loads(["info", str(SAMPLE)], tmp_path, JOBS) == {"code": 0, **dict.fromkeys(JOBS, False)}
+    refs = tmp_path / "refs.json"
+    assert _command_loads(["migrate", str(SAMPLE), str(refs), "--virtual=references", "--no-verify"], tmp_path, JOBS)["code"] == 0
+    assert _command_loads(["info", str(refs)], tmp_path, JOBS) == {"code": 0, **dict.fromkeys(JOBS, True)}

@@ -300,11 +300,11 @@ def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None) -> 
     file, an Icechunk repository): which kind it is, what it was migrated from, its nodes and
     objects (issue 24). False when ``args.store`` is neither."""
     from ..ops.destination import RECORD_KEY, open_destination, resolve_target
-    from ..ops.options import StoreOptions
 
     target = resolve_target(args.store, None, False)
-    if target == "zarr":
+    if target == "zarr":  # the usual case: the job machinery (ops.jobs, ops.options) is not loaded
         return False
+    from ..ops.options import StoreOptions
     dst = open_destination(args.store, target, False, StoreOptions(src=opts, dst=opts), read_only=True)
     raw = dst.get(RECORD_KEY)
     record = json.loads(raw) if raw else {}

@@ -27,14 +27,15 @@ import importlib
 import os
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..api.hierarchy import V2_ROOT_KEYS
 from ..errors import DestinationExistsError, ShardingStoreError, UsageError
 from ..formats import draft_metadata as dm
 from ..stores import Inner
-from .jobs import StoreRef
-from .options import StoreOptions
+
+if TYPE_CHECKING:
+    from .options import StoreOptions
 
 #: the object that marks a destination as a migration in progress (and records its options)
 MARKER_KEY = ".sharding-store-migration.json"
@@ -286,6 +287,8 @@ def resolve_target(dst: Any, target: str | None, virtual: bool,
 def _remote_repository(url: str, storage_options: Mapping[str, Any]) -> bool:
     """Whether the objects every Icechunk repository holds are at the remote ``url`` (a
     location that cannot be looked at is none: opening it as a store then says why)."""
+    from .jobs import StoreRef  # here: what a local DST is needs none of the job machinery
+
     try:
         inner = StoreRef.of(url, storage_options).open()
         return any(inner.exists(mark) for mark in ICECHUNK_MARKS)
@@ -303,6 +306,8 @@ def open_destination(dst: Any, target: str, virtual: bool, stores: StoreOptions,
     it through the one store interface and finishes it with :meth:`Inner.commit` after a
     complete run. ``read_only``: to read it (``verify``): a reference file is not written;
     ``read_only`` or ``dry_run``: an absent Icechunk repository is not created (it reads as empty)."""
+    from .jobs import StoreRef
+
     if target == "zarr" or (not isinstance(dst, (str, os.PathLike)) and target != "icechunk"):
         return StoreRef.of(dst, stores.dst).open()
     if target == "references":
