@@ -819,6 +819,10 @@ class Bench:
             Competitor("cp -r", lambda v: cmd(["cp", "-r", str(src), str(d / "r-cp")], d / "r-cp", False),
                        repeat=repeat, budget=budget),
         ]
+        if case.legacy_source:  # issue 26's second row: the copy migration of the same store, --no-verify
+            comps.append(Competitor("migrate --no-verify", lambda v: cmd(
+                [cli, "migrate", str(src), str(d / "m-nov"), "--no-verify", "--no-progress"], d / "m-nov", v),
+                skip=self.has("sharding_store.cli.migrate.register"), repeat=repeat, budget=budget))
         if baseline:  # the same command from another tree (e.g. before a change), side by side
             comps.append(Competitor("reshard (baseline)", lambda v: cmd(
                 ["env", f"PYTHONPATH={baseline}", *reshard_argv(d / "r-base")], d / "r-base", v),
@@ -833,6 +837,10 @@ class Bench:
                                   m["cp -r"], target=f"≤ {limit:g}× cp -r", min_speedup=1 / limit, applies=stated,
                                   note=note if stated else f"{note}; target stated for the "
                                   f"{EXTRA_CASES['reshard'][0].size_label} {EXTRA_CASES['reshard'][0].label} case"))
+        if case.legacy_source:
+            self.rows.append(make_row("5 reshard", case, "sharding-store migrate --no-verify", m["migrate --no-verify"],
+                                      "cp -r", m["cp -r"], target="≤ 1.1× cp -r", min_speedup=1 / 1.1,
+                                      note=f"issue 26: the copy migration of the same store; {note.split(' -> ')[0]}"))
         if baseline:
             self.rows.append(make_row("5 reshard", case, f"reshard → cps {to}, baseline tree {baseline}",
                                       m["reshard (baseline)"], "cp -r", m["cp -r"],
