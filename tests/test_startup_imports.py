@@ -238,3 +238,16 @@ def test_info_of_a_zarr_store_loads_no_job_machinery(tmp_path):
     refs = tmp_path / "refs.json"
     assert _command_loads(["migrate", str(SAMPLE), str(refs), "--virtual=references", "--no-verify"], tmp_path, JOBS)["code"] == 0
     assert _command_loads(["info", str(refs)], tmp_path, JOBS) == {"code": 0, **dict.fromkeys(JOBS, True)}
+
+
+REFERENCES = ("sqlite3", "sharding_store.stores.references", "sharding_store.ops.reference_check")
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_a_copy_migration_loads_no_reference_machinery(tmp_path):
+    """A migration to a directory of Zarr objects, verified, loads neither the reference file
+    (sqlite3) nor the reference check; the control: a virtual migration, verified, does."""
+    assert _command_loads(["migrate", str(SAMPLE), str(tmp_path / "d")], tmp_path, REFERENCES) == {
+        "code": 0, **dict.fromkeys(REFERENCES, False)}
+    assert _command_loads(["migrate", str(SAMPLE), str(tmp_path / "r.json"), "--virtual=references"], tmp_path,
+                          REFERENCES) == {"code": 0, **dict.fromkeys(REFERENCES, True)}

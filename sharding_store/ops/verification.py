@@ -33,7 +33,7 @@ from collections.abc import Callable, Container, Iterator, Mapping
 from concurrent.futures import Executor
 from contextlib import closing
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -74,7 +74,6 @@ from .jobs import (
 )
 from .options import MAX_KEPT, RunOptions, StoreOptions, VerifyOptions, legacy_options
 from .progress import NullBar, object_noun, plural, progress_bar
-from .reference_check import Back, SourceObjects, check_references, read_back
 from .units import (
     DAMAGE_ERRORS,
     ArrayJob,
@@ -92,6 +91,9 @@ from .units import (
     read_whole,
     virtual_refusal,
 )
+
+if TYPE_CHECKING:  # the reference check (and sqlite3) loads with a virtual destination only
+    from .reference_check import Back
 
 Problem = tuple[str, str]  # (key, what is wrong)
 
@@ -497,6 +499,8 @@ def verify(
     src_inner = src_ref.open()
     back = None
     if options.references_only:  # DST read back from where it was committed; no chunk is read
+        from .reference_check import read_back
+
         back = read_back(dst, stores, src_inner)
         dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options, back.documents)
     elif (target := resolve_target(dst, None, False, stores.dst or {})) != "zarr":
@@ -697,6 +701,8 @@ class _Checker:
     def references(self, back: Back) -> None:
         """Every array's references read back and checked against its source objects
         (:mod:`.reference_check`), then what no unit accounts for: no chunk is read."""
+        from .reference_check import SourceObjects, check_references
+
         src, objects, problem = self.h.inner, SourceObjects(self.h.inner), self.check.problem
         for plan in self.plans:
             reason = virtual_refusal(plan.job)
