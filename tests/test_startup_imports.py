@@ -251,3 +251,14 @@ def test_a_copy_migration_loads_no_reference_machinery(tmp_path):
         "code": 0, **dict.fromkeys(REFERENCES, False)}
     assert _command_loads(["migrate", str(SAMPLE), str(tmp_path / "r.json"), "--virtual=references"], tmp_path,
                           REFERENCES) == {"code": 0, **dict.fromkeys(REFERENCES, True)}
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_a_migration_without_verification_loads_no_checker(tmp_path):
+    """``migrate --no-verify`` (copy or virtual) does not load the verification driver; the
+    control: a verified migration does."""
+    checker = ("sharding_store.ops.verification",)
+    for dst in ("d", "r.json"):
+        argv = ["migrate", str(SAMPLE), str(tmp_path / dst), "--no-verify"] + (["--virtual=references"] if dst.endswith(".json") else [])
+        assert _command_loads(argv, tmp_path, checker) == {"code": 0, checker[0]: False}
+    assert _command_loads(["migrate", str(SAMPLE), str(tmp_path / "v")], tmp_path, checker) == {"code": 0, checker[0]: True}

@@ -114,7 +114,6 @@ from .units import (
     run_unit,
     virtual_refusal,
 )
-from .verification import verify as run_verify
 
 if TYPE_CHECKING:
     from .upgrade import InPlaceReport
@@ -737,6 +736,8 @@ def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreO
         _write_all(h, plans, sides, report, o, run, json_bytes(current))
     report.seconds = time.perf_counter() - started
     if o.verify and not o.dry_run:
+        from .verification import verify as run_verify  # here: --no-verify and a dry run load no checker
+
         with _verifying():
             # a virtual destination: its references and documents read back, no chunk read
             # (``verify SRC DST`` reads every chunk through them)
