@@ -283,7 +283,7 @@ def test_interrupted_while_verifying_a_complete_migration_advises_verify(sharded
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(migrate_module, "run_verify", interrupted)
+    monkeypatch.setattr(verify_module, "verify", interrupted)  # what the migration calls once it verifies
     code, out, err = run(capsys, "migrate", str(src), str(tmp_path / "out"))
     assert code == EXIT_INTERRUPTED and out == ""
     assert err == (f"sharding-store: interrupted; the migration itself is complete; check it with "
@@ -299,7 +299,7 @@ def test_interrupted_while_checking_a_virtual_migration_advises_its_reference_ch
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(migrate_module, "run_verify", interrupted)
+    monkeypatch.setattr(verify_module, "verify", interrupted)  # what the migration calls once it verifies
     code, out, err = run(capsys, "migrate", str(src), str(tmp_path / "out.json"))
     assert code == EXIT_INTERRUPTED and out == ""
     assert err == (f"sharding-store: interrupted; the migration itself is complete; check it with "
