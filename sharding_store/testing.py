@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -95,6 +95,12 @@ class CountingInner:
     def set(self, key: str, value: bytes) -> None:
         self.inner.set(key, value)
         self._count("set", key, nwritten=len(value))
+
+    def set_streamed(self, key: str, pieces: Iterable[bytes]) -> int:
+        """Counted as one ``set`` of the whole size, once written."""
+        n = self.inner.set_streamed(key, pieces)
+        self._count("set", key, nwritten=n)
+        return n
 
     def create_exclusive(self, key: str, value: bytes) -> bool:
         done = self.inner.create_exclusive(key, value)

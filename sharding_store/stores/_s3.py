@@ -10,11 +10,16 @@ one request per range as ``cat_ranges``:
 * a range given a version is ``GetObject(Range=..., IfMatch=etag)``: S3 answers 412 when
   the object was replaced, which becomes :class:`~sharding_store.errors.ObjectChangedError`
   naming the key; a missing object raises it too.
+
+A streamed write (:func:`s3_set_streamed`) is s3fs's buffered file: a multipart upload,
+visible only when completed at the end. s3fs's file *commits* what was written when a
+``with`` block ends by an exception (tested), so the upload is aborted here explicitly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ObjectChangedError
@@ -181,6 +186,29 @@ def s3_create_exclusive(inner: FsspecInner, key: str, value: bytes) -> bool:
         raise
     inner.fs.invalidate_cache(inner._path(key))
     return True
+
+
+def s3_set_streamed(inner: FsspecInner, key: str, pieces: Iterable[bytes], part: int) -> int:
+    """Write ``key`` from ``pieces`` through s3fs's buffered file with ``block_size=part``:
+    one ``PutObject`` if it all fits in a part, else a multipart upload of parts of about
+    ``part`` bytes, each sent once it is full (memory: about one part), completed at the
+    end. On any error (from ``pieces`` or a request) the upload is aborted and the file
+    marked closed, so nothing is committed: ``key`` stays as it was. Returns the size."""
+    f = inner.fs.open(inner._path(key), "wb", block_size=part)
+    n = 0
+    try:
+        for piece in pieces:
+            f.write(piece)
+            n += len(piece)
+        f.close()  # the last part and CompleteMultipartUpload (or the one PutObject)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            f.discard()  # AbortMultipartUpload of the parts sent; nothing else was
+        f.closed = True  # never committed by a later close() or the garbage collector
+        raise
+    finally:
+        inner.fs.invalidate_cache(inner._path(key))
+    return n
 
 
 def s3_put_if_unchanged(inner: FsspecInner, key: str, value: bytes | None, expected: bytes) -> bool:

@@ -3,7 +3,7 @@
 A store ("inner store", below a :class:`~sharding_store.ShardingStore`) is anything with the
 methods of :class:`Inner`. The *core* is what every backend has (whole gets, byte ranges,
 tails of objects, atomic puts, deletes, listings); the *capabilities* (``size``,
-``read_into``, ``local_path``, ``copy_to``, ``compose``, ``compose_from_tails``, ``move``, ``create_exclusive``,
+``set_streamed``, ``read_into``, ``local_path``, ``copy_to``, ``compose``, ``compose_from_tails``, ``move``, ``create_exclusive``,
 ``put_if_unchanged``, ``list_sized``, ``list_unordered``, ``location``, ``describe``, ...) let a backend do better than the generic way:
 a kernel copy, a server-side copy, a rename, a conditional put. :class:`BaseInner` implements every
 capability from the core, so a new backend writes the core and overrides what it can do
@@ -202,6 +202,7 @@ class Inner(Protocol):
     ) -> list[bytes | None]: ...
     def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]: ...
     def set(self, key: str, value: bytes) -> None: ...
+    def set_streamed(self, key: str, pieces: Iterable[bytes]) -> int: ...
     def create_exclusive(self, key: str, value: bytes) -> bool: ...
     def put_if_unchanged(self, key: str, value: bytes | None, expected: bytes | None) -> bool: ...
     def temp_leftovers(self, key: str) -> list[str]: ...
@@ -317,6 +318,17 @@ class BaseInner:
         :meth:`list_sized` (a store that lists sorted anyway); a store that must sort
         (a plain mapping) streams instead of holding its keys."""
         return self.list_sized(prefix)
+
+    def set_streamed(self, key: str, pieces: Iterable[bytes]) -> int:
+        """Write ``key``, atomically, as the concatenation of ``pieces`` (an iterable producing
+        the bytes as they are made); returns its size. Readers see the old object (or none)
+        until the whole new one: an exception from ``pieces`` or from the store leaves ``key``
+        as it was. Where a store can, it never holds more than a part of the object (a local
+        temporary file renamed into place, a multipart upload on S3): a reference file of
+        millions of entries. Here: the pieces joined, one ``set``."""
+        value = b"".join(pieces)
+        self.set(key, value)
+        return len(value)
 
     def size(self, key: str) -> int | None:
         """The object's size (here: one whole get), None when missing."""

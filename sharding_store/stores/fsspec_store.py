@@ -13,20 +13,23 @@ Other backends have no version (``None``): callers fall back to re-reading and c
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..errors import ObjectChangedError, StoreIOError, UsageError
 from . import _s3fs_adapter
 from ._fsspec_adapter import strip_protocol
-from ._s3 import precondition_failed, s3_create_exclusive, s3_head, s3_put_if_unchanged, s3_ranges, s3_tails, s3_whole
+from ._s3 import precondition_failed, s3_create_exclusive, s3_head, s3_put_if_unchanged, s3_ranges, s3_set_streamed, s3_tails, s3_whole
 from .base import BaseInner, ChunkRef, Inner, Location, RangeRequest, Tail, Version
 from .local import is_temp
 from .location import fs_location, is_local_fs, protocol_of
 
-__all__ = ["FsspecInner", "S3_COPY_LIMIT"]
+__all__ = ["FsspecInner", "S3_COPY_LIMIT", "S3_UPLOAD_PART"]
 
 S3_COPY_LIMIT = 5 * 2**30
+#: the part size of a streamed upload (:meth:`FsspecInner.set_streamed`): about what it holds
+#: in memory; S3's minimum is 5 MiB (but for the last part), its maximum 10000 parts
+S3_UPLOAD_PART = 16 * 2**20
 #: objects taken from a streamed S3 listing at a time (one LIST request returns up to 1000)
 S3_LIST_PAGE = 1000
 #: sizes and ETags of listed objects kept for :meth:`FsspecInner.reference_to` (then forgotten)
@@ -214,6 +217,15 @@ class FsspecInner(BaseInner):
     @_translate
     def set(self, key: str, value: bytes) -> None:
         self.fs.pipe_file(self._path(key), bytes(value))
+
+    @_translate
+    def set_streamed(self, key: str, pieces: Iterable[bytes]) -> int:
+        """On S3 a multipart upload of parts of :data:`S3_UPLOAD_PART` bytes, sent as they fill,
+        completed at the end (aborted on an error: ``key`` stays as it was). Elsewhere the
+        pieces joined and one ``set`` (see :meth:`BaseInner.set_streamed`)."""
+        if self._s3:
+            return s3_set_streamed(self, key, pieces, S3_UPLOAD_PART)
+        return super().set_streamed(key, pieces)
 
     @_translate
     def create_exclusive(self, key: str, value: bytes) -> bool:

@@ -39,7 +39,7 @@ import stat
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
@@ -546,6 +546,16 @@ class LocalInner(BaseInner):
     def set(self, key: str, value: bytes) -> None:
         with self._atomic(key) as fd:
             write_all(fd, value)
+
+    def set_streamed(self, key: str, pieces: Iterable[bytes]) -> int:
+        """Each piece written as it comes into a temporary file renamed into place at the end
+        (removed on an error; see :meth:`BaseInner.set_streamed`)."""
+        n = 0
+        with self._atomic(key) as fd:
+            for piece in pieces:
+                write_all(fd, piece)
+                n += len(piece)
+        return n
 
     def create_exclusive(self, key: str, value: bytes) -> bool:
         """Written whole under a temporary name, then published with ``link()``, which fails

@@ -27,9 +27,11 @@ Memory: flat in the number of references. They and the source objects go into a
 temporary SQLite file beside the destination (a temporary directory for a remote one;
 unlinked once open, so a killed run leaves nothing), one row each; a key put again (a
 retried unit) replaces its row. Only the documents (``zarr.json``, few) are held as bytes.
-The commit reads the table a page at a time, sorted by key, into the file: locally a
-temporary file renamed into place; on an object store the file is built in memory and
-uploaded in one PUT.
+The commit reads the table a page at a time, sorted by key, and streams the file
+(``Inner.set_streamed``): locally into a temporary file renamed into place; on S3 as a
+multipart upload (parts of ``fsspec_store.S3_UPLOAD_PART`` bytes, the most it holds)
+completed at the end, aborted on an error, so readers see the previous file or the whole
+new one; on another object store the file is joined in memory and uploaded in one PUT.
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ from typing import Any
 from ..errors import DestinationExistsError, ObjectChangedError, SourceChangedError, StoreNotFoundError
 from ..formats.draft_metadata import json_object
 from .base import BaseInner, ChunkRef, Inner, Location, RangeRequest, Tail, Version, slice_range
-from .local import write_all
 
 __all__ = ["REFERENCE_KEY", "ReferenceFileSink", "describe_change", "document_bytes", "open_references",
            "read_reference_file", "recorded_objects", "unrecorded"]
@@ -402,17 +403,13 @@ class ReferenceFileSink(BaseInner):
         yield b"}}}"
 
     def commit(self, message: str) -> str:
-        """Write the reference file, atomically (a local file written piece by piece and
-        renamed into place; one PUT on an object store); returns its name."""
+        """Write the reference file, atomically and streamed (:meth:`pieces` into the
+        parent's :meth:`~sharding_store.stores.base.BaseInner.set_streamed`: locally a
+        temporary file renamed into place, on S3 a multipart upload completed at the end;
+        on an error the previous file, if any, stays); returns its name."""
         if self.read_only:
             raise StoreNotFoundError(f"{self.path}: opened read-only", key=self.path)
-        local = self.parent.create_local(self.name)
-        if local is None:
-            self.parent.set(self.name, self.encode(message))
-            return self.path
-        with local as fd:
-            for piece in self.pieces(message):
-                write_all(fd, piece)
+        self.parent.set_streamed(self.name, self.pieces(message))
         return self.path
 
     # ------------------------------------------------------------------ the store interface

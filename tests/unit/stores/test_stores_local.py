@@ -419,3 +419,25 @@ def test_every_store_and_the_counting_wrapper_have_the_whole_interface():
         assert name in vars(CountingInner), name
     assert "__getattr__" not in vars(CountingInner)
     assert isinstance(CountingInner({}), Inner)
+
+
+@pytest.mark.parametrize("kind", ["local", "mapping", "counting"])
+def test_set_streamed_writes_the_pieces_atomically_and_keeps_the_old_object_on_an_error(tmp_path, kind):
+    """``set_streamed`` (issue 24: a reference file written as it is generated): the pieces
+    joined as the object; an exception from the pieces leaves the previous object whole and
+    no temporary file (locally streamed into a file renamed into place; elsewhere joined)."""
+    inner = {"local": lambda: LocalInner(str(tmp_path)), "mapping": lambda: MappingInner({}),
+             "counting": lambda: CountingInner(LocalInner(str(tmp_path)))}[kind]()
+    assert inner.set_streamed("d/k", (bytes([i]) * 1000 for i in range(5))) == 5000
+    assert inner.get("d/k") == b"".join(bytes([i]) * 1000 for i in range(5))
+
+    def failing():
+        yield b"new bytes"
+        raise RuntimeError("generator failed")
+
+    with pytest.raises(RuntimeError, match="generator failed"):
+        inner.set_streamed("d/k", failing())
+    with pytest.raises(RuntimeError, match="generator failed"):
+        inner.set_streamed("d/other", failing())
+    assert inner.get("d/k") == b"".join(bytes([i]) * 1000 for i in range(5)) and not inner.exists("d/other")
+    assert list(inner.list_prefix("")) == ["d/k"] and inner.temp_leftovers("d/") == []
