@@ -242,13 +242,27 @@ def timed_inproc(src: Source, dst: Path, kind: str, verify: bool, h: Any) -> dic
 
 
 def inproc(src: str, dst: str, kind: str) -> dict[str, Any]:
-    """Import first, then time the library call (what :func:`timed_inproc` runs in its child)."""
+    """Import first, then time the library call (what :func:`timed_inproc` runs in its child).
+
+    The library loads some modules on first use (numcodecs when a draft document is parsed,
+    sqlite3 for a reference file, icechunk and zarr for a repository), so "imports first"
+    means one virtual migration of the bundled 2 MiB sample into a scratch destination of
+    the same kind before the timer: every module the timed call needs is loaded, nothing
+    of SRC is read or cached by it."""
+    import shutil
+    import tempfile
     import time
 
     from sharding_store.ops.migration import migrate
     from sharding_store.ops.options import MigrateOptions, RunOptions
 
     options = MigrateOptions(virtual=True, target=kind, verify=False)  # type: ignore[arg-type]
+    scratch = tempfile.mkdtemp(prefix="scn-virtual-warm-")
+    try:
+        warm = Path(scratch) / ("w.json" if kind == "references" else "w")
+        migrate(str(ROOT / "samples" / "zarr-2.18-sharded.zr3"), str(warm), options, run=RunOptions(progress=False))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     t0 = time.perf_counter()
     migrate(src, dst, options, run=RunOptions(progress=False))
     return {"seconds": time.perf_counter() - t0}
@@ -328,7 +342,8 @@ def rows(src: Source, m: dict[str, Any], flag: bool, h: Any) -> list[dict[str, A
         out.append(h.make_row("10 virtual", src, f"migrate() in-process, virtual {kind}, verify off",
                               m[f"virtual {kind} in-process"], "cp -r", m["cp -r"], target="< 10% of cp -r's time",
                               min_speedup=TIME_RATIO, applies=stated, note="the function alone, timed inside its "
-                              "process: no interpreter start-up or imports (as scenario 4's migrate() rows)"))
+                              "process: no interpreter start-up or imports (modules loaded on first use warmed by a "
+                              "migration of the bundled 2 MiB sample first; as scenario 4's migrate() rows)"))
         names = (f"virtual {kind}", f"virtual {kind} --no-verify", f"virtual {kind} in-process")
         bm = _bytes_measure(m, *names)
         alloc_dst = [e["dst_alloc"] for n in names if n in m for e in m[n]["extra"] if "dst_alloc" in e]
