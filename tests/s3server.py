@@ -116,3 +116,16 @@ def s3(s3_server: S3Server) -> S3Server:
     """A clean server (no buckets, no recording) for each test."""
     s3_server.reset()
     return s3_server
+
+
+def change_object(fs, key: str, how: str) -> None:
+    """Change an object under a virtual reference: ``rewritten`` (same size, other bytes:
+    another ETag), ``truncated`` (8 bytes shorter) or ``deleted``."""
+    blob = fs.cat_file(key)
+    if how == "rewritten":
+        fs.pipe_file(key, blob[:4][::-1] + blob[4:])
+    elif how == "truncated":
+        fs.pipe_file(key, blob[:-8])
+    else:
+        assert how == "deleted", how
+        fs.rm_file(key)

@@ -16,7 +16,7 @@ from sharding_store import MigrateOptions, VerifyOptions, migrate, verify
 from sharding_store.cli import main
 from sharding_store.ops.options import StoreOptions
 from tests.draft_factory import make_big_array
-from tests.s3server import s3, s3_server  # noqa: F401 - fixtures
+from tests.s3server import change_object, s3, s3_server  # noqa: F401 - fixtures
 
 pytest.importorskip("s3fs")
 pytestmark = [pytest.mark.s3, pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -50,13 +50,7 @@ def _data_gets(s3) -> list[str | None]:  # noqa: F811
 
 
 def _change(s3, change: str) -> None:  # noqa: F811
-    blob = s3.fs.cat_file(KEY)
-    if change == "rewritten":
-        s3.fs.pipe_file(KEY, blob[:4][::-1] + blob[4:])  # same size, other bytes: another ETag
-    elif change == "truncated":
-        s3.fs.pipe_file(KEY, blob[:-8])
-    else:
-        s3.fs.rm_file(KEY)
+    change_object(s3.fs, KEY, change)
 
 
 def test_a_reference_file_of_an_s3_source_is_checked_without_a_data_get(source, tmp_path):

@@ -277,35 +277,23 @@ def test_the_advice_drops_overwrite_and_keeps_the_other_options(mixed, tmp_path,
                    "--chunks-per-shard 2 --resume` to finish (nothing written so far is lost)\n")
 
 
-def test_interrupted_while_verifying_a_complete_migration_advises_verify(sharded, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("name, advice", [("out", ()), ("out.json", ("--references-only",))],
+                         ids=["copy", "virtual"])
+def test_interrupted_while_verifying_a_complete_migration_advises_verify(sharded, tmp_path, capsys, monkeypatch,
+                                                                         name, advice):
+    """A copy is advised `verify`; a virtual migration (DST.json) the reference check it was running."""
     src, _ = sharded
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(verify_module, "verify", interrupted)  # what the migration calls once it verifies
-    code, out, err = run(capsys, "migrate", str(src), str(tmp_path / "out"))
+    code, out, err = run(capsys, "migrate", str(src), str(tmp_path / name))
     assert code == EXIT_INTERRUPTED and out == ""
     assert err == (f"sharding-store: interrupted; the migration itself is complete; check it with "
-                   f"`sharding-store verify {src} {tmp_path / 'out'}`\n")
+                   f"`{' '.join(['sharding-store verify', str(src), str(tmp_path / name), *advice])}`\n")
     monkeypatch.undo()
-    assert run(capsys, "verify", str(src), str(tmp_path / "out"))[0] == 0
-
-
-def test_interrupted_while_checking_a_virtual_migration_advises_its_reference_check(sharded, tmp_path, capsys,
-                                                                                      monkeypatch):
-    src, _ = sharded
-
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(verify_module, "verify", interrupted)  # what the migration calls once it verifies
-    code, out, err = run(capsys, "migrate", str(src), str(tmp_path / "out.json"))
-    assert code == EXIT_INTERRUPTED and out == ""
-    assert err == (f"sharding-store: interrupted; the migration itself is complete; check it with "
-                   f"`sharding-store verify {src} {tmp_path / 'out.json'} --references-only`\n")
-    monkeypatch.undo()
-    assert run(capsys, "verify", str(src), str(tmp_path / "out.json"), "--references-only")[0] == 0
+    assert run(capsys, "verify", str(src), str(tmp_path / name), *advice)[0] == 0
 
 
 @pytest.mark.parametrize("command", ["verify", "info", "dry-run"])

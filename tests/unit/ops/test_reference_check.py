@@ -114,10 +114,18 @@ def _rewrite(shard: Path) -> None:
     os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
 
 
+def _truncate(shard: Path) -> None:
+    shard.write_bytes(shard.read_bytes()[:-3])
+
+
+def _delete(shard: Path) -> None:
+    shard.unlink()
+
+
 @pytest.mark.parametrize("change, words", [
     (_rewrite, "modified since (st_mtime_ns"),
-    (lambda shard: shard.write_bytes(shard.read_bytes()[:-3]), "now "),
-    (lambda shard: shard.unlink(), "deleted since the references were taken"),
+    (_truncate, "now "),
+    (_delete, "deleted since the references were taken"),
 ], ids=["rewritten", "truncated", "deleted"])
 def test_a_changed_source_object_is_one_problem_naming_its_key(big, tmp_path, change, words):
     out = tmp_path / "out.json"
@@ -232,8 +240,8 @@ def test_an_icechunk_migration_verifies_by_its_references_and_reads_no_chunk(big
 @needs_icechunk
 @pytest.mark.parametrize("change, words", [
     (_rewrite, "changed, shrank or is gone since the migration"),
-    (lambda shard: shard.write_bytes(shard.read_bytes()[:-3]), "changed, shrank or is gone since the migration"),
-    (lambda shard: shard.unlink(), "changed, shrank or is gone since the migration"),
+    (_truncate, "changed, shrank or is gone since the migration"),
+    (_delete, "changed, shrank or is gone since the migration"),
 ], ids=["rewritten", "truncated", "deleted"])
 def test_an_icechunk_source_changed_is_one_problem_naming_its_key(big, tmp_path, change, words):
     repo = _icechunk(big, tmp_path)
