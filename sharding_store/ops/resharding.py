@@ -93,7 +93,7 @@ import numpy as np
 
 from ..api.hierarchy import DraftHierarchy, inner_of
 from ..engine.shard_engine import ArrayLayout, gather, read_objects
-from ..errors import DraftMetadataError, MigrationError, ObjectChangedError, UsageError
+from ..errors import DestinationExistsError, DraftMetadataError, MigrationError, ObjectChangedError, UsageError
 from ..formats import draft_metadata as dm
 from ..formats.keys import Coords, chunk_to_shard, local_to_global
 from ..formats.reshard_journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshards, staging_leftovers
@@ -785,13 +785,26 @@ def _run(src: Any, dst: Any | None, options: ReshardOptions, run: RunOptions, st
             report.arrays_changed.append(path)
     else:
         prepare_plain(dst_inner, _describe(dst), overwrite=options.overwrite)
-        # the marker keeps an interrupted copy (its zarr.json comes last) one that --overwrite recognises
-        dst_inner.set(MARKER_KEY, json.dumps({"command": "reshard", "source": _describe(src)}).encode())
+        _claim(dst_inner, _describe(src), _describe(dst))
         _copy_hierarchy(src_inner, dst_inner, h, targets, report, opts)
         dst_inner.delete(MARKER_KEY)
         report.arrays_changed.extend(targets)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _claim(dst: Inner, source: str, name: str) -> None:
+    """Create the marker, exclusively, before anything else is written: of two runs that
+    both found DST empty only one copies into it (the other would mix its shards and
+    documents with the first's). The marker also keeps an interrupted copy (its zarr.json
+    comes last) one that ``--overwrite`` recognises."""
+    fault_point("claim")
+    if not dst.create_exclusive(MARKER_KEY, json.dumps({"command": "reshard", "source": source}).encode()):
+        raise DestinationExistsError(
+            f"{name}: another reshard or migration is writing into this destination (its {MARKER_KEY} appeared "
+            "after the destination was found empty); wait for it, or use another destination",
+            key=MARKER_KEY,
+        )
 
 
 def _wanted(options: ReshardOptions) -> Callable[[dm.DraftArrayMeta], Coords | None | bool]:

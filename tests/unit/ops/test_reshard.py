@@ -386,7 +386,8 @@ def test_overwrite_of_an_interrupted_copy_and_the_cli_refusal(tmp_path, capsys):
     dst = tmp_path / "dst"
 
     def boom(phase: str) -> None:
-        raise KeyboardInterrupt
+        if phase != "claim":  # killed once the marker is there: during the copy
+            raise KeyboardInterrupt
 
     with fault_hook(boom), pytest.raises(KeyboardInterrupt):
         unshard(src, dst)
@@ -400,6 +401,55 @@ def test_overwrite_of_an_interrupted_copy_and_the_cli_refusal(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "photos" in err[0] and "a.jpg" in err[0]
     assert (other / "a.jpg").read_bytes() == b"\xff\xd8" and sorted(p.name for p in other.iterdir()) == ["a.jpg"]
+
+
+def test_a_marker_appearing_after_the_emptiness_check_is_refused(tmp_path):
+    """Two reshards (or a reshard and a migration) into one empty DST: the other run's
+    marker appears between this run's emptiness check and its claim; this run refuses
+    (exit 8's class, naming the marker) and writes nothing (it used to overwrite the
+    marker and copy into the same directory)."""
+    src = copy_fixture("2d.chunked.compressed.sharded.i2.zarr", tmp_path)
+    dst = tmp_path / "dst"
+    theirs = b'{"command": "reshard", "source": "the other run"}'
+
+    def other_run_claims(phase: str) -> None:
+        if phase == "claim":
+            dst.mkdir(exist_ok=True)
+            (dst / ".sharding-store-migration.json").write_bytes(theirs)
+
+    with fault_hook(other_run_claims), pytest.raises(DestinationExistsError, match="another reshard or migration"
+                                                                                   ".*sharding-store-migration.json"):
+        unshard(src, dst)
+    assert [p.name for p in dst.iterdir()] == [".sharding-store-migration.json"]
+    assert (dst / ".sharding-store-migration.json").read_bytes() == theirs
+
+
+@pytest.mark.slow  # two processes
+def test_two_reshard_processes_into_one_destination_never_both_write(tmp_path):
+    """Two CLI reshards of different sources into one DST, met at the claim (both found
+    DST empty): exactly one succeeds and DST is its copy; the other exits 8, one line."""
+    import subprocess
+    import sys
+
+    repo = str(Path(__file__).resolve().parents[3])
+    one = copy_fixture("2d.chunked.compressed.sharded.i2.zarr", tmp_path / "one")
+    two = tmp_path / "two"
+    make_store(two, shape=(10, 9), chunks=(2, 3), cps=(2, 2), path="a/b")
+    dst = tmp_path / "dst"
+    procs = {
+        src: subprocess.Popen(
+            [sys.executable, "-m", "tests.run_with_fault", "--rendezvous", "claim", str(tmp_path / "meet"), "2", "--",
+             "reshard", str(src), str(dst), "--chunks-per-shard", "1"],
+            cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for src in (one, two)
+    }
+    results = {src: (p.wait(timeout=300), p.stderr.read()) for src, p in procs.items()}  # type: ignore[union-attr]
+    assert sorted(code for code, _ in results.values()) == [0, DestinationExistsError.exit_code], results
+    winner = next(src for src, (code, _) in results.items() if code == 0)
+    loser_err = next(err for code, err in results.values() if code != 0)
+    assert len(loser_err.strip().splitlines()) == 1 and "another reshard or migration" in loser_err, loser_err
+    assert chunk_view(dst) == chunk_view(winner)
+    assert not (dst / ".sharding-store-migration.json").exists()
 
 
 def test_array_selection(tmp_path):
