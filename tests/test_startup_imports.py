@@ -110,6 +110,10 @@ def test_info_and_migrate_of_a_local_store_load_no_zarr_and_no_backend(tmp_path)
     assert _command_loads(["info", str(SAMPLE)], tmp_path) == expect
     assert _command_loads(["migrate", str(SAMPLE), str(tmp_path / "out")], tmp_path) == expect
     assert _command_loads(["verify", str(SAMPLE), str(tmp_path / "out")], tmp_path) == expect
+    # a virtual migration, verified: its reference check reads the file's documents back (a
+    # dict handed to ``as_inner``), which once imported zarr to learn it was no zarr Store
+    refs = ["migrate", str(SAMPLE), str(tmp_path / "r.json"), "--virtual=references"]
+    assert _command_loads(refs, tmp_path) == expect
     probe = f"import sys\nimport sharding_store\nsharding_store.open_v3({str(SAMPLE)!r})\nprint('zarr' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "True"
@@ -220,9 +224,10 @@ def test_a_local_store_loads_no_other_store_adapter(tmp_path):
     assert _command_loads(["info", str(SAMPLE)], tmp_path, ADAPTERS) == expect
     assert _command_loads(["migrate", str(SAMPLE), str(tmp_path / "d")], tmp_path, ADAPTERS) == expect
     probe = ("import sys\nfrom sharding_store.stores import as_inner, FsspecInner, ObstoreInner, MappingInner, ZarrStoreInner\n"
-             "print(type(as_inner({})).__name__, FsspecInner.__module__, ZarrStoreInner.__name__)")
+             "print(type(as_inner({})).__name__, FsspecInner.__module__, ZarrStoreInner.__name__, 'zarr' in sys.modules)\n"
+             "from zarr.storage import MemoryStore\nprint(type(as_inner(MemoryStore())).__name__)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["MappingInner", "sharding_store.stores.fsspec_store", "ZarrStoreInner"]
+    assert out == ["MappingInner", "sharding_store.stores.fsspec_store", "ZarrStoreInner", "False", "ZarrStoreInner"]
 
 
 JOBS = ("sharding_store.ops.jobs", "sharding_store.ops.options", "concurrent.futures")
