@@ -296,20 +296,21 @@ def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool
 
 
 def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool:
-    """``info`` of a migration's destination that is no directory of Zarr objects (a reference
-    file, an Icechunk repository): which kind it is, what it was migrated from, its nodes and
-    objects (issue 24). False when ``args.store`` is neither."""
-    from ..ops.destination import RECORD_KEY, open_destination, resolve_target
+    """``info`` of a migration's destination (a copy, a reference file, an Icechunk repository,
+    local or remote): which kind it is, what it was migrated from, its nodes and objects
+    (issue 24). False when ``args.store`` is none of them."""
+    from ..ops.destination import DESTINATION_KINDS, RECORD_KEY, copied_by_us, open_destination, resolve_target
 
-    target = resolve_target(args.store, None, False)
-    if target == "zarr":  # the usual case: the job machinery (ops.jobs, ops.options) is not loaded
-        return False
+    remote = "://" in args.store and not args.store.startswith("file://")
+    target = resolve_target(args.store, None, False, (opts or {}) if remote else None)
+    if target == "zarr" and not copied_by_us(args.store, opts):
+        return False  # the usual case: a draft store; the job machinery (ops.jobs, ops.options) is not loaded
     from ..ops.options import StoreOptions
     dst = open_destination(args.store, target, False, StoreOptions(src=opts, dst=opts), read_only=True)
     raw = dst.get(RECORD_KEY)
     record = json.loads(raw) if raw else {}
-    virtual = target == "references" or bool(record.get("virtual"))
-    kind = {"references": "reference file"}.get(target, "Icechunk virtual" if virtual else "Icechunk materialised")
+    virtual = target == "references" or (target == "icechunk" and bool(record.get("virtual")))
+    kind = DESTINATION_KINDS[(target, virtual)]
     arrays = groups = objects = 0
     for key in dst.list_prefix(""):
         if key.rpartition("/")[2] == "zarr.json":

@@ -271,8 +271,7 @@ def resolve_target(dst: Any, target: str | None, virtual: bool,
     if not isinstance(dst, (str, os.PathLike)):
         return "references" if callable(getattr(dst, "takes_references", None)) and dst.takes_references() else "zarr"
     name = os.fspath(dst).rstrip("/")
-    local = name[len("file://"):] if name.startswith("file://") else name
-    local = os.path.expanduser(local) if "://" not in local and "::" not in local else ""
+    local = _local_path(name)
     if name.endswith(".json") and not (local and os.path.isdir(local)):  # a directory is no reference file
         return "references"
     if virtual:
@@ -282,6 +281,28 @@ def resolve_target(dst: Any, target: str | None, virtual: bool,
     if not local and storage_options is not None and _remote_repository(name, storage_options):
         return "icechunk"
     return "zarr"
+
+
+def _local_path(name: str) -> str:
+    """The local path a DST name spells (``file://`` stripped, ``~`` expanded); "" for a URL."""
+    local = name[len("file://"):] if name.startswith("file://") else name
+    return os.path.expanduser(local) if "://" not in local and "::" not in local else ""
+
+
+def copied_by_us(dst: Any, storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether DST (a path or URL) holds the record a copy migration leaves (:data:`RECORD_KEY`):
+    a stat on local disk, one existence check on a remote store (one that cannot be looked
+    at holds none: opening it as a store then says why)."""
+    name = os.fspath(dst).rstrip("/")
+    local = _local_path(name)
+    if local:
+        return os.path.isfile(os.path.join(local, RECORD_KEY))
+    from .jobs import StoreRef  # here: a local DST needs none of the job machinery
+
+    try:
+        return StoreRef.of(name, storage_options or {}).open().exists(RECORD_KEY)
+    except (ShardingStoreError, OSError, ValueError):
+        return False
 
 
 def _remote_repository(url: str, storage_options: Mapping[str, Any]) -> bool:
@@ -369,6 +390,6 @@ def extra_node_key(key: str, prefix: str, nodes: Container[str]) -> bool:
     return key[: -len(NODE_DOCUMENT) - 1] not in nodes
 
 
-__all__ = ["DESTINATION_KINDS", "ICECHUNK_HINT", "MARKER_KEY", "RECORD_KEY", "Removal", "check_overwrite", "prepare_plain",
+__all__ = ["DESTINATION_KINDS", "ICECHUNK_HINT", "MARKER_KEY", "RECORD_KEY", "Removal", "check_overwrite", "copied_by_us", "prepare_plain",
            "check_resume", "extra_node_key", "extra_nodes", "open_destination", "prepare", "read_record", "record",
            "recorded_dimension_names", "resolve_target"]

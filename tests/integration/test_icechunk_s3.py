@@ -110,6 +110,7 @@ def test_a_draft_hierarchy_on_s3_migrated_into_a_repository_on_s3(s3, tmp_path, 
     store = reader(s3, "s3://src/store/" if virtual else None)
     for path, value in values.items():
         np.testing.assert_array_equal(zarr.open_group(store, mode="r")[path][...], value)
+    assert info_kind("s3://dst/repo", s3) == ("Icechunk virtual" if virtual else "Icechunk materialised")
     if not virtual:
         return
     shard = sorted(s3.fs.find("src/store/data/root/imgs/raw"))[0]
@@ -125,6 +126,41 @@ def test_a_draft_hierarchy_on_s3_migrated_into_a_repository_on_s3(s3, tmp_path, 
     store = reader(s3, None)  # no container authorised, no source: every chunk is the repository's own
     for path, value in values.items():
         np.testing.assert_array_equal(zarr.open_group(store, mode="r")[path][...], value)
+
+
+def info_json(url: str, s3) -> dict:
+    """What ``sharding-store info URL --json`` prints."""
+    import contextlib
+    import io
+
+    from sharding_store.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["info", url, "--json", "--storage-options", json.dumps(s3.storage_options)]) == 0
+    return json.loads(out.getvalue())
+
+
+def info_kind(url: str, s3) -> str:
+    return info_json(url, s3)["destination_kind"]
+
+
+def test_info_of_a_copy_on_s3_says_copy_and_of_a_draft_store_reads_it(s3, tmp_path):
+    """``info s3://...`` names a destination kind on S3 as on local disk (it took every S3
+    URL for a draft store: an Icechunk repository or a copy was 'already Zarr v3')."""
+    from sharding_store import migrate
+    from sharding_store.ops.options import StoreOptions
+    from tests.draft_factory import make_hierarchy
+
+    make_hierarchy(tmp_path / "src")
+    s3.make_bucket("src")
+    s3.make_bucket("dst")
+    s3.fs.put(str(tmp_path / "src"), "src/store", recursive=True)
+    migrate("s3://src/store", "s3://dst/copy", stores=StoreOptions.both(s3.storage_options), progress=False)
+    doc = info_json("s3://dst/copy", s3)
+    assert doc["destination_kind"] == "copy" and doc["source"] == "s3://src/store", doc
+    draft = info_json("s3://src/store", s3)
+    assert "destination_kind" not in draft and draft["ok"], draft
 
 
 def test_a_repository_that_cannot_be_reached_is_one_line_exit_12(s3, tmp_path, capsys):

@@ -509,6 +509,25 @@ def test_cli_info_says_what_a_destination_is(source, tmp_path, capsys):
                                 "source": str(source), "arrays": 5, "groups": 5, "objects": 30}
 
 
+@pytest.mark.parametrize("spelling", ["path", "file-url"])
+def test_cli_info_says_what_a_copy_is(source, tmp_path, capsys, spelling):
+    """A copy migration's destination is named a copy (it was refused as 'already Zarr v3',
+    exit 7); a final v3 store we did not write still is."""
+    out = tmp_path / "copy"
+    assert _cli(capsys, "migrate", str(source), str(out), "--no-progress")[0] == 0
+    name = str(out) if spelling == "path" else f"file://{out}"
+    code, text, _ = _cli(capsys, "info", name, "--json")
+    doc = json.loads(text)
+    assert code == 0 and doc["destination_kind"] == "copy" and doc["virtual"] is False
+    assert doc["source"] == str(source) and doc["objects"] == sum(
+        1 for p in out.rglob("*") if p.is_file() and p.name != "zarr.json" and not p.name.startswith(".sharding-store"))
+    code, text, _ = _cli(capsys, "info", name)
+    assert code == 0 and text.splitlines()[0] == f"{name}: copy (Zarr v3, migrated by sharding-store)"
+    (out / ".sharding-store-record.json").unlink()
+    code, _, err = _cli(capsys, "info", name)
+    assert code == 7 and "already Zarr v3" in err
+
+
 @pytest.mark.parametrize("virtual", [True, False])
 def test_cli_info_says_what_an_icechunk_repository_is(tmp_path, capsys, virtual):
     pytest.importorskip("icechunk")
