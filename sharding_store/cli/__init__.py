@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         command = getattr(args, "command", None) or next((w for w in words if not w.startswith("-")), "")
         code, line = exit_status(e, command)
-        if isinstance(e, ShardingStoreError) and _wants_json(args, words):
+        if _wants_json(args, words):  # every failure answers, as docs/commands.md promises
             print_json_error(command or "", e, code, line.removeprefix("error: "))
         print(f"sharding-store: {line}", file=sys.stderr)
         return code

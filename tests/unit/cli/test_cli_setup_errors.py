@@ -116,6 +116,23 @@ def test_permanent_os_errors_exit_12_without_resume_advice(draft, monkeypatch, c
     assert "--resume" not in line
 
 
+@pytest.mark.parametrize("error", [KeyError("boom"), ZeroDivisionError("a bug")], ids=["KeyError", "ZeroDivisionError"])
+def test_json_answers_every_failure_even_a_bug(draft, monkeypatch, error):
+    """``--json`` prints its one document for an error that is no class of ours too (a bug
+    here, exit 70): it printed nothing on stdout, so a script reading it got no JSON."""
+    import sharding_store.cli.info as info_cli
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(info_cli, "_info_destination", fail)
+    exit_code, out, err = run("info", str(draft), "--json")
+    doc = json.loads(out)
+    assert exit_code == 70 and doc["ok"] is False and doc["exit_code"] == 70 and doc["command"] == "info"
+    assert doc["error"]["class"] == type(error).__name__ and doc["schema"] == "sharding-store/1"
+    assert len(err.strip().splitlines()) == 1 and doc["error"]["message"] in err
+
+
 def test_error_policy_classes():
     """The policy itself: our errors keep their code, OSError and backend errors are I/O."""
     from sharding_store.cli import exit_status
