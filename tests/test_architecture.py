@@ -46,7 +46,8 @@ ROOT = Path(importlib.util.find_spec(PACKAGE).origin).parent  # the package unde
 #: The module map of issue 13 (PLAN.md "Target layers"), bottom-up. A module may import its
 #: own layer or lower ones. ``stores.*`` / ``cli.*`` stand for every module of the package.
 LAYERS: dict[int, tuple[str, tuple[str, ...]]] = {
-    0: ("native bindings and the zarr adapter (no package import)", ("codec", "codec._native", "_zarr_adapter", "_version")),
+    0: ("native bindings and the zarr and numcodecs adapters (no package import)",
+        ("codec", "codec._native", "_zarr_adapter", "_numcodecs_adapter", "_version")),
     1: ("format (pure, no I/O)",
         ("errors", "formats", "formats.keys", "formats.shard_index", "formats.fill_value", "formats.draft_metadata",
          "formats.v3_documents", "formats.gen2023", "formats.v3_layout", "formats.reshard_journal",

@@ -267,3 +267,74 @@ def test_a_migration_without_verification_loads_no_checker(tmp_path):
         argv = ["migrate", str(SAMPLE), str(tmp_path / dst), "--no-verify"] + (["--virtual=references"] if dst.endswith(".json") else [])
         assert _command_loads(argv, tmp_path, checker) == {"code": 0, checker[0]: False}
     assert _command_loads(["migrate", str(SAMPLE), str(tmp_path / "v")], tmp_path, checker) == {"code": 0, checker[0]: True}
+
+
+#: a command run in a fresh interpreter with ``importlib.metadata.entry_points`` counted (with
+#: ``eager``, numcodecs is first imported the usual way: its registry scans at import)
+SCAN_PROBE = """
+import importlib.metadata, json, sys
+sys.path.insert(0, sys.argv[1])
+calls = []
+_real = importlib.metadata.entry_points
+def counted(**params):
+    calls.append(sys._getframe(1).f_globals.get("__name__"))
+    return _real(**params)
+importlib.metadata.entry_points = counted
+if sys.argv[2] == "eager":
+    import numcodecs
+from sharding_store.cli import main
+code = main(sys.argv[3:])
+print(json.dumps({"code": code, "calls": calls}), file=sys.stderr)
+"""
+
+
+def _command_scans(argv: list[str], cwd: Path, site: Path, eager: bool = False) -> tuple[dict, str, str]:
+    """(exit code and entry-point calls, stdout, the stderr lines before the probe's)."""
+    out = subprocess.run([sys.executable, "-c", SCAN_PROBE, str(site), "eager" if eager else "lazy", *argv],
+                         capture_output=True, text=True, check=True, cwd=cwd)
+    *lines, last = out.stderr.strip().splitlines()
+    return json.loads(last), out.stdout, "\n".join(lines)
+
+
+def _with_filter(path: Path, codec_id: str) -> Path:
+    """A draft array (written by this project as zarr-python 2.18 would) whose document names
+    the filter ``codec_id``."""
+    import numpy as np
+
+    from sharding_store.api.arrays import create_draft_array
+
+    create_draft_array(str(path), "a", shape=(8,), chunks=(4,), dtype="<u2", chunks_per_shard=(2,))[...] = np.arange(8)
+    doc_path = path / "meta" / "root" / "a.array.json"
+    doc = json.loads(doc_path.read_text())
+    doc["attributes"]["filters"] = [{"id": codec_id}]
+    doc_path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_commands_scan_no_entry_points_and_codecs_resolve_as_before(tmp_path):
+    """``info`` and ``migrate`` (verified or not, copy or virtual) never call
+    ``importlib.metadata.entry_points`` (numcodecs' registry scans every installed package for
+    third-party codecs on import: ~20-30 M instructions, a file read per package). What the scan
+    was for still works: a filter announced by a distribution's entry point parses, and an
+    unknown one is refused with the same line and exit code as when numcodecs scanned at import
+    (the control, ``eager``: numcodecs imported first)."""
+    from tests.unit.test_numcodecs_adapter import write_codec_site
+
+    site = write_codec_site(tmp_path / "site")
+    for argv in (["info", str(SAMPLE)], ["migrate", str(SAMPLE), str(tmp_path / "d")],
+                 ["migrate", str(SAMPLE), str(tmp_path / "n"), "--no-verify"],
+                 ["migrate", str(SAMPLE), str(tmp_path / "r.json"), "--virtual=references"]):
+        assert _command_scans(argv, tmp_path, site)[0] == {"code": 0, "calls": []}, argv
+    fake = _with_filter(tmp_path / "fake", "fakecodec")
+    lazy, eager = (_command_scans(["info", str(fake)], tmp_path, site, e) for e in (False, True))
+    # (the translation then asks zarr-python 3 about the codec: zarr's registry scans too)
+    assert lazy[0]["code"] == 0 and lazy[0]["calls"][0] == "numcodecs.registry" and lazy[1:] == eager[1:]
+    assert "fakecodec" in lazy[1]
+    bad = _with_filter(tmp_path / "bad", "no-such-codec")
+    lazy, eager = (_command_scans(["info", str(bad)], tmp_path, site, e) for e in (False, True))
+    assert lazy[0]["code"] == eager[0]["code"] == 0 and lazy[1:] == eager[1:]  # info lists it as damaged
+    assert "'attributes.filters[0]'" in lazy[1] and "codec not available: ''no-such-codec''" in lazy[1]
+    lazy, eager = (_command_scans(["migrate", str(bad), str(tmp_path / f"b{e}")], tmp_path, site, e) for e in (False, True))
+    assert lazy[0]["code"] == eager[0]["code"] == 3 and lazy[1:] == eager[1:]  # migrate refuses it
+    assert "'attributes.filters[0]'" in lazy[2] and "codec not available: ''no-such-codec''" in lazy[2]

@@ -31,12 +31,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, Unpack
 
-import numcodecs
 import numpy as np
-from numcodecs.abc import Codec
 
+from .. import _numcodecs_adapter
 from ..codec import _native
 from ..codec.buffers import io_buffer
 from ..codec.chunk_codec import ChunkCodec, decode_chunk_payload, encode_chunk_payload, fill_chunk
@@ -48,6 +47,9 @@ from ..formats.shard_index import MAX_UINT64
 from ..stores import Inner
 from .hierarchy import DraftHierarchy, draft_entry_point, inner_of, walked_model
 
+if TYPE_CHECKING:
+    from numcodecs.abc import Codec
+
 __all__ = [
     "DraftArray",
     "DraftGroup",
@@ -58,8 +60,9 @@ __all__ = [
     "DEFAULT_COMPRESSOR",
 ]
 
+_Blosc = _numcodecs_adapter.load().Blosc  # numcodecs without its entry-point scan
 #: zarr-python 2.x's default compressor (``zarr.storage.default_compressor``)
-DEFAULT_COMPRESSOR: Codec = numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
+DEFAULT_COMPRESSOR: Codec = _Blosc(cname="lz4", clevel=5, shuffle=_Blosc.SHUFFLE)
 #: decoded bytes handled per batch: bounds memory, and lets decoding overlap the next fetch
 BATCH_BYTES = 64 * 2**20
 #: shard indices kept per array, so that warm reads cost one request per shard

@@ -52,6 +52,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .. import _numcodecs_adapter
+
 __all__ = [
     "HOLD_GIL_BELOW",
     "Library",
@@ -128,6 +130,7 @@ def _load_both_ways(path: str, sigs: dict[str, tuple[Any, Any]]) -> tuple[Any, A
 
 
 def _bind_zstd() -> Library | None:
+    _numcodecs_adapter.load()  # numcodecs without its entry-point scan
     import numcodecs.zstd as nz
 
     size_t, vp = ctypes.c_size_t, ctypes.c_void_p
@@ -156,6 +159,7 @@ def _bind_zstd() -> Library | None:
 
 
 def _bind_blosc() -> Library | None:
+    _numcodecs_adapter.load()  # numcodecs without its entry-point scan
     import numcodecs.blosc as nb
 
     size_t, vp = ctypes.c_size_t, ctypes.c_void_p

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from .. import _numcodecs_adapter
 from ..errors import ChunkDecodeError, UsageError
 from ..formats.draft_metadata import DraftArrayMeta
 from . import _native
@@ -98,6 +99,7 @@ __all__ = [
 
 def ensure_bytes(buf: Any) -> bytes:
     """``numcodecs.compat.ensure_bytes`` (imported on first use)."""
+    _numcodecs_adapter.load()  # numcodecs without its entry-point scan
     from numcodecs.compat import ensure_bytes as ensure
 
     return ensure(buf)
@@ -105,12 +107,14 @@ def ensure_bytes(buf: Any) -> bytes:
 
 def ensure_ndarray_like(buf: Any) -> Any:
     """``numcodecs.compat.ensure_ndarray_like`` (imported on first use)."""
+    _numcodecs_adapter.load()  # numcodecs without its entry-point scan
     from numcodecs.compat import ensure_ndarray_like as ensure
 
     return ensure(buf)
 
 
 def _blosc_class() -> type:
+    _numcodecs_adapter.load()  # numcodecs without its entry-point scan
     import numcodecs
 
     return numcodecs.Blosc
@@ -541,6 +545,7 @@ _BOUNDED: dict[type, Callable[[Any, Any, int], Any]] = {}
 
 def _bounded_decoders() -> dict[type, Callable[[Any, Any, int], Any]]:
     if not _BOUNDED:
+        _numcodecs_adapter.load()  # numcodecs without its entry-point scan
         import numcodecs
 
         table = {
@@ -658,6 +663,7 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
                 return blosc_ctx(src, out if type(out) is int else address(out), nbytes, 1) == nbytes
 
             return _native_decoder(blosc_native)
+        _numcodecs_adapter.load()  # numcodecs without its entry-point scan
         from numcodecs.blosc import decompress as blosc_decompress
 
         def blosc(payload: Any, out: Any) -> bool:
@@ -686,6 +692,7 @@ def fast_decoder(meta: DraftArrayMeta) -> FastDecoder | None:
                 return decompress(dctx(lib), addr, nbytes, src, len(src)) == nbytes
 
             return _native_decoder(zstd_native)
+        _numcodecs_adapter.load()  # numcodecs without its entry-point scan
         from numcodecs.zstd import decompress as zstd_decompress
 
         def zstd(payload: Any, out: Any) -> bool:
@@ -928,6 +935,7 @@ def fast_encoder(meta: DraftArrayMeta) -> FastEncoder:
         return lambda chunk: encode(meta, chunk)
     if comp is None:
         return lambda chunk: chunk.tobytes(order="A")
+    _numcodecs_adapter.load()  # numcodecs without its entry-point scan
     from numcodecs.compat import ensure_bytes as ensure
 
     encode_ = comp.encode  # blosc: its *_ctx function (GIL released) off the main thread

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast
 
 import numpy as np
 
+from .. import _numcodecs_adapter
 from ..errors import DraftMetadataError
 from .fill_value import decode_fill_value, encode_fill_value
 
@@ -467,6 +468,7 @@ def _parse_compressor(value: Any, key: str) -> Codec | None:
     if not isinstance(config, dict):
         raise _error(key, fld + ".configuration", "expected an object")
     if name == "blosc":
+        _numcodecs_adapter.load()  # numcodecs without its entry-point scan
         import numcodecs.blosc
 
         cname, shuffle = config.get("cname", "lz4"), config.get("shuffle", 1)
@@ -480,6 +482,7 @@ def _parse_compressor(value: Any, key: str) -> Codec | None:
 def _make_codec(config: dict[str, Any], key: str, fld: str) -> Codec:
     """numcodecs' codec object (numcodecs is imported here, on the first codec parsed, not
     with this module)."""
+    _numcodecs_adapter.load()  # numcodecs without its entry-point scan
     import numcodecs
 
     try:

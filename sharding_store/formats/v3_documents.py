@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from .. import _zarr_adapter
+from .. import _numcodecs_adapter, _zarr_adapter
 from ..errors import DraftMetadataError, UsageError
 from .draft_metadata import DraftArrayMeta, array_meta_key
 from .fill_value import encode_fill_value
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 def ensure_contiguous_ndarray(buf: Any) -> Any:
     """``numcodecs.compat.ensure_contiguous_ndarray``; numcodecs is imported when a codec is
     translated, not with this module."""
+    _numcodecs_adapter.load()  # numcodecs without its entry-point scan
     from numcodecs.compat import ensure_contiguous_ndarray as ensure
 
     return ensure(buf)
@@ -301,6 +302,7 @@ def _json_config(meta: DraftArrayMeta, codec: Codec, fld: str) -> dict[str, Any]
     config.pop("id", None)
     try:
         config = json.loads(json.dumps(config))
+        _numcodecs_adapter.load()  # numcodecs without its entry-point scan
         import numcodecs
 
         numcodecs.get_codec({"id": codec.codec_id, **config})
@@ -668,6 +670,7 @@ def portable_target(meta: DraftArrayMeta) -> DraftArrayMeta | None:
         return None
     compressor, filters = meta.compressor, meta.filters
     if compressor is not None and compressor.codec_id in NON_PORTABLE_COMPRESSORS:
+        _numcodecs_adapter.load()  # numcodecs without its entry-point scan
         from numcodecs import Zstd
 
         compressor = Zstd(level=PORTABLE_ZSTD_LEVEL)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from .. import _numcodecs_adapter
 from ..errors import DraftMetadataError
 from .draft_metadata import MAX_CHUNK_ELEMENTS, DraftArrayMeta
 from .fill_value import V3_CORE_DTYPES, decode_fill_value
@@ -128,6 +129,7 @@ def _permutation_order(perms: list[list[int]], ndim: int, fld: str) -> str:
 
 
 def _bytes_codec(codec: dict[str, Any], fld: str) -> Codec:
+    _numcodecs_adapter.load()  # numcodecs without its entry-point scan
     import numcodecs  # here, not with the module: reading a 2022 layout builds no v3 chain
 
     name, cfg = _name(codec), _config(codec)
