@@ -158,6 +158,14 @@ def test_a_command_line_loads_only_its_commands_module(tmp_path):
     assert _command_loads([], tmp_path, CLI_MODULES) == {"code": 2, **dict.fromkeys(CLI_MODULES, True)}
 
 
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_only_a_mistyped_command_line_loads_difflib(tmp_path):
+    """The "did you mean" of a mistyped option (:func:`difflib.get_close_matches`) is imported
+    when one is mistyped, not by every command's start-up; the control: a mistyped option loads it."""
+    assert _command_loads(["info", str(SAMPLE)], tmp_path, ("difflib",)) == {"code": 0, "difflib": False}
+    assert _command_loads(["info", str(SAMPLE), "--jsn"], tmp_path, ("difflib",)) == {"code": 2, "difflib": True}
+
+
 #: what start-up once paid for whatever a command did: the lost-transformer inspector (with
 #: chunk decoding), and the crc32c package (its __init__ reads its version through importlib.metadata)
 INSPECTOR = ("sharding_store.api.evidence", "crc32c")

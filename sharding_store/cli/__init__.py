@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import importlib
 import os
 import re
@@ -102,6 +101,8 @@ class _Parser(argparse.ArgumentParser):
 
 def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
     """`` (did you mean X?)`` for the candidate closest to a mistyped ``word``; "" when none is close."""
+    import difflib  # here: only a mistyped command line needs it (~5 M instructions of every start-up)
+
     close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
