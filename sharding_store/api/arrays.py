@@ -19,7 +19,6 @@ they hold only the fill value.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import math
 import operator
@@ -27,8 +26,8 @@ import os
 import threading
 import time
 from array import array as _array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict, Unpack
@@ -44,7 +43,7 @@ from ..errors import ChunkDecodeError, DestinationExistsError, ReadOnlyError, St
 from ..formats import draft_metadata as dm
 from ..formats.keys import Coords, chunk_to_shard
 from ..formats.shard_index import MAX_UINT64
-from ..stores import Inner
+from ..stores import Inner, in_memory
 from .hierarchy import DraftHierarchy, draft_entry_point, inner_of, walked_model
 
 if TYPE_CHECKING:
@@ -69,10 +68,12 @@ BATCH_BYTES = 64 * 2**20
 INDEX_CACHE_SIZE = 1024
 #: a read touching at most this many chunks runs on the calling thread (no pool hand-off)
 INLINE_CHUNKS = 64
-#: whole shards of a remote store are read ahead on their own threads while the pool decodes
+#: whole shards of a remote store are each read and decoded by one task on the I/O threads, as
+#: they arrive (False: in runs on the decoding pool, as a local directory's)
 READ_AHEAD = True
-#: runs of whole shards read at once ahead of decoding (0: two per worker); each run is one inner call
-READ_AHEAD_RUNS = 0
+#: whole shards of a remote store read at once (the I/O threads: each waits for one object, then
+#: decodes it)
+READ_WINDOW = 32
 #: merge chunk ranges of one shard separated by less than this (dead bytes, skipped chunks)
 COALESCE_GAP = 1 * 2**20
 _MODES = ("r", "r+", "a")
@@ -375,17 +376,18 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL
 
 
-#: threads that wait for whole-shard reads of remote stores ahead of decoding (see _read_sharded)
+#: threads that read whole shards of remote stores and decode each as it arrives (see _read_sharded)
 _IO_POOL: ThreadPoolExecutor | None = None
 
 
 def _io_pool() -> ThreadPoolExecutor:
-    """Threads that only wait for a remote store's reads (no decoding), so that the next runs'
-    shards are in flight while the pool decodes; as many as runs may be pending."""
+    """:data:`READ_WINDOW` threads, each waiting for one remote shard object and then decoding
+    it (the decoding releases the GIL): requests stay in flight while others decode, and
+    nothing is handed from thread to thread."""
     global _IO_POOL
     with _POOL_LOCK:
         if _IO_POOL is None:
-            _IO_POOL = ThreadPoolExecutor(READ_AHEAD_RUNS or 2 * _WORKERS, thread_name_prefix="sharding-store-io")
+            _IO_POOL = ThreadPoolExecutor(READ_WINDOW, thread_name_prefix="sharding-store-io")
         return _IO_POOL
 
 
@@ -435,6 +437,11 @@ def _split(items: list[Any], parts: int) -> list[list[Any]]:
     """``items`` in at most ``parts`` contiguous runs (fewer tasks, less per-chunk overhead)."""
     size = max(1, -(-len(items) // max(1, parts)))
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _whole(combo: tuple[_DimGroup, ...]) -> bool:
+    """Whether every chunk of a shard is selected (the shard is read as one object)."""
+    return all(g.every for g in combo)
 
 
 def _is_all_fill(meta: dm.DraftArrayMeta, chunk: np.ndarray) -> bool:
@@ -747,43 +754,47 @@ class DraftArray:
         chunk-major scratch buffer and lands each shard in ``out`` with one vectorised copy
         per run of alike chunks (no per-chunk numpy indexing). Reads, decoding and copies
         all run on the pool, so they scale with the cores; a small selection (a few chunks)
-        is done on the calling thread."""
+        is done on the calling thread. A remote store's shards selected whole are each one
+        task on the I/O threads (:data:`READ_WINDOW` in flight), read and decoded there as it
+        arrives: no run waits for its slowest shard, and the last shard's decode is all that
+        follows the last byte."""
         parts = 2 * _WORKERS
-        pending: collections.deque[Future[None]] = collections.deque()
-        ahead: list[Future[Any]] = []
+        pending: set[Future[None]] = set()
         remote: bool | None = None
         pages = _Pages(out) if out.nbytes >= POPULATE_MIN and out.flags.c_contiguous else None
         try:
             for batch in self._shard_batches(sels):
                 n = sum(math.prod(len(g.ks) for g in combo) for combo in batch)
                 if n <= INLINE_CHUNKS or len(batch) == 1:
-                    self._fetch_decode(out, batch, None, pages)
+                    self._fetch_decode(out, batch, pages)
                     continue
                 if remote is None:
                     remote = READ_AHEAD and self._remote_shards(batch[0])
-                for run in _split(batch, parts):
-                    fetched = None
-                    if remote:  # whole shards of a remote store: read ahead, decode when they arrive
-                        whole = [combo for combo in run if all(g.every for g in combo)]
-                        if whole:
-                            fetched = _io_pool().submit(self._whole_objects, whole, self._scatter(out) is None)
-                            ahead.append(fetched)
-                    pending.append(self._pool.submit(self._fetch_decode, out, run, fetched, pages))
-                while len(pending) > 2 * parts:  # bounded: at most ~2 batches of payloads in flight
-                    pending.popleft().result()
-                ahead = [f for f in ahead if not f.done()]
-            while pending:
-                pending.popleft().result()
+                if remote:
+                    pending.update(_io_pool().submit(self._fetch_decode, out, [c], pages) for c in batch if _whole(c))
+                    batch = [c for c in batch if not _whole(c)]
+                pending.update(self._pool.submit(self._fetch_decode, out, run, pages) for run in _split(batch, parts))
+                # bounded (~2 batches in flight), waiting for any task, not the oldest: a slow
+                # shard holds back no other
+                while len(pending) > (2 * READ_WINDOW if remote else 2 * parts):
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        f.result()
+            for f in list(pending):
+                f.result()
+                pending.discard(f)
         finally:
-            for f in (*pending, *ahead):
+            for f in pending:
                 f.cancel()
 
     def _remote_shards(self, combo: tuple[_DimGroup, ...]) -> bool:
-        """Whether whole shards are read from a remote store (no local file: reading ahead on
-        other threads overlaps the requests' latency with decoding; a local directory is read
-        into per-thread buffers, on the decoding thread)."""
+        """Whether whole shards are read from a store whose reads wait on I/O (no local file,
+        not an object of this process): one task per shard on the I/O threads overlaps the
+        requests' latency with decoding. A local directory is read into per-thread buffers on
+        the decoding threads; a mapping has nothing to overlap (:func:`~sharding_store.stores.in_memory`)."""
         assert self.engine is not None
-        return self.inner.local_path(self.engine.layout.shard_key(self._shards_of([combo])[0])) is None
+        key = self.engine.layout.shard_key(self._shards_of([combo])[0])
+        return self.inner.local_path(key) is None and not in_memory(self.inner)
 
     def _shards_of(self, run: list[tuple[_DimGroup, ...]]) -> list[Coords]:
         """The shard coordinates of each combination of a run (each lies in one shard)."""
@@ -791,33 +802,23 @@ class DraftArray:
         assert cps is not None
         return [tuple(int(g.ks[0]) // k for g, k in zip(combo, cps)) for combo in run]
 
-    def _whole_objects(self, run: list[tuple[_DimGroup, ...]], lists: bool) -> list[Any]:
-        """The whole shard objects of a run whose every chunk is selected (one inner call);
-        ``lists``: with their index as lists (not needed when the C scatter lands them)."""
-        assert self.engine is not None
-        return list(self.engine.read_whole_shards(self._shards_of(run), lists=lists))
-
     def _scatter(self, out: np.ndarray) -> Any:
         """The C scatter of whole shards into ``out`` (None: the reference path lands them)."""
         return self.codec.scatter if out.flags.c_contiguous else None
 
-    def _fetch_decode(
-        self, out: np.ndarray, batch: list[tuple[_DimGroup, ...]], fetched: Future[Any] | None = None,
-        pages: _Pages | None = None,
-    ) -> None:
+    def _fetch_decode(self, out: np.ndarray, batch: list[tuple[_DimGroup, ...]], pages: _Pages | None = None) -> None:
         """Read and decode a run of shards into ``out``: those whose every chunk is selected
-        whole (one read each; ``fetched``: their objects, read ahead), the others chunk by
-        chunk (their indices, then their ranges). ``pages``: a big output's pages, this run's
-        part faulted in first."""
+        whole (one read each), the others chunk by chunk (their indices, then their ranges).
+        ``pages``: a big output's pages, this run's part faulted in first."""
         assert self.engine is not None
         if pages is not None:
             pages.populate(_span(out, batch[0])[0], _span(out, batch[-1])[1])
-        whole = [combo for combo in batch if all(g.every for g in combo)]
+        whole = [combo for combo in batch if _whole(combo)]
         if whole:
-            self._read_whole_shards(out, whole, None if fetched is None else fetched.result())
+            self._read_whole_shards(out, whole)
             if len(whole) == len(batch):
                 return
-            batch = [combo for combo in batch if not all(g.every for g in combo)]
+            batch = [combo for combo in batch if not _whole(combo)]
         coords = [_shard_coords(combo) for combo in batch]
         views = self.engine.read_chunks(np.concatenate(coords) if len(coords) > 1 else coords[0])
         work, pos = [], 0
@@ -826,13 +827,11 @@ class DraftArray:
             pos += len(c)
         self._decode_shards(out, work)
 
-    def _read_whole_shards(
-        self, out: np.ndarray, run: list[tuple[_DimGroup, ...]], objects: list[Any] | None = None
-    ) -> None:
+    def _read_whole_shards(self, out: np.ndarray, run: list[tuple[_DimGroup, ...]]) -> None:
         """Shards whose every chunk is selected: each object is read whole (one request, the
-        index from its own tail; see ``ShardEngine.read_whole_shards``; ``objects``: read
-        already). Into a C-contiguous output, with the loops library: the engine only checks
-        the index and one C call per shard decodes every chunk and copies it to its place
+        index from its own tail; see ``ShardEngine.read_whole_shards``). Into a C-contiguous
+        output, with the loops library: the engine only checks the index and one C call per
+        shard decodes every chunk and copies it to its place
         (``ChunkCodec.scatter``, the GIL released once); otherwise, and for any shard that
         call hands back, the reference path (:meth:`_land_whole`)."""
         assert self.engine is not None
@@ -840,8 +839,7 @@ class DraftArray:
         if scatter is not None:
             geometry = _ScatterGeometry(self, out)
             out_address, out_nbytes, fill = _native.data_address(out), out.nbytes, _native.data_address(self._fill_row())
-        got: Iterable[Any] = objects if objects is not None else self.engine.read_whole_shards(self._shards_of(run), lists=scatter is None)
-        for combo, obj in zip(run, got):
+        for combo, obj in zip(run, self.engine.read_whole_shards(self._shards_of(run), lists=scatter is None)):
             if obj is None:
                 self._fill_segments(out, combo)
                 continue

@@ -870,10 +870,12 @@ class ShardEngine:
         shard meanwhile. Indices are validated against the object's size and cached (with the
         read's version, when the store gives one).
 
-        A local directory is read shard by shard into a per-thread buffer reused for the next
-        shard (:meth:`~sharding_store.stores.Inner.read_into`): an item is valid only until
-        the next one is taken (and on the thread that took it). Other stores get all objects
-        in one inner call.
+        A local directory, and one shard of any store (a remote store's shards are each read
+        by a task of their own, see ``DraftArray._read_sharded``), is read shard by shard into
+        a per-thread buffer reused for the next shard
+        (:meth:`~sharding_store.stores.Inner.read_into`: no fresh pages per object, and the
+        object's version with it): an item is valid only until the next one is taken (and on
+        the thread that took it). Other stores get several objects in one inner call.
 
         ``lists=False``: a draft index is only checked, natively where it can be
         (``_loops.c``'s ``ss_check_index``, the rules of
@@ -887,9 +889,8 @@ class ShardEngine:
         inner = self.inner
         loops = _native.loops() if not lists and self._plain else None
         check = loops.check_index if loops is not None else None
-        local = inner.local_path(keys[0]) is not None
         blobs: Iterable[Any]
-        if local:
+        if len(keys) == 1 or inner.local_path(keys[0]) is not None:
             blobs = (inner.read_into(k, _read_buffer) for k in keys)
         else:
             blobs = inner.get_ranges([(k, 0, None) for k in keys])

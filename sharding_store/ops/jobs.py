@@ -47,7 +47,7 @@ from ..api.hierarchy import DraftHierarchy, Node
 from ..errors import DraftMetadataError, LinkOutsideStoreError, ShardingStoreError, UsageError
 from ..formats import draft_metadata as dm
 from ..formats.keys import Coords, parse_chunk_suffix
-from ..stores import Inner, as_inner
+from ..stores import Inner, as_inner, in_memory
 
 R = TypeVar("R")
 
@@ -142,13 +142,6 @@ def default_jobs(local: bool = False) -> int:
     threads, ~105 ms with 2). Remote stores wait on the network: twice the cores. At most 8."""
     cores = os.cpu_count() or 1
     return min(8, cores if local else 2 * cores)
-
-
-def in_memory(inner: Inner) -> bool:
-    """Whether a store is an object of this process (a ``dict``, a user's ``MutableMapping``,
-    a zarr ``MemoryStore``): its calls hold the interpreter and wait on no I/O, so threads
-    have nothing to overlap and only add a hand-off per unit."""
-    return inner.location().kind == "mapping"
 
 
 def jobs_for(jobs: int | None, src: Inner, dst: Inner, executor: Executor | None) -> int:

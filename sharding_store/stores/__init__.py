@@ -30,6 +30,7 @@ from .base import (
     Relation,
     Tail,
     Version,
+    in_memory,
     list_dir_from_keys,
     slice_range,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "ZarrStoreInner",
     "as_inner",
     "atomic_local_file",
+    "in_memory",
     "is_temp",
     "list_dir_from_keys",
     "open_url",

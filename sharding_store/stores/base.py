@@ -50,6 +50,7 @@ __all__ = [
     "StoreIOError",
     "Tail",
     "Version",
+    "in_memory",
     "list_dir_from_keys",
     "renew_after_fork",
     "slice_range",
@@ -243,6 +244,13 @@ class Inner(Protocol):
     def put_reference(self, key: str, ref: ChunkRef) -> None: ...
     def put_references(self, array: str, refs: Sequence[tuple[str, tuple[int, ...], ChunkRef]]) -> None: ...
     def commit(self, message: str) -> str: ...
+
+
+def in_memory(inner: Inner) -> bool:
+    """Whether a store is an object of this process (a ``dict``, a user's ``MutableMapping``,
+    a zarr ``MemoryStore``): its calls hold the interpreter and wait on no I/O, so threads
+    have nothing to overlap and only add a hand-off per call."""
+    return inner.location().kind == "mapping"
 
 
 def slice_range(data: bytes, start: int, end: int | None) -> bytes:

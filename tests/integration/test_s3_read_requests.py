@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sharding_store.api import arrays
 from sharding_store.api.arrays import create_draft_array, open_draft
-from sharding_store.stores import _obstore
 from tests.s3server import S3Server, s3, s3_server  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,8 +76,8 @@ def test_whole_array_read_is_one_get_per_shard_many_in_flight(stored, proxy) -> 
     assert {p for _, p in per_object} == set(shards) | set(META)
     assert all(per_object["GET", p] == 1 for p in shards), per_object
     # requests are held 50 ms each: only a client with many in flight has them held together,
-    # and no more than the obstore pool's threads
-    assert 16 <= stats["peak_held"] <= _obstore.MAX_CONCURRENT, stats
+    # and no more than the I/O threads that read (and then decode) one shard each
+    assert 16 <= stats["peak_held"] <= arrays.READ_WINDOW, stats
 
 
 def test_open_and_one_chunk_three_round_trips(stored, proxy) -> None:  # noqa: ANN001
@@ -105,3 +105,15 @@ def test_open_and_one_chunk_of_each_shard_two_gets_per_shard(stored, proxy) -> N
     assert proxy.stats()["methods"] == {"GET": 2 * len(shards) + len(META)}
     assert all(per_object[p] == 2 for p in shards), per_object
     assert proxy.stats()["peak_held"] >= 16, proxy.stats()
+
+
+def test_a_chunk_of_a_shard_read_whole_before_is_one_get(stored, proxy) -> None:  # noqa: ANN001
+    """A whole shard's read keeps its index with the object's ETag (the read of the index and
+    of the payloads was one GET), so a later read of one of its chunks needs no tail: one
+    ranged GET, conditional on that ETag."""
+    a = open_draft("s3://bkt/s.zr", "a", storage_options=_options(proxy))
+    assert np.array_equal(a[...], stored)
+    proxy.reset()
+    r, c = 2 * CHUNKS[0], 3 * CHUNKS[1]  # one chunk of shard (0, 0)
+    assert np.array_equal(a[r : r + CHUNKS[0], c : c + CHUNKS[1]], stored[r : r + CHUNKS[0], c : c + CHUNKS[1]])
+    assert [(m, p) for m, p, _ in proxy.log] == [("GET", _shard_path(0, 0))], proxy.log

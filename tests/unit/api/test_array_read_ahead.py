@@ -1,5 +1,8 @@
-"""Whole shards of remote stores are read ahead of decoding (array.READ_AHEAD): the same
-values, the same requests, errors raised, local directories read as before."""
+"""Whole shards of a remote store are each read and decoded by one task on the I/O threads
+(array.READ_AHEAD, issue 26's S3 row): the same values and requests as reading them in runs
+on the decoding pool, each shard decoded as soon as it arrives (no shard waits for another
+shard's read), errors raised; local directories and mappings are read on the decoding
+threads as before."""
 
 from __future__ import annotations
 
@@ -11,21 +14,34 @@ import pytest
 from sharding_store import ShardCorruptError
 from sharding_store.api import arrays as A
 from sharding_store.api.arrays import create_draft_array, open_draft
+from sharding_store.stores import Location
 from sharding_store.testing import CountingInner
 
 SHAPE, CHUNKS, CPS = (100, 203), (4, 8), (2, 5)  # edge shards in both dimensions
+SHARDS = (13, 6)  # shards per dimension: ceil(100 / 8), ceil(203 / 40)
 
 
 class ThreadCounting(CountingInner):
-    """Also notes the threads that read ranges."""
+    """Notes the threads that read; ``remote``: says it is an object store (a mapping that
+    waits on nothing is read on the decoding threads)."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, remote: bool = True):
         super().__init__(inner)
+        self.remote = remote
         self.threads: set[str] = set()
+        self.read_on: dict[str, str] = {}  # whole-object reads: key -> the thread that read it
+
+    def location(self) -> Location:
+        return Location("s3", "test", f"bucket/{id(self)}") if self.remote else super().location()
 
     def get_ranges(self, requests, versions=None):
         self.threads.add(threading.current_thread().name.rstrip("_0123456789"))
         return super().get_ranges(requests, versions)
+
+    def read_into(self, key, alloc):
+        self.threads.add(threading.current_thread().name.rstrip("_0123456789"))
+        self.read_on[key] = threading.current_thread().name
+        return super().read_into(key, alloc)
 
 
 def _store(where, values: np.ndarray) -> None:
@@ -38,11 +54,15 @@ def values() -> np.ndarray:
     return np.random.default_rng(3).integers(0, 60000, SHAPE, dtype=np.uint16)
 
 
-@pytest.mark.parametrize("ahead", [True, False])
-@pytest.mark.parametrize("sel", [np.s_[...], np.s_[3:97, 7:190], np.s_[::3, 5:], np.s_[8:, :40]])
-def test_a_remote_store_reads_the_same_values_and_requests(values, monkeypatch, ahead, sel):
+@pytest.fixture
+def small_batches(monkeypatch) -> None:
     monkeypatch.setattr(A, "BATCH_BYTES", 16 * 8 * 2 * 10)  # several batches of several runs
     monkeypatch.setattr(A, "INLINE_CHUNKS", 4)
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+@pytest.mark.parametrize("sel", [np.s_[...], np.s_[3:97, 7:190], np.s_[::3, 5:], np.s_[8:, :40]])
+def test_a_remote_store_reads_the_same_values_and_requests(values, monkeypatch, small_batches, ahead, sel):
     monkeypatch.setattr(A, "READ_AHEAD", ahead)
     data: dict = {}
     _store(data, values)
@@ -61,26 +81,66 @@ def test_a_remote_store_reads_the_same_values_and_requests(values, monkeypatch, 
     b = open_draft(other, "a")
     other.reset()
     assert np.array_equal(b[sel], got)
-    assert (other.calls["get_ranges"], other.ranges) == (inner.calls["get_ranges"], inner.ranges)
+    assert other.reads == inner.reads and other.bytes_read == inner.bytes_read
 
 
-def test_a_damaged_shard_read_ahead_raises_and_nothing_hangs(values, monkeypatch):
-    monkeypatch.setattr(A, "BATCH_BYTES", 16 * 8 * 2 * 10)
-    monkeypatch.setattr(A, "INLINE_CHUNKS", 4)
+def test_each_remote_shard_is_decoded_as_it_arrives(values, monkeypatch, small_batches):
+    """The first shard's read is held until every other shard has been decoded into the
+    output: no shard's decode waits for another shard's read (so the last byte is followed
+    by one shard's decode, not by a run's), and each is decoded on the thread that read it."""
+    data: dict = {}
+    _store(data, values)
+    first = "data/root/a/c0/0"
+    decoded: list[tuple[str, str]] = []  # (shard key, decoding thread)
+    everyone_else = threading.Event()
+    total = SHARDS[0] * SHARDS[1]
+    original = A.DraftArray._read_whole_shards
+
+    def recording(self, out, run, *rest):
+        original(self, out, run, *rest)
+        for coords in self._shards_of(run):
+            decoded.append((self.engine.layout.shard_key(coords), threading.current_thread().name))
+        if len(decoded) == total - 1 and all(k != first for k, _ in decoded):
+            everyone_else.set()
+
+    class HoldFirst(ThreadCounting):
+        def read_into(self, key, alloc):
+            if key == first:
+                everyone_else.wait(20)  # bounded: a reader that waits for this read fails below
+            return super().read_into(key, alloc)
+
+        def get_ranges(self, requests, versions=None):
+            if any(k == first for k, _, _ in requests):
+                everyone_else.wait(20)
+            return super().get_ranges(requests, versions)
+
+    monkeypatch.setattr(A.DraftArray, "_read_whole_shards", recording)
+    inner = HoldFirst(data)
+    a = open_draft(inner, "a")
+    assert np.array_equal(a[...], values)
+    assert everyone_else.is_set(), f"only {len(decoded)} of {total - 1} shards were decoded while the first was read"
+    assert [k for k, _ in decoded][-1] == first
+    assert len(decoded) == total and len({k for k, _ in decoded}) == total
+    assert all(thread == inner.read_on[key] and thread.startswith("sharding-store-io") for key, thread in decoded)
+
+
+def test_a_damaged_shard_read_ahead_raises_and_nothing_hangs(values, small_batches):
     data: dict = {}
     _store(data, values)
     data["data/root/a/c3/1"] = data["data/root/a/c3/1"][:-3]  # its index cut short
-    a = open_draft(data, "a")
+    a = open_draft(ThreadCounting(data), "a")
     with pytest.raises(ShardCorruptError, match="c3/1"):
         a[...]
     assert np.array_equal(a[:20], values[:20])  # the array reads on
 
 
-def test_a_local_directory_is_read_on_the_decoding_threads(values, tmp_path, monkeypatch):
-    monkeypatch.setattr(A, "BATCH_BYTES", 16 * 8 * 2 * 10)
-    monkeypatch.setattr(A, "INLINE_CHUNKS", 4)
-    _store(str(tmp_path), values)
-    inner = ThreadCounting(str(tmp_path))
+@pytest.mark.parametrize("kind", ["directory", "mapping"])
+def test_local_directories_and_mappings_are_read_on_the_decoding_threads(values, tmp_path, small_batches, kind):
+    """Nothing to overlap: a directory's shards go into per-thread buffers on the decoding
+    pool, a mapping's calls wait on nothing."""
+    where = str(tmp_path) if kind == "directory" else {}
+    _store(where, values)
+    inner = ThreadCounting(where, remote=False)
     a = open_draft(inner, "a")
     assert np.array_equal(a[...], values)
-    assert "sharding-store-io" not in inner.threads and inner.calls["read_into"] > 0
+    assert "sharding-store-io" not in inner.threads and inner.threads
