@@ -10,6 +10,7 @@ The sharding transformer keeps the key shape and divides the grid position by
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterator
 
 Coords = tuple[int, ...]
@@ -22,7 +23,25 @@ def parse_chunk_suffix(suffix: str, separator: str, ndim: int) -> Coords | None:
     body = suffix[1:]
     if ndim == 0:
         return () if body in ("", "0") else None
+    canonical = _canonical(separator)
+    if canonical.fullmatch(body) is not None:  # one C call checks every part (most keys)
+        parts = body.split(separator)
+        return tuple(map(int, parts)) if len(parts) == ndim else None
     return _coords(body.split(separator), ndim)
+
+
+#: per separator, the pattern of a body of canonical decimal parts (what :func:`_coords` accepts)
+_CANONICAL: dict[str, re.Pattern[str]] = {}
+
+
+def _canonical(separator: str) -> re.Pattern[str]:
+    """The pattern of ``<part>(<separator><part>)*`` with plain ASCII decimal parts without
+    leading zeros, compiled once per separator: :func:`_coords`' rule for every part."""
+    got = _CANONICAL.get(separator)
+    if got is None:
+        part = "(?:0|[1-9][0-9]*)"
+        got = _CANONICAL[separator] = re.compile(f"{part}(?:{re.escape(separator)}{part})*")
+    return got
 
 
 def _coords(parts: list[str], ndim: int) -> Coords | None:

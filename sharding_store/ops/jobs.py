@@ -391,7 +391,8 @@ def with_retries(fn: Callable[..., R], *args: Any, attempts: int = 4, base_delay
 
 #: most items per executor task (see :func:`run_bounded`)
 MAX_BATCH = 16
-#: items per batch of :func:`run_inline_batches` (a reference unit's work is a few microseconds)
+#: units per batch of a virtual migration (:meth:`~sharding_store.ops.migration._Driver.run_references`:
+#: a reference unit's work is a few microseconds)
 INLINE_BATCH = 256
 
 
@@ -492,35 +493,15 @@ def run_inline(fn: Callable[..., R], items: Iterable[tuple[Any, ...]]) -> Genera
         yield item, outcome
 
 
-def run_inline_batches(
-    batched: Callable[[list[tuple[Any, ...]]], list[tuple[bool, Any]]], items: Iterable[tuple[Any, ...]],
-    size: int = INLINE_BATCH,
-) -> Generator[tuple[tuple[Any, ...], Outcome[Any]], None, None]:
-    """:func:`run_inline` a batch at a time: ``batched(batch)`` gives each item's ``(ok,
-    result or error)``; no executor, no future. Ahead of the consumer by one batch at most."""
-    iterator = iter(items)
-    while True:
-        batch = list(itertools.islice(iterator, size))
-        if not batch:
-            return
-        for item, (ok, value) in zip(batch, batched(batch)):
-            yield item, Outcome(ok, value)
-
-
 def run_units(
     fn: Callable[..., R], items: Iterable[tuple[Any, ...]], *, jobs: int, executor: Executor | None = None,
-    name: str = "units", batched: Callable[[list[tuple[Any, ...]]], list[tuple[bool, Any]]] | None = None,
+    name: str = "units",
 ) -> Generator[tuple[tuple[Any, ...], Outcome[R]], None, None]:
     """How a driver runs its units, yielding ``(item, outcome)`` as they complete: on
     ``executor`` (a window of ``4 * jobs`` batches), else on ``jobs`` threads (``2 * jobs``)
-    shut down with :func:`cancelling`, else (one job) inline (:func:`run_inline`).
-    ``batched`` (without an executor): ``batched(items)`` runs :data:`INLINE_BATCH` items at a
-    time in this thread instead, whatever ``jobs`` (work whose I/O a store batches itself,
-    e.g. one ``get_tails`` per batch). Closing the generator (an error, an interruption in
-    the consumer) cancels what has not started."""
-    if batched is not None and executor is None:
-        yield from run_inline_batches(batched, items)
-    elif executor is not None:
+    shut down with :func:`cancelling`, else (one job) inline (:func:`run_inline`). Closing
+    the generator (an error, an interruption in the consumer) cancels what has not started."""
+    if executor is not None:
         yield from run_bounded(executor, fn, items, window=4 * jobs)
     elif jobs <= 1:
         yield from run_inline(fn, items)

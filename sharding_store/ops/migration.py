@@ -37,8 +37,9 @@ reader, as in the source). A source with an unfinished in-place reshard is refus
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import Executor
 from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
@@ -70,6 +71,7 @@ from .destination import (
     resolve_target,
 )
 from .jobs import (
+    INLINE_BATCH,
     StoreRef,
     check_apart,
     check_picklable,
@@ -104,6 +106,7 @@ from .units import (
     Options,
     Present,
     Unit,
+    UnitLog,
     UnitResult,
     array_units,
     decide_index,
@@ -337,7 +340,7 @@ class _Driver:
 
     def __init__(self, h: DraftHierarchy, plans: list[ArrayPlan], src: Inner, dst: Inner, report: MigrationReport,
                  *, resume: bool, attempts: int, delay: float, progress: bool | None, skip_damaged: bool,
-                 documents_first: bool = False) -> None:
+                 documents_first: bool = False, log: UnitLog | None = None) -> None:
         self.h, self.plans, self.src, self.dst, self.report = h, plans, src, dst, report
         #: a destination that shows nothing before its commit (Icechunk, a reference file) takes an
         #: array's zarr.json before its chunks (Icechunk needs it), the order no reader can see
@@ -349,6 +352,8 @@ class _Driver:
         self.root_doc: dict[str, Any] | None = None
         self.by_path = {p.node.path: p for p in plans}
         self.virtual = dst.takes_references()
+        #: where every planned unit is recorded (for the reference check that follows), or None
+        self.log = log
         self.bar = progress_bar(None, "migrate", object_noun(report.all_shards, 1), progress)
 
     def present(self, plan: ArrayPlan) -> Present | None:
@@ -357,7 +362,7 @@ class _Driver:
             return None
         return Present(self.dst.list_sized(plan.job.dst_prefix), probe=self.dst.size)
 
-    def items(self) -> Iterator[tuple[Any, ...]]:
+    def items(self) -> Generator[tuple[Any, ...], None, None]:
         for plan in self.plans:
             path = plan.node.path
             # a virtual destination creates no file: units in the listing's order (no directory to spread over)
@@ -366,13 +371,19 @@ class _Driver:
             self.remaining[path] = 0
             if self.documents_first:
                 self.set(node_key(path), json_bytes(plan.doc))
-            job, damaged, remaining, grow = plan.job, self.damaged, self.remaining, self.bar.grow
+            job, damaged, remaining, grow, log = plan.job, self.damaged, self.remaining, self.bar.grow, self.log
+            if log is not None:
+                log.begin(path)
             for unit in units:
+                if log is not None:
+                    log.add(unit)
                 if path in damaged:
                     continue  # the listing still runs out: it counts the array's objects
                 remaining[path] += 1
                 grow(unit.objects)
                 yield job, unit, self.attempts, self.delay
+            if log is not None:
+                log.end(path)
             self.report.warnings += listed.warnings(path)
             self.done_if_complete(plan)
         self.bar.planned()  # every array listed: the bar's total is known
@@ -458,10 +469,10 @@ class _Driver:
     def run(self, jobs: int, executor: Executor | None) -> None:
         """Every unit (:func:`~sharding_store.ops.jobs.run_units`: inline for one job), the
         bar counting target objects and the bytes written so far."""
-        # a virtual destination: a batch of units at a time in this thread, one tail read per batch
-        batched = refer_units if self.virtual else None
-        results = run_units(_run_with_retries, self.items(), jobs=jobs, executor=executor, name="migrate",
-                            batched=batched)
+        if self.virtual:
+            self.run_references()
+            return
+        results = run_units(_run_with_retries, self.items(), jobs=jobs, executor=executor, name="migrate")
         # the same objects throughout the run (mutated, never replaced), looked up once
         totals, advance, remaining, damaged = self.report.totals, self.bar.advance, self.remaining, self.damaged
         with self.bar, closing(results):  # closed: pending units cancelled, on error or interruption
@@ -481,6 +492,33 @@ class _Driver:
                 if remaining[path] == 0:
                     self.done_if_complete(self.by_path[path])
                 fault_point("unit")
+
+    def run_references(self) -> None:
+        """A virtual destination's units, a batch at a time in this thread
+        (:func:`~sharding_store.ops.units.refer_units`: one tail read per batch), each unit's
+        outcome taken as :meth:`run` takes it, the bar advanced once a batch (a reference
+        unit is a few microseconds: a generator hop and an outcome object per unit cost a
+        visible share of it)."""
+        totals, remaining, damaged, by_path = self.report.totals, self.remaining, self.damaged, self.by_path
+        items = self.items()
+        with self.bar, closing(items):  # closed: no further unit planned, on error or interruption
+            while batch := list(itertools.islice(items, INLINE_BATCH)):
+                objects = nbytes = 0
+                for (job, unit, *_), (ok, result) in zip(batch, refer_units(batch)):
+                    if not ok:
+                        self.failed(job, unit, result)
+                        continue
+                    path = job.path
+                    if path in damaged:
+                        continue
+                    totals.add(result)
+                    objects += unit.objects
+                    nbytes += result.bytes_now
+                    remaining[path] -= 1
+                    if remaining[path] == 0:
+                        self.done_if_complete(by_path[path])
+                    fault_point("unit")
+                self.bar.advance(objects, nbytes)
 
 
 # --------------------------------------------------------------------------- the API
@@ -730,23 +768,36 @@ def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreO
         "consolidate": o.consolidate, "target": sides.target, "virtual": sides.virtual})
     _prepare(sides.dst_ref, sides.dst, current, report, overwrite=o.overwrite, resume=o.resume, dry_run=o.dry_run,
              retries=run.retries, delay=run.retry_delay)
-    if o.dry_run:
-        _list_all(plans, h, sides.src, report)
-    else:
-        _write_all(h, plans, sides, report, o, run, json_bytes(current))
-    report.seconds = time.perf_counter() - started
-    if o.verify and not o.dry_run:
-        from .verification import verify as run_verify  # here: --no-verify and a dry run load no checker
-
-        with _verifying():
-            # a virtual destination: its references and documents read back, no chunk read
-            # (``verify SRC DST`` reads every chunk through them)
-            report.verification = run_verify(
-                sides.src_ref, sides.dst_ref, VerifyOptions(assume_chunks_per_shard=o.assume_chunks_per_shard,
-                                                            skip_arrays=report.skipped_paths,
-                                                            references_only=sides.virtual), run=run, stores=stores)
+    # the reference check after a virtual migration takes the units this one listed
+    log = UnitLog() if sides.virtual and o.verify and not o.dry_run else None
+    try:
+        if o.dry_run:
+            _list_all(plans, h, sides.src, report)
+        else:
+            _write_all(h, plans, sides, report, o, run, json_bytes(current), log)
         report.seconds = time.perf_counter() - started
+        if o.verify and not o.dry_run:
+            _verify_after(sides, o, run, stores, report, log)
+            report.seconds = time.perf_counter() - started
+    finally:
+        if log is not None:
+            log.close()
     return report
+
+
+def _verify_after(sides: _Sides, o: MigrateOptions, run: RunOptions, stores: StoreOptions, report: MigrationReport,
+                  log: UnitLog | None) -> None:
+    """The verification after a complete migration: a virtual destination's references and
+    documents read back, no chunk read (``verify SRC DST`` reads every chunk through them),
+    against the units this migration listed (``log``: the source is not listed again)."""
+    from .verification import verify as run_verify  # here: --no-verify and a dry run load no checker
+
+    with _verifying():
+        report.verification = run_verify(
+            sides.src_ref, sides.dst_ref, VerifyOptions(assume_chunks_per_shard=o.assume_chunks_per_shard,
+                                                        skip_arrays=report.skipped_paths,
+                                                        references_only=sides.virtual),
+            run=run, stores=stores, listed=log)
 
 
 def _refuse_new_bytes(plans: list[ArrayPlan]) -> None:
@@ -768,12 +819,13 @@ def _list_all(plans: list[ArrayPlan], h: DraftHierarchy, src: Inner, report: Mig
 
 
 def _write_all(h: DraftHierarchy, plans: list[ArrayPlan], sides: _Sides, report: MigrationReport, o: MigrateOptions,
-               run: RunOptions, marker: bytes) -> None:
+               run: RunOptions, marker: bytes, log: UnitLog | None = None) -> None:
     """Claim the destination, copy every array's units, then the groups' documents (the
-    root last), then delete the marker: a killed run never leaves an array reading wrong."""
+    root last), then delete the marker: a killed run never leaves an array reading wrong.
+    ``log``: where every unit planned is recorded."""
     driver = _Driver(h, plans, sides.src, sides.dst, report, resume=o.resume, attempts=run.retries,
                      delay=run.retry_delay, progress=run.progress, skip_damaged=o.skip_damaged,
-                     documents_first=sides.kind != "copy")
+                     documents_first=sides.kind != "copy", log=log)
     if o.resume:
         sides.dst.tidy()  # temporary files of writes the interrupted run left unfinished
     fault_point("claim")  # the destination was found empty (or resumable); nothing written yet

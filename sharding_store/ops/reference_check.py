@@ -97,6 +97,10 @@ class SourceObjects:
             raise UsageError(f"{src.describe()}: a virtual destination refers to local or s3:// objects; this source "
                              "has no URL for its objects", key=src.describe())
         self._dirs: dict[str, str] = {}
+        #: on S3 the listing tells each object's size and ETag now, a request per 1000
+        #: objects (a HEAD each would be one per object): the check then lists the source
+        #: even after a migration that just listed it; locally each object's ``lstat`` does
+        self.listing_tells_state = self.kind == "s3"
 
     def gone(self, url: str) -> bool:
         """Whether ``url`` names an object of this source that is no longer there (a

@@ -64,7 +64,7 @@ from ..formats.v3_documents import (
     v3_chunk_key,
 )
 from ..formats.v3_layout import KeyEncoding, V3ArrayMeta, decided, final_document
-from ..stores import ChunkRef, Inner
+from ..stores import ChunkRef, Inner, Tail
 from .destination import MARKER_KEY
 from .jobs import (
     Source,
@@ -419,6 +419,69 @@ class Listed:
         return [f"{path or '/'}: {plural(self.stray, 'stray key')} under its data prefix not migrated, e.g. {self.first_stray}"]
 
 
+#: units pickled at a time into a :class:`UnitLog`
+LOG_BATCH = 1024
+
+
+class UnitLog:
+    """The units a migration planned, array by array, for the reference check that follows
+    a virtual migration: it takes them instead of listing the source a second time
+    (:func:`~sharding_store.ops.verification.verify`'s ``listed``). Kept in an unlinked
+    temporary file, :data:`LOG_BATCH` units pickled at a time, so memory stays flat in their
+    number; only this process writes and reads it. An array is there once its listing ran
+    out (:meth:`end`): every unit of it, those of a damaged array too."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self._file = tempfile.TemporaryFile()
+        self._spans: dict[str, tuple[int, int]] = {}
+        self._start = 0
+        self._batch: list[Unit] = []
+
+    def begin(self, path: str) -> None:
+        """The units of the array at ``path`` follow."""
+        self._flush()
+        self._spans.pop(path, None)
+        self._start = self._file.tell()
+
+    def add(self, unit: Unit) -> None:
+        self._batch.append(unit)
+        if len(self._batch) >= LOG_BATCH:
+            self._flush()
+
+    def end(self, path: str) -> None:
+        """The array at ``path`` was listed whole: its units can be taken (:meth:`units`)."""
+        self._flush()
+        self._spans[path] = (self._start, self._file.tell())
+
+    def _flush(self) -> None:
+        if self._batch:
+            import pickle
+
+            self._file.seek(0, 2)
+            pickle.dump(self._batch, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+            self._batch = []
+
+    def units(self, path: str) -> Iterator[Unit] | None:
+        """The units of the array at ``path``, in the order planned; None when it was not
+        listed whole here."""
+        span = self._spans.get(path)
+        return None if span is None else self._read(*span)
+
+    def _read(self, start: int, end: int) -> Iterator[Unit]:
+        import pickle
+
+        while start < end:
+            self._file.seek(start)
+            batch = pickle.load(self._file)  # noqa: S301 - this process's own file, unlinked: no one else writes it
+            start = self._file.tell()
+            yield from batch
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class Present:
     """The destination objects under one array's prefix, from the destination's *sorted*
     listing read as a stream, side by side with units that ask for their keys in ascending
@@ -489,6 +552,15 @@ def _sources(job: ArrayJob, listing: Iterable[tuple[str, int | None]], ignore: t
         yield Source(coords, key, size)
 
 
+def _shard_units(sources: Iterable[Source], listed: Listed) -> Iterator[Unit]:
+    """One unit per source shard as it is listed, counted in ``listed`` (:func:`job_units`
+    with the source's grid, no destination listing, ``spread=False``)."""
+    for source in sources:
+        listed.units += 1
+        listed.objects += 1
+        yield Unit((source,), source.coords)
+
+
 def job_units(
     job: ArrayJob,
     listing: Iterable[tuple[str, int | None]],
@@ -535,6 +607,10 @@ def job_units(
         listed.done = True
         return
     if job.same_grid and job.src_layout.ndim > 0:  # one unit per source shard, even one outside the grid
+        if present is None and not spread:  # each as listed (a virtual destination): one generator, no key formatted
+            yield from _shard_units(sources, listed)
+            listed.done = True
+            return
         if present is None:  # no destination key to look up: none is formatted
             units = (Unit((s,), s.coords) for s in sources)
         else:
@@ -873,9 +949,12 @@ def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
             if i in tails:
                 batch = puts.setdefault(id(job), [])
                 try:
-                    result = _refer_shard(job, unit, *stores[id(job)], (tails[i],),
-                                          put=lambda key, coords, ref: batch.append((i, key, coords, ref)),  # noqa: B023 - called at once
-                                          live=checked.get(i))
+                    live = checked.get(i)
+                    if live is not None:  # its index checked with the batch's: only the reference to take
+                        result = _refer_checked(job, unit, stores[id(job)][0], tails[i], live, batch, i)
+                    else:
+                        result = _refer_shard(job, unit, *stores[id(job)], (tails[i],),
+                                              put=lambda key, coords, ref: batch.append((i, key, coords, ref)))  # noqa: B023 - called at once
                 except Exception as e:  # noqa: BLE001 - a transient one: run alone, retried
                     if not is_transient(e):
                         raise
@@ -888,6 +967,25 @@ def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
     for batch in puts.values():
         _put_batch(items, stores, batch, out)
     return out
+
+
+def _refer_checked(job: ArrayJob, unit: Unit, src: Inner, tail: Tail, live: int,
+                   batch: list[tuple[int, str, Coords, ChunkRef]], i: int) -> UnitResult:
+    """:func:`_refer_shard` of a unit whose index tail :func:`_checked` found sound with
+    ``live`` live entries (at the end of its shard, its size known, ``dst_size`` None): the
+    reference to the whole object of the version read, added to ``batch`` as item ``i``."""
+    key = job.dst_key(unit.target)  # type: ignore[arg-type]  # a prefetchable unit has a target
+    n = len(tail.data)
+    if not live:
+        return UnitResult(empty=1, bytes_read=n)
+    source = unit.sources[0]
+    size = tail.size if tail.size is not None else source.size
+    assert size is not None  # :func:`_checked` checks only indices of a known size
+    ref = src.reference_to(source.key, 0, size, tail.version)
+    if ref is None:
+        return UnitResult(empty=1, bytes_read=n)  # deleted since its index was read
+    batch.append((i, key, unit.target, ref))  # type: ignore[arg-type]  # a target, as above
+    return UnitResult(referenced=1, chunks=live, bytes_read=n)
 
 
 def _batch_tails(items: Sequence[tuple[Any, ...]], stores: Mapping[int, tuple[Inner, Inner]]) -> dict[int, Any]:
@@ -970,7 +1068,7 @@ def _refer_chunks(unit: Unit, src: Inner, dst: Inner, job: ArrayJob) -> UnitResu
         if ref is None:
             continue  # deleted since listed
         if ref.object_size != size:  # rewritten since listed: refer to what it is now
-            ref = replace(ref, length=ref.object_size)
+            ref = ref._replace(length=ref.object_size)
         refs.append((job.dst_key(coords), coords, ref))
         result.referenced += 1
         result.chunks += 1
@@ -1010,6 +1108,7 @@ __all__ = [
     "Options",
     "Present",
     "Unit",
+    "UnitLog",
     "UnitResult",
     "array_units",
     "job_units",

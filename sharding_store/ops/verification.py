@@ -82,6 +82,7 @@ from .units import (
     Present,
     SourceChunks,
     Unit,
+    UnitLog,
     array_units,
     decide_index,
     node_key,
@@ -475,6 +476,7 @@ def verify(
     *,
     run: RunOptions | None = None,
     stores: StoreOptions | None = None,
+    listed: UnitLog | None = None,
     **legacy: Any,
 ) -> VerifyReport:
     """Compare the migrated hierarchy ``dst`` with its draft-era source ``src``
@@ -489,6 +491,10 @@ def verify(
     leaves out must be absent from ``dst`` and are listed in ``report.skipped``.
     ``skip_arrays`` (path -> reason): arrays known to be left out.
     ``assume_chunks_per_shard``: as given to :func:`~sharding_store.ops.migration.migrate`.
+    ``listed``: what a virtual migration just listed of ``src`` (the units it planned),
+    handed over by :func:`~sharding_store.ops.migration.migrate` to its reference check: the
+    source is then not listed again (each object is still looked at as it is now); an array
+    it did not list whole is listed here.
     Raises :class:`StoreNotFoundError` when ``dst`` is missing, empty or not a Zarr v3
     hierarchy, :class:`UsageError` when it is the source itself, and
     :class:`MigrationError` when the source has an unfinished in-place reshard.
@@ -519,7 +525,7 @@ def verify(
         report.references = (back.kind, back.describe())
     root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
     h = node_model(src_inner, root_raw, location=src_ref.describe())
-    _check_arrays(h, src_ref, dst_ref, dst_inner, report, options, replace(run, jobs=jobs), back)
+    _check_arrays(h, src_ref, dst_ref, dst_inner, report, options, replace(run, jobs=jobs), back, listed)
     report.check.problems.sort()  # units finish in any order: report the first keys in key order
     report.seconds = time.perf_counter() - started
     if options.raise_on_error and not report.ok:
@@ -528,10 +534,11 @@ def verify(
 
 
 def _check_arrays(h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, dst_inner: Inner, report: VerifyReport,
-                  options: VerifyOptions, run: RunOptions, back: Back | None = None) -> None:
+                  options: VerifyOptions, run: RunOptions, back: Back | None = None,
+                  listed: UnitLog | None = None) -> None:
     """Every node of the source's model against the destination, the arrays' units on
     ``run``'s executor (or a pool of ``run.jobs`` threads); with ``back`` (a virtual DST
-    read back), their references instead, in this thread."""
+    read back), their references instead, in this thread (the units ``listed`` where given)."""
     assume = options.assume_chunks_per_shard
     h.assume_sharded(assume)
     if assume:  # a guess the evidence contradicts is refused (the inspector loads only then)
@@ -549,7 +556,7 @@ def _check_arrays(h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, dst_i
         if back is None:
             checker.run(jobs, run.executor)
         else:
-            checker.references(back)
+            checker.references(back, listed)
     checker.consolidation()
 
 
@@ -698,9 +705,12 @@ class _Checker:
             for (job, *_), future in results:
                 self._collect(job, future)
 
-    def references(self, back: Back) -> None:
+    def references(self, back: Back, listed: UnitLog | None = None) -> None:
         """Every array's references read back and checked against its source objects
-        (:mod:`.reference_check`), then what no unit accounts for: no chunk is read."""
+        (:mod:`.reference_check`), then what no unit accounts for: no chunk is read. An
+        array's units are those a migration just ``listed`` where it listed that array
+        whole and each object's state is learnt one by one anyway (locally), else the
+        source's listing."""
         from .reference_check import SourceObjects, check_references
 
         src, objects, problem = self.h.inner, SourceObjects(self.h.inner), self.check.problem
@@ -711,7 +721,9 @@ class _Checker:
                 problem(key, f"{key}: not what a virtual migration writes: {reason}")
                 self.bad.add(plan.node.path)
                 continue
-            units, _ = array_units(plan, self.h, src)
+            units = None if listed is None or objects.listing_tells_state else listed.units(plan.node.path)
+            if units is None:
+                units, _ = array_units(plan, self.h, src)
             for n, nbytes in check_references(back, plan.job, units, objects, src, problem):
                 self.bar.grow(n)
                 self.check.objects += n

@@ -120,3 +120,25 @@ def test_verify_tells_an_icechunk_repository_on_s3_from_its_objects(source, caps
     assert main(["verify", SRC, "s3://dst/repo", "--storage-options", options, "--no-progress",
                  "--references-only"]) == 0
     assert f"Icechunk virtual: {SHARDS} references" in capsys.readouterr().out
+
+
+def test_the_check_after_a_migration_from_s3_lists_the_source_again(source, tmp_path, monkeypatch):
+    """On S3 the listing is what tells each object's size and ETag now (a request per 1000
+    objects): the check after a virtual migration lists the source again instead of taking
+    the migration's listing, and sees an object rewritten since it was listed, with no HEAD."""
+    from sharding_store.errors import VerificationError
+    from sharding_store.ops import migration
+
+    real = migration._verify_after
+
+    def changed_first(*args, **kwargs):  # noqa: ANN202
+        _change(source, "rewritten")
+        source.start_counting()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(migration, "_verify_after", changed_first)
+    with pytest.raises(VerificationError) as raised:
+        migrate(SRC, str(tmp_path / "out.json"), stores=StoreOptions(src=source.storage_options), progress=False)
+    assert raised.value.key == "big/c/2/0" and "rewritten (ETag no longer" in str(raised.value)
+    assert [r for r in source.requests() if r["method"] == "HEAD" and "/store/data/" in r["url"]] == []
+    assert [r for r in source.requests() if r["method"] == "GET" and "list-type=2" in r["url"]] != []

@@ -136,6 +136,51 @@ def test_a_changed_source_object_is_one_problem_naming_its_key(big, tmp_path, ch
         "big/c/5/0"], problems
 
 
+def _array_listings(src: CountingInner) -> list[str]:
+    """The listings of the array's data prefix (or below) the counting source was asked for."""
+    return [d for name, d in src.log
+            if name.startswith("list_") and isinstance(d, str) and d.startswith("data/root/big")]
+
+
+@pytest.mark.parametrize("target", ["references", "icechunk"])
+def test_a_verifying_virtual_migration_lists_the_source_once(big, tmp_path, target):
+    """The reference check after a virtual migration takes the units the migration listed
+    (it listed them twice before); ``verify --references-only`` alone lists them itself."""
+    if target == "icechunk":
+        pytest.importorskip("icechunk")
+    dst = tmp_path / ("out.json" if target == "references" else "repo")
+    src = CountingInner(str(big))
+    report = migrate(src, str(dst), MigrateOptions(target=target, virtual=True), progress=False)
+    assert report.verification.ok and report.verification.check.objects == SHARDS
+    assert _array_listings(src) == ["data/root/big/"]
+    alone = CountingInner(str(big))
+    assert verify(alone, str(dst), refs_only(), progress=False).ok
+    assert _array_listings(alone) == ["data/root/big/"]
+
+
+@pytest.mark.parametrize("change, words", [
+    (_rewrite, "modified since (st_mtime_ns"),
+    (_truncate, "now "),
+    (_delete, "deleted since the references were taken"),
+], ids=["rewritten", "truncated", "deleted"])
+def test_the_check_after_a_migration_looks_at_each_object_as_it_is_now(big, tmp_path, monkeypatch, change, words):
+    """Taking the migration's listing, the check still looks at every source object as it
+    is when checked: one changed between the migration and its check is one problem."""
+    from sharding_store.errors import VerificationError
+    from sharding_store.ops import migration
+
+    real = migration._verify_after
+
+    def changed_first(*args, **kwargs):  # noqa: ANN202
+        change(_shard(big, 5))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(migration, "_verify_after", changed_first)
+    with pytest.raises(VerificationError) as raised:
+        migrate(str(big), str(tmp_path / "out.json"), progress=False)
+    assert raised.value.key == "big/c/5/0" and "1 difference;" in str(raised.value) and words in str(raised.value)
+
+
 def test_the_cli_verify_checks_references_only_when_asked_and_says_what_it_checked(big, tmp_path, capsys):
     out = tmp_path / "out.json"
     migrate(str(big), str(out), MigrateOptions(verify=False), progress=False)
