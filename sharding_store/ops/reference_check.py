@@ -214,8 +214,8 @@ class ReferenceFileBack:
 
     def _wrong(self, ref: Any, now: Now) -> str | None:
         """What is wrong with ``ref`` (None: it names ``now``'s object whole, as recorded)."""
-        if not (isinstance(ref, list) and len(ref) == 3 and isinstance(ref[0], str)
-                and all(type(v) is int for v in ref[1:])):
+        if not (type(ref) is list and len(ref) == 3 and type(ref[0]) is str and type(ref[1]) is int
+                and type(ref[2]) is int):
             return f"not a reference [url, offset, length]: {json.dumps(ref)[:80]}"
         url, offset, length = ref
         if url != now.url:

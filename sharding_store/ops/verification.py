@@ -722,8 +722,8 @@ class _Checker:
                 self.bad.add(plan.node.path)
                 continue
             units = None if listed is None or objects.listing_tells_state else listed.units(plan.node.path)
-            if units is None:
-                units, _ = array_units(plan, self.h, src)
+            if units is None:  # in the listing's order: nothing is created, no directory to spread over
+                units, _ = array_units(plan, self.h, src, spread=False)
             for n, nbytes in check_references(back, plan.job, units, objects, src, problem):
                 self.bar.grow(n)
                 self.check.objects += n

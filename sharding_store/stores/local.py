@@ -57,7 +57,7 @@ from .base import (
     Tail,
     Version,
 )
-from .local_fd import MAX_LINKS, O_DIR, O_DIR_NOFOLLOW, DirFd, DirFds, post_order, refusal, scan
+from .local_fd import MAX_LINKS, O_DIR, O_DIR_NOFOLLOW, DirFd, DirFds, post_order, refusal, scan, scan_sized
 
 __all__ = [
     "CREATE_ATTEMPTS",
@@ -1055,22 +1055,20 @@ class LocalInner(BaseInner):
             except OSError:
                 return []
             try:
-                raw = scan(fd)
+                raw = scan_sized(fd, sizes=sizes)
             finally:
                 os.close(fd)
-            for name, kind in raw:
+            for name, kind, size in raw:
                 if TEMP_MARKER in name:
                     continue
-                if kind == "l":
-                    item = self._link_entry(d, name, lead + name, sizes)
+                if kind == "f":
+                    out.append((name, "f", None, size))
                 elif kind == "d":
-                    item = ("d", f"{d.path}/{name}" if d.path else name, None)
-                elif kind == "f":
-                    item = ("f", None, _size_at(d.fd, name) if sizes else None)
-                else:
-                    item = None
-                if item is not None:
-                    out.append((name, *item))
+                    out.append((name, "d", f"{d.path}/{name}" if d.path else name, None))
+                elif kind == "l":
+                    item = self._link_entry(d, name, lead + name, sizes)
+                    if item is not None:
+                        out.append((name, *item))
         finally:
             self._dirs.release(d)
         out.sort(key=lambda t: t[0] + "/" if t[1] == "d" else t[0])
@@ -1184,7 +1182,7 @@ class LocalInner(BaseInner):
         ``lstat`` of the name there, which must be that very regular file (no link); None
         (the descriptor's way decides) otherwise."""
         directory, _, name = key.rpartition("/")
-        top = self._real_dir(directory)
+        top = self._real_dirs.get(directory) or self._real_dir(directory)
         if top is None:
             return None  # the descriptor's way refuses it, naming the key
         real = f"{top}/{name}" if top != "/" else f"/{name}"
@@ -1319,13 +1317,6 @@ def _compose_into(
         ):
             raise ObjectChangedError(f"{src_key}: changed while being copied", key=src_key)
     return written
-
-
-def _size_at(fd: int, name: str) -> int | None:
-    try:
-        return os.stat(name, dir_fd=fd, follow_symlinks=False).st_size
-    except OSError:
-        return None
 
 
 def _lexists_at(fd: int, name: str) -> bool:

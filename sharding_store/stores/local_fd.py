@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from ..errors import LinkOutsideStoreError, ObjectChangedError
 from .base import renew_after_fork
 
-__all__ = ["DIR_FDS_MAX", "MAX_LINKS", "O_DIR", "O_DIR_NOFOLLOW", "DirFd", "DirFds", "post_order", "refusal", "scan"]
+__all__ = ["DIR_FDS_MAX", "MAX_LINKS", "O_DIR", "O_DIR_NOFOLLOW", "DirFd", "DirFds", "post_order", "refusal", "scan", "scan_sized"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
@@ -309,15 +309,30 @@ def scan(fd: int) -> list[tuple[str, str]]:
     """``(name, kind)`` of every entry of the directory open as ``fd`` (a descriptor of the
     caller's own: reading it moves its offset): kind ``d`` a directory, ``l`` a link, ``f`` a
     regular file, ``o`` anything else; from ``d_type`` where the filesystem gives it."""
-    out = []
+    return [(name, kind) for name, kind, _ in scan_sized(fd, sizes=False)]
+
+
+def scan_sized(fd: int, *, sizes: bool = True) -> list[tuple[str, str, int | None]]:
+    """:func:`scan` with each regular file's size (``fstatat`` of its name, not following a
+    link: None when it was removed meanwhile) where ``sizes``, else None. A file is asked
+    first, the commonest entry (the kinds do not overlap: no ``follow_symlinks``)."""
+    out: list[tuple[str, str, int | None]] = []
     with os.scandir(fd) as it:
         for e in it:
+            size = None
             try:
-                kind = "l" if e.is_symlink() else "d" if e.is_dir(follow_symlinks=False) else (
-                    "f" if e.is_file(follow_symlinks=False) else "o")
+                if e.is_file(follow_symlinks=False):
+                    kind = "f"
+                    if sizes:
+                        try:
+                            size = e.stat(follow_symlinks=False).st_size
+                        except OSError:
+                            pass
+                else:
+                    kind = "d" if e.is_dir(follow_symlinks=False) else "l" if e.is_symlink() else "o"
             except OSError:
                 continue
-            out.append((e.name, kind))
+            out.append((e.name, kind, size))
     return out
 
 
