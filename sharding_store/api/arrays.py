@@ -38,7 +38,7 @@ from .. import _numcodecs_adapter
 from ..codec import _native
 from ..codec.buffers import io_buffer
 from ..codec.chunk_codec import ChunkCodec, decode_chunk_payload, encode_chunk_payload, fill_chunk
-from ..engine.shard_engine import ArrayLayout, ChunkRange, ShardEngine, WholeShard
+from ..engine.shard_engine import ArrayLayout, ChunkRange, ShardEngine, WholeShard, keep_read_buffers
 from ..errors import ChunkDecodeError, DestinationExistsError, ReadOnlyError, StoreNotFoundError, UsageError
 from ..formats import draft_metadata as dm
 from ..formats.keys import Coords, chunk_to_shard
@@ -74,6 +74,9 @@ READ_AHEAD = True
 #: whole shards of a remote store read at once (the I/O threads: each waits for one object, then
 #: decodes it)
 READ_WINDOW = 32
+#: an I/O thread keeps its read and scratch buffers only up to this size (there are READ_WINDOW
+#: of them: a bigger shard gets fresh buffers, freed after it)
+IO_KEEP = 2 * 2**20
 #: merge chunk ranges of one shard separated by less than this (dead bytes, skipped chunks)
 COALESCE_GAP = 1 * 2**20
 _MODES = ("r", "r+", "a")
@@ -271,7 +274,7 @@ def _scratch(nbytes: int) -> np.ndarray:
     buf = getattr(_SCRATCH, "buf", None)
     if buf is None or buf.nbytes < nbytes:
         buf = io_buffer(max(nbytes, 1 << 20))
-        if nbytes <= _SCRATCH_KEEP:  # a huge shard's buffer is not kept for the thread's lifetime
+        if nbytes <= getattr(_SCRATCH, "keep", _SCRATCH_KEEP):  # a huge shard's is not kept for the thread's lifetime
             _SCRATCH.buf = buf
             _SCRATCH.address = _native.data_address(buf)
     return buf[:nbytes]
@@ -387,8 +390,14 @@ def _io_pool() -> ThreadPoolExecutor:
     global _IO_POOL
     with _POOL_LOCK:
         if _IO_POOL is None:
-            _IO_POOL = ThreadPoolExecutor(READ_WINDOW, thread_name_prefix="sharding-store-io")
+            _IO_POOL = ThreadPoolExecutor(READ_WINDOW, thread_name_prefix="sharding-store-io", initializer=_io_thread)
         return _IO_POOL
+
+
+def _io_thread() -> None:
+    """An I/O thread keeps small buffers only (:data:`IO_KEEP`)."""
+    keep_read_buffers(IO_KEEP)
+    _SCRATCH.keep = IO_KEEP
 
 
 def _forget_pool() -> None:

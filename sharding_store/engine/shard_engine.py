@@ -101,6 +101,7 @@ __all__ = [
     "WholeShard",
     "coalesced_spans",
     "gather",
+    "keep_read_buffers",
     "read_objects",
     "read_shard_index",
 ]
@@ -122,8 +123,18 @@ def _read_buffer(nbytes: int) -> np.ndarray:
     buf = getattr(_READ, "buf", None)
     if buf is None or buf.nbytes < nbytes:
         buf = io_buffer(max(nbytes, 1 << 20))
-        _READ.buf = buf if nbytes <= READ_KEEP else None
+        _READ.buf = buf if nbytes <= getattr(_READ, "keep", READ_KEEP) else None
     return buf
+
+
+def keep_read_buffers(limit: int) -> None:
+    """This thread keeps its whole-shard read buffer (:func:`_read_buffer`) only up to
+    ``limit`` bytes instead of :data:`READ_KEEP`: for the threads of a wide pool, whose
+    buffers would otherwise add up to READ_KEEP each for the process's lifetime."""
+    _READ.keep = limit
+    buf = getattr(_READ, "buf", None)
+    if buf is not None and buf.nbytes > limit:
+        _READ.buf = None
 
 
 # --------------------------------------------------------------------------- layout

@@ -144,3 +144,32 @@ def test_local_directories_and_mappings_are_read_on_the_decoding_threads(values,
     a = open_draft(inner, "a")
     assert np.array_equal(a[...], values)
     assert "sharding-store-io" not in inner.threads and inner.threads
+
+
+@pytest.mark.parametrize("scatter", [True, False])
+def test_io_threads_keep_small_buffers_only(monkeypatch, scatter):
+    """Each of the READ_WINDOW I/O threads reads and decodes shards; none keeps a read or a
+    scratch buffer bigger than IO_KEEP once done (READ_KEEP each would stay allocated for the
+    process's lifetime: 32 threads of 64 MiB)."""
+    from sharding_store.engine import shard_engine
+
+    monkeypatch.setattr(A, "INLINE_CHUNKS", 4)
+    if not scatter:
+        monkeypatch.setattr(A.DraftArray, "_scatter", lambda self, out: None)  # the scratch-row path
+    shape, chunks = (2048, 2560), (512, 640)  # 4 shards of 4 chunks, ~2.5 MiB each (random: no compression)
+    values = np.random.default_rng(5).integers(0, 65536, shape, dtype=np.uint16)
+    data: dict = {}
+    a = create_draft_array(data, "a", shape=shape, chunks=chunks, dtype="<u2", chunks_per_shard=(2, 2))
+    a[...] = values
+    assert min(len(v) for k, v in data.items() if k.startswith("data/")) > A.IO_KEEP
+    inner = ThreadCounting(data)
+    assert np.array_equal(open_draft(inner, "a")[...], values)
+    assert "sharding-store-io" in inner.threads
+    barrier = threading.Barrier(A.READ_WINDOW, timeout=20)
+
+    def kept() -> list[int]:
+        barrier.wait()  # one probe on each I/O thread
+        return [getattr(b, "nbytes", 0) for b in (getattr(shard_engine._READ, "buf", None), getattr(A._SCRATCH, "buf", None))]
+
+    sizes = [f.result() for f in [A._io_pool().submit(kept) for _ in range(A.READ_WINDOW)]]
+    assert max(max(s) for s in sizes) <= A.IO_KEEP, sizes
