@@ -3,6 +3,7 @@ plots are drawn from the results file it writes (and can be redrawn from that fi
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -69,3 +70,35 @@ def test_committed_plots_come_from_committed_results(tmp_path):
     for name in PLOTS:
         assert name in readme, name
         assert (ROOT / "benchmarks" / name).exists(), name
+
+
+def test_a_legacy_source_reached_through_a_linked_data_folder_is_not_written_again(tmp_path, monkeypatch):
+    """A worktree whose benchmarks/.data links to the main checkout's sees the same zarr-python
+    2.18 source (its marker records the paths it was written with): nothing is rewritten. A
+    marker of another write still is."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import run
+
+    main, link = tmp_path / "main" / ".data", tmp_path / "wt" / ".data"
+    case = run.LATENCY_LEGACY
+    writes: list[dict] = []
+    monkeypatch.setattr(run, "run_task", lambda spec, **kw: writes.append(spec) or {"verified": True})
+
+    def bench(data: Path) -> tuple[run.Bench, Path]:
+        monkeypatch.setattr(run, "DATA", data)
+        b = run.Bench(argparse.Namespace(quick=False))
+        b._src_ok = {}
+        return b, b.case_dir(case) / "src-draft"
+
+    b, src = bench(main)
+    b.input_path(case).parent.mkdir(parents=True, exist_ok=True)
+    b.input_path(case).write_bytes(b"input")  # exists: not generated
+    src.mkdir()
+    marker = src.with_name(src.name + ".written-by-2.18.json")
+    marker.write_text(json.dumps(b.spec(case, "write", dst=str(src), verify=True)))
+    link.parent.mkdir()
+    link.symlink_to(main, target_is_directory=True)
+    b, src = bench(link)
+    assert b._legacy_source(case, src)[0] == src and writes == []
+    marker.write_text(marker.read_text().replace('"lz4"', '"zstd"'))  # written otherwise: written again
+    assert b._legacy_source(case, src)[0] == src and len(writes) == 1
