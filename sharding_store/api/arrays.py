@@ -19,6 +19,7 @@ they hold only the fill value.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -26,7 +27,7 @@ import os
 import threading
 import time
 from array import array as _array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -818,37 +819,46 @@ class DraftArray:
     def _fetch_decode(self, out: np.ndarray, batch: list[tuple[_DimGroup, ...]], pages: _Pages | None = None) -> None:
         """Read and decode a run of shards into ``out``: those whose every chunk is selected
         whole (one read each), the others chunk by chunk (their indices, then their ranges).
-        ``pages``: a big output's pages, this run's part faulted in first."""
+        ``pages``: a big output's pages, this run's part faulted in once its first bytes are
+        in (after the read: a remote shard's request does not wait for it)."""
         assert self.engine is not None
-        if pages is not None:
-            pages.populate(_span(out, batch[0])[0], _span(out, batch[-1])[1])
+        populate = None if pages is None else functools.partial(
+            pages.populate, _span(out, batch[0])[0], _span(out, batch[-1])[1])
         whole = [combo for combo in batch if _whole(combo)]
         if whole:
-            self._read_whole_shards(out, whole)
+            self._read_whole_shards(out, whole, populate)
             if len(whole) == len(batch):
                 return
-            batch = [combo for combo in batch if not _whole(combo)]
+            batch, populate = [combo for combo in batch if not _whole(combo)], None
         coords = [_shard_coords(combo) for combo in batch]
         views = self.engine.read_chunks(np.concatenate(coords) if len(coords) > 1 else coords[0])
+        if populate is not None:
+            populate()
         work, pos = [], 0
         for combo, c in zip(batch, coords):
             work.append((combo, c, views[pos : pos + len(c)]))
             pos += len(c)
         self._decode_shards(out, work)
 
-    def _read_whole_shards(self, out: np.ndarray, run: list[tuple[_DimGroup, ...]]) -> None:
+    def _read_whole_shards(
+        self, out: np.ndarray, run: list[tuple[_DimGroup, ...]], populate: Callable[[], None] | None = None
+    ) -> None:
         """Shards whose every chunk is selected: each object is read whole (one request, the
         index from its own tail; see ``ShardEngine.read_whole_shards``). Into a C-contiguous
         output, with the loops library: the engine only checks the index and one C call per
         shard decodes every chunk and copies it to its place
         (``ChunkCodec.scatter``, the GIL released once); otherwise, and for any shard that
-        call hands back, the reference path (:meth:`_land_whole`)."""
+        call hands back, the reference path (:meth:`_land_whole`). ``populate``: called once
+        the first object has arrived, before anything lands."""
         assert self.engine is not None
         scatter = self._scatter(out)
         if scatter is not None:
             geometry = _ScatterGeometry(self, out)
             out_address, out_nbytes, fill = _native.data_address(out), out.nbytes, _native.data_address(self._fill_row())
         for combo, obj in zip(run, self.engine.read_whole_shards(self._shards_of(run), lists=scatter is None)):
+            if populate is not None:
+                populate()
+                populate = None
             if obj is None:
                 self._fill_segments(out, combo)
                 continue

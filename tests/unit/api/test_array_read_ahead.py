@@ -173,3 +173,35 @@ def test_io_threads_keep_small_buffers_only(monkeypatch, scatter):
 
     sizes = [f.result() for f in [A._io_pool().submit(kept) for _ in range(A.READ_WINDOW)]]
     assert max(max(s) for s in sizes) <= A.IO_KEEP, sizes
+
+
+def test_a_remote_shards_request_does_not_wait_for_the_outputs_pages(values, monkeypatch, small_batches):
+    """A big output is faulted in ahead of the copies (``_Pages``), but only once a task's
+    shard has arrived: the first request of the read goes out before any page is populated,
+    and every populated block follows its task's read on that thread."""
+    from sharding_store.codec import _native
+
+    monkeypatch.setattr(A, "POPULATE_MIN", 1)  # this small output is populated like a big one
+    events: list[tuple[str, str]] = []  # (what, thread), in order
+    lock = threading.Lock()
+
+    def madvise(address: int, nbytes: int, advice: int) -> bool:
+        if advice == _native.MADV_POPULATE_WRITE:
+            with lock:
+                events.append(("populate", threading.current_thread().name))
+        return True
+
+    class Recording(ThreadCounting):
+        def read_into(self, key, alloc):
+            with lock:
+                events.append(("read", threading.current_thread().name))
+            return super().read_into(key, alloc)
+
+    monkeypatch.setattr(_native, "madvise", madvise)
+    data: dict = {}
+    _store(data, values)
+    a = open_draft(Recording(data), "a")
+    assert np.array_equal(a[...], values)
+    assert events and events[0][0] == "read", events[:5]
+    populated = [t for what, t in events if what == "populate"]
+    assert populated and all(any(e == ("read", t) for e in events[: events.index(("populate", t))]) for t in populated)
