@@ -167,21 +167,20 @@ class _Table:
                 raise ObjectChangedError(f"{url}: changed between two references to it ({first[url]} then {info})",
                                          key=url)
         top = db.execute("SELECT max(id) FROM objects").fetchone()[0] or 0
+        ids = {url: top + n for n, url in enumerate(first, 1)}  # what each new object gets
         before = db.total_changes
         db.executemany("INSERT OR IGNORE INTO objects (id, url, size, etag, modified_ns) VALUES (?, ?, ?, ?, ?)",
-                       [(top + n, url, *info) for n, (url, info) in enumerate(first.items(), 1)])
-        known: dict[str, tuple[int, ObjectInfo]]
-        if db.total_changes - before == len(first):  # every object new: the ids given
-            known = {url: (top + n, info) for n, (url, info) in enumerate(first.items(), 1)}
-        else:
+                       [(ids[url], url, *info) for url, info in first.items()])
+        if db.total_changes - before != len(first):  # some recorded already: their ids and infos read back
             known = self._known(list(first))
-        for url, info in first.items():
-            if known[url][1] != info:
-                db.execute("DELETE FROM objects WHERE id > ?", (top,))  # those this batch inserted
-                raise ObjectChangedError(f"{url}: changed between two references to it ({known[url][1]} then {info})",
-                                         key=url)
+            for url, info in first.items():
+                if known[url][1] != info:
+                    db.execute("DELETE FROM objects WHERE id > ?", (top,))  # those this batch inserted
+                    raise ObjectChangedError(f"{url}: changed between two references to it ({known[url][1]} then "
+                                             f"{info})", key=url)
+            ids = {url: number for url, (number, _) in known.items()}
         db.executemany("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)",
-                       [(key, known[url][0], offset, length) for key, url, offset, length, _ in refs])
+                       [(key, ids[url], offset, length) for key, url, offset, length, _ in refs])
 
     def _known(self, urls: Sequence[str]) -> dict[str, tuple[int, ObjectInfo]]:
         """The ids and recorded infos of the objects ``urls`` (each recorded)."""
@@ -313,10 +312,11 @@ class ReferenceFileSink(BaseInner):
         batch of the table (:meth:`_Table.add_many`: all or none)."""
         rows = []
         for key, _, ref in refs:
-            if ref.offset < 0 or ref.length < 0 or ref.offset + ref.length > ref.object_size:
-                raise ObjectChangedError(f"{ref.url}: [{ref.offset}, {ref.offset + ref.length}) does not lie inside "
-                                         f"its {ref.object_size} bytes", key=ref.url)
-            rows.append((key, ref.url, ref.offset, ref.length, (ref.object_size, ref.etag, ref.modified_ns)))
+            url, offset, length, size, etag, _, modified_ns = ref
+            if offset < 0 or length < 0 or offset + length > size:
+                raise ObjectChangedError(f"{url}: [{offset}, {offset + length}) does not lie inside its {size} bytes",
+                                         key=url)
+            rows.append((key, url, offset, length, (size, etag, modified_ns)))
         with self._lock:
             self._table.add_many(rows)
             if self.docs:
@@ -359,35 +359,43 @@ class ReferenceFileSink(BaseInner):
         """The reference file's bytes (:meth:`pieces` joined)."""
         return b"".join(self.pieces(message))
 
-    def _entries(self) -> Iterator[str]:
-        """Every entry of ``refs`` as JSON text (``"key":value``), sorted by key: the documents
-        (few, held here; inline as text, base64 where not UTF-8) merged into the references
-        (read a page at a time; ``[url, offset, length]``), a document first on a tie."""
+    def _pages(self, batch: int) -> Iterator[list[str]]:
+        """Every entry of ``refs`` as JSON text (``"key":value``), sorted by key, a page of
+        references at a time: the documents (few, held here; inline as text, base64 where
+        not UTF-8) merged into the references (read ``batch`` at a time; ``[url, offset,
+        length]``), a document first on a tie. Each page is formatted in one loop (no
+        generator step per entry: a reference file has an entry per shard)."""
         docs = sorted(self.docs.items())
-        d = 0
-        for key, url, offset, length in self._rows():
-            while d < len(docs) and docs[d][0] <= key:
-                yield _doc_entry(*docs[d])
-                d += 1
-            yield f"{_json_string(key)}:[{_json_string(url)},{int(offset)},{int(length)}]"
-        for doc in docs[d:]:
-            yield _doc_entry(*doc)
+        d, quoted = 0, _json_string
+        upto = docs[0][0] if docs else None  # the next document's key
+        after: str | None = None
+        while True:
+            with self._lock:
+                rows = self._table.page(after, "", batch)
+            out: list[str] = []
+            for key, url, offset, length in rows:
+                while upto is not None and upto <= key:
+                    out.append(_doc_entry(*docs[d]))
+                    d += 1
+                    upto = docs[d][0] if d < len(docs) else None
+                out.append(f"{quoted(key)}:[{quoted(url)},{int(offset)},{int(length)}]")
+            if len(rows) < batch:
+                yield out + [_doc_entry(*doc) for doc in docs[d:]]
+                return
+            yield out
+            after = rows[-1][0]
 
     def pieces(self, message: str = "", batch: int = 4096) -> Iterator[bytes]:
-        """The reference file in pieces of ``batch`` entries, never all of it at once:
+        """The reference file in pieces of about ``batch`` entries, never all of it at once:
         documents inline as text (base64 where not UTF-8), references as ``[url, offset,
         length]``, keys sorted; then the source objects as recorded."""
         dumps = _dumps
         yield b'{"version":1,"refs":{'
-        out: list[str] = []
         first = True
-        for entry in self._entries():
-            out.append(entry)
-            if len(out) == batch:
-                yield ("" if first else ",").encode() + ",".join(out).encode()
-                out, first = [], False
-        if out:
-            yield ("" if first else ",").encode() + ",".join(out).encode()
+        for page in self._pages(batch):
+            if page:
+                yield ("" if first else ",").encode() + ",".join(page).encode()
+                first = False
         head = {"schema": SCHEMA, "source": self.source, "message": message}
         yield f'}},{dumps(REFERENCE_KEY)}:{dumps(head)[:-1]},"objects":{{'.encode()
         after = 0

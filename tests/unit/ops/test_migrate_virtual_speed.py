@@ -198,3 +198,54 @@ def test_a_batch_of_indices_is_checked_at_once_and_a_bad_one_alone(monkeypatch, 
     with pytest.raises(ShardCorruptError, match="data/root/a/c3/5"):
         migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), MigrateOptions(verify=False), progress=False)
     assert alone in ([], ["data/root/a/c3/5"])  # truncated: refused before its entries are read
+
+
+def _system_calls(monkeypatch) -> dict[str, int]:
+    """Calls of the ``os`` functions a local store makes per object, counted (``scandir``:
+    one per directory listed)."""
+    import collections
+
+    counts: dict[str, int] = collections.Counter()
+    for name in ("open", "fstat", "lstat", "stat", "pread", "scandir"):
+        real = getattr(os, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(os, name, counted)
+    return counts
+
+
+def test_a_virtual_migration_opens_and_stats_each_shard_once_and_lists_it_once(monkeypatch, tmp_path):
+    """Per shard a virtual migration makes one ``open``, ``fstat`` and ``pread`` (its index
+    tail, through the held directory descriptor) and one ``lstat`` (its URL checked to lead
+    to the file read); its size comes with its directory entry (no ``stat`` per shard). The
+    reference check after it takes the migration's listing (no directory listed again,
+    nothing opened) and looks at each object now: one more ``lstat`` a shard. Files older
+    than the recent-write window, as a store being migrated is."""
+    import time
+
+    data = _many_dirs(tmp_path / "src")
+    old = time.time_ns() - 3600 * 10**9
+    for where, _, files in os.walk(tmp_path / "src"):
+        for name in files:
+            os.utime(os.path.join(where, name), ns=(old, old))
+    n = ROWS * COLS
+    counts = _system_calls(monkeypatch)
+    migrate(str(tmp_path / "src"), str(tmp_path / "quiet.json"), MigrateOptions(verify=False), progress=False)
+    quiet = dict(counts)
+    counts.clear()
+    report = migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), progress=False)
+    checked = dict(counts)
+    monkeypatch.undo()
+    assert report.verification.ok and report.totals.referenced == n
+    assert quiet["stat"] < ROWS, quiet  # the listing's sizes: from the directory entries
+    for name in ("open", "fstat", "pread"):
+        assert n <= quiet[name] <= n + 3 * ROWS, (name, quiet)
+    assert n <= quiet["lstat"] <= n + 2 * ROWS, quiet
+    assert checked["scandir"] - quiet["scandir"] <= 5, (quiet, checked)  # not one per shard directory
+    assert checked["open"] - quiet["open"] <= 10 and checked["stat"] - quiet["stat"] <= 10, (quiet, checked)
+    assert n <= checked["lstat"] - quiet["lstat"] <= n + 8 * ROWS, (quiet, checked)
+    np.testing.assert_array_equal(zarr.open_group(open_references(str(tmp_path / "out.json")), mode="r")["a"][...],
+                                  data)
