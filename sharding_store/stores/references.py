@@ -37,6 +37,7 @@ new one; on another object store the file is joined in memory and uploaded in on
 from __future__ import annotations
 
 import base64
+import bisect
 import contextlib
 import heapq
 import json
@@ -212,6 +213,9 @@ class _Table:
     def count(self) -> int:
         return int(self.db.execute("SELECT count(*) FROM refs").fetchone()[0])
 
+    def count_objects(self) -> int:
+        return int(self.db.execute("SELECT count(*) FROM objects").fetchone()[0])
+
     def page(self, after: str | None, prefix: str, n: int) -> list[tuple[str, str, int, int]]:
         """Up to ``n`` ``(key, url, offset, length)``, sorted by key (code points: SQLite
         compares UTF-8 bytes), from ``prefix`` on, or past ``after``."""
@@ -223,6 +227,126 @@ class _Table:
         """Up to ``n`` recorded objects with ids past ``after``, in the order first referred to."""
         return self.db.execute("SELECT id, url, size, etag, modified_ns FROM objects WHERE id > ? ORDER BY id "
                                "LIMIT ?", (after, n)).fetchall()
+
+
+#: references a sink holds in memory before it moves them, and every later one, into its
+#: SQLite table (:class:`_Front`): a few MiB at most, and a store of fewer shards needs no table
+IN_MEMORY = 8192
+
+
+class _Front:
+    """A sink's references and source objects: in dictionaries up to :data:`IN_MEMORY`
+    references, then (and for good) in a :class:`_Table`, so memory stays bounded; what
+    every method answers is the table's answer either way (the same checks, the same
+    errors, keys in code-point order, objects numbered in the order first referred to).
+    A small store's references never touch SQLite: a dictionary entry, not two indexed
+    rows, and the file written from a sort of the keys. Not thread-safe: the sink's lock
+    serialises it."""
+
+    def __init__(self, where: str | None) -> None:
+        self.where = where
+        self.sql: _Table | None = None
+        self.refs: dict[str, tuple[str, int, int]] = {}  # key -> (url, offset, length)
+        self.objects: dict[str, ObjectInfo] = {}  # url -> info, in the order first referred to
+        self._keys: list[str] | None = None  # the keys sorted, until the next change
+        self._urls: list[str] | None = None  # the objects in order, until the next change
+
+    def _spill(self) -> _Table:
+        """Move everything into a new SQLite table, which holds it from now on."""
+        if self.sql is None:
+            table = _Table(self.where)
+            ids = {url: n for n, url in enumerate(self.objects, 1)}
+            if ids:
+                table.db.executemany("INSERT INTO objects (id, url, size, etag, modified_ns) VALUES (?, ?, ?, ?, ?)",
+                                     [(ids[url], url, *info) for url, info in self.objects.items()])
+            if self.refs:
+                table.db.executemany("INSERT INTO refs VALUES (?, ?, ?, ?)", [
+                    (key, ids[url], offset, length) for key, (url, offset, length) in self.refs.items()])
+            self.sql, self.refs, self.objects, self._keys, self._urls = table, {}, {}, None, None
+        return self.sql
+
+    def close(self) -> None:
+        if self.sql is not None:
+            self.sql.close()
+
+    def add(self, key: str, url: str, offset: int, length: int, info: ObjectInfo) -> None:
+        """:meth:`_Table.add`."""
+        if self.sql is not None:
+            self.sql.add(key, url, offset, length, info)
+        else:
+            self.add_many([(key, url, offset, length, info)])
+
+    def add_many(self, refs: Sequence[tuple[str, str, int, int, ObjectInfo]]) -> None:
+        """:meth:`_Table.add_many`: all or none, an object recorded with other info refused
+        (:class:`ObjectChangedError`) before anything is added."""
+        if self.sql is None and len(self.refs) + len(refs) > IN_MEMORY:
+            self._spill()
+        if self.sql is not None:
+            self.sql.add_many(refs)
+            return
+        first: dict[str, ObjectInfo] = {}
+        for _, url, _, _, info in refs:
+            if first.setdefault(url, info) != info:  # a second reference in the batch, unlike the first
+                raise ObjectChangedError(f"{url}: changed between two references to it ({first[url]} then {info})",
+                                         key=url)
+        known = self.objects
+        for url, info in first.items():
+            was = known.get(url, info)
+            if was != info:  # checked for all before any is recorded: all or none
+                raise ObjectChangedError(f"{url}: changed between two references to it ({was} then {info})", key=url)
+        for url, info in first.items():
+            known.setdefault(url, info)
+        mine = self.refs
+        for key, url, offset, length, _ in refs:
+            mine[key] = (url, offset, length)
+        self._keys = self._urls = None
+
+    def get(self, key: str) -> tuple[str, int, int, ObjectInfo] | None:
+        if self.sql is not None:
+            return self.sql.get(key)
+        got = self.refs.get(key)
+        return None if got is None else (*got, self.objects[got[0]])
+
+    def length(self, key: str) -> int | None:
+        if self.sql is not None:
+            return self.sql.length(key)
+        got = self.refs.get(key)
+        return None if got is None else got[2]
+
+    def object(self, url: str) -> ObjectInfo | None:
+        return self.sql.object(url) if self.sql is not None else self.objects.get(url)
+
+    def delete(self, key: str) -> None:
+        if self.sql is not None:
+            self.sql.delete(key)
+        elif self.refs.pop(key, None) is not None:
+            self._keys = None
+
+    def count(self) -> int:
+        return self.sql.count() if self.sql is not None else len(self.refs)
+
+    def count_objects(self) -> int:
+        return self.sql.count_objects() if self.sql is not None else len(self.objects)
+
+    def page(self, after: str | None, prefix: str, n: int) -> list[tuple[str, str, int, int]]:
+        """:meth:`_Table.page`."""
+        if self.sql is not None:
+            return self.sql.page(after, prefix, n)
+        if self._keys is None:
+            self._keys = sorted(self.refs)
+        keys = self._keys
+        at = bisect.bisect_left(keys, prefix) if after is None else bisect.bisect_right(keys, after)
+        refs = self.refs
+        return [(key, *refs[key]) for key in keys[at : at + n]]
+
+    def objects_after(self, after: int, n: int) -> list[tuple[int, str, int, str | None, int | None]]:
+        """:meth:`_Table.objects_after` (an object's id: its place in the order first referred to)."""
+        if self.sql is not None:
+            return self.sql.objects_after(after, n)
+        if self._urls is None:
+            self._urls = list(self.objects)
+        objects = self.objects
+        return [(number, url, *objects[url]) for number, url in enumerate(self._urls[after : after + n], after + 1)]
 
 
 class ReferenceFileSink(BaseInner):
@@ -247,7 +371,7 @@ class ReferenceFileSink(BaseInner):
         self.source_options = dict(source_options if source_options is not None else self.storage_options)
         self._lock = threading.Lock()
         where = self.parent.location()
-        self._table = _Table(where.path if where.kind == "file" and os.path.isdir(where.path) else None)
+        self._table = _Front(where.path if where.kind == "file" and os.path.isdir(where.path) else None)
         #: referenced URLs the file records nothing of (each read of them is refused)
         self._unrecorded: set[str] = set()
         self._reader = Guard(_Objects(self), self.source_options)
@@ -544,7 +668,7 @@ class _Objects(Mapping[str, ObjectInfo]):
 
     def __len__(self) -> int:
         with self.sink._lock:
-            return int(self.sink._table.db.execute("SELECT count(*) FROM objects").fetchone()[0])
+            return self.sink._table.count_objects()
 
 
 # --------------------------------------------------------------------------- the guard

@@ -254,11 +254,14 @@ def test_a_key_put_again_is_written_once_the_last_one_holding(tmp_path):
 
 def test_a_reference_file_in_a_directory_not_writable_is_still_read(migrated, monkeypatch):
     """The sink's table goes beside the file, or (that directory not writable: a read-only
-    share) into the temporary directory: verify still reads the file."""
+    share) into the temporary directory: verify still reads the file. (A sink holds its first
+    ``IN_MEMORY`` references in memory: none here, so the table is made.)"""
     import tempfile
 
     from sharding_store import verify
+    from sharding_store.stores import references
 
+    monkeypatch.setattr(references, "IN_MEMORY", 0)
     out, _, _ = migrated
     mkstemp, tried = tempfile.mkstemp, []
 
@@ -319,3 +322,51 @@ def test_a_batch_of_references_is_recorded_as_one_by_one(tmp_path):
     assert doc["refs"] == {"a/c/0": ["file:///y", 0, 2], "a/c/1": ["file:///x", 4, 4], "a/c/2": ["file:///y", 0, 4],
                            "a/c/3": ["file:///y", 4, 4]}
     assert list(doc[REFERENCE_KEY]["objects"]) == ["file:///x", "file:///y"]  # nothing of a refused batch
+
+
+def _sink_ops(path) -> ReferenceFileSink:  # noqa: ANN001
+    """Documents, references put in batches and alone, a key put again, a batch refused (it
+    names an object recorded otherwise), a key deleted: the file committed."""
+    sink = ReferenceFileSink(str(path), source="SRC")
+    sink.set("zarr.json", b'{"node_type": "group"}')
+    sink.set("a/zarr.json", b"{}")
+    sink.put_references("a", [(f"a/c/{i}", (i,), ChunkRef(f"file:///s/c{i}", 0, 10 + i, 10 + i, modified_ns=i))
+                              for i in (3, 1, 2)])
+    sink.put_reference("b/c/0", ChunkRef("file:///s/\u00e9 \"q\"", 2, 4, 10, etag='"e"'))
+    sink.put_references("a", [("a/c/1", (1,), ChunkRef("file:///s/c1", 1, 5, 11, modified_ns=1)),  # put again
+                              ("a/c/4", (4,), ChunkRef("file:///s/c4", 0, 14, 14, modified_ns=4))])
+    with pytest.raises(ObjectChangedError, match="file:///s/c2: changed between two references"):
+        sink.put_references("a", [("a/c/5", (5,), ChunkRef("file:///s/c5", 0, 15, 15, modified_ns=5)),
+                                  ("a/c/6", (6,), ChunkRef("file:///s/c2", 0, 12, 12, modified_ns=99))])
+    sink.delete("a/c/3")
+    return sink
+
+
+@pytest.mark.parametrize("in_memory", [0, 1, 3, 5])
+def test_a_sink_answers_and_writes_the_same_whether_its_references_are_in_memory_or_its_table(
+        tmp_path, monkeypatch, in_memory):
+    """A sink holds its first ``IN_MEMORY`` references in dictionaries, then moves them into
+    its SQLite table: wherever that happens, every answer (a reference, a size, a listing,
+    the recorded objects), every refusal (a batch naming an object recorded otherwise: all of
+    it refused, none of it kept) and the file written are those of a sink that never moved
+    them (the control, all in memory)."""
+    from sharding_store.stores import references
+
+    control = _sink_ops(tmp_path / "control.json")
+    assert control._table.sql is None  # the control never made its table
+    control.commit("m")
+    monkeypatch.setattr(references, "IN_MEMORY", in_memory)
+    sink = _sink_ops(tmp_path / "out.json")
+    assert sink._table.sql is not None  # moved into the table at some point
+    assert sink.reference("a/c/5") is None and "file:///s/c5" not in sink._reader.objects  # none of it kept
+    assert sink.reference("a/c/1") == ChunkRef("file:///s/c1", 1, 5, 11, modified_ns=1)
+    assert list(sink.list_sized("a/")) == [("a/c/1", 5), ("a/c/2", 12), ("a/c/4", 14), ("a/zarr.json", 2)]
+    assert sink.size("b/c/0") == 4 and sink.size("a/c/3") is None and len(sink._reader.objects) == 5
+    sink.commit("m")
+    doc = json.loads((tmp_path / "out.json").read_bytes())
+    assert doc["refs"] == {"zarr.json": '{"node_type": "group"}', "a/zarr.json": "{}", "a/c/1": ["file:///s/c1", 1, 5],
+                           "a/c/2": ["file:///s/c2", 0, 12], "a/c/4": ["file:///s/c4", 0, 14],
+                           "b/c/0": ["file:///s/\u00e9 \"q\"", 2, 4]}
+    assert list(doc[REFERENCE_KEY]["objects"]) == ["file:///s/c3", "file:///s/c1", "file:///s/c2",
+                                                   "file:///s/\u00e9 \"q\"", "file:///s/c4"]
+    assert (tmp_path / "out.json").read_bytes() == (tmp_path / "control.json").read_bytes()
