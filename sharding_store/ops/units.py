@@ -549,7 +549,7 @@ def _sources(job: ArrayJob, listing: Iterable[tuple[str, int | None]], ignore: t
                     listed.first_stray = key
             continue
         listed.bytes += size or 0
-        yield Source(coords, key, size)
+        yield tuple.__new__(Source, (coords, key, size))  # Source(...) without its Python-level __new__
 
 
 def _shard_units(sources: Iterable[Source], listed: Listed) -> Iterator[Unit]:
@@ -558,7 +558,7 @@ def _shard_units(sources: Iterable[Source], listed: Listed) -> Iterator[Unit]:
     for source in sources:
         listed.units += 1
         listed.objects += 1
-        yield Unit((source,), source.coords)
+        yield tuple.__new__(Unit, ((source,), source.coords, None, ()))  # Unit(...), as above
 
 
 def job_units(

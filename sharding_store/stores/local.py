@@ -383,8 +383,10 @@ class LocalInner(BaseInner):
                     in_dir, held_dir = dirs.acquire(directory), directory
                 fd = None
                 if in_dir is not None and name not in _DIR_NAMES:
-                    with contextlib.suppress(OSError):
+                    try:  # (no ``contextlib.suppress`` object per key: this loop runs once a shard)
                         fd = os.open(name, _O_READ_NOFOLLOW, dir_fd=in_dir.fd)
+                    except OSError:
+                        pass
                 fd = self._open(key) if fd is None else fd
                 got = None if fd is None else self._tail(n, fd, floor)
                 if got is not None and held is not None and len(held) < most and key not in held:

@@ -280,9 +280,9 @@ def test_a_reference_file_in_a_directory_not_writable_is_still_read(migrated, mo
 
 
 def test_the_file_is_what_json_writes_whatever_the_keys_and_urls_hold(tmp_path):
-    """Keys, URLs and ETags are written quoted as they are where JSON needs no escape, else
-    through the encoder: the bytes are exactly ``json.dumps``' (compact, ``ensure_ascii=False``)
-    of what they say, for quotes, backslashes, control characters and non-ASCII text."""
+    """Keys, URLs and ETags are written through the JSON encoder's string function: the bytes
+    are exactly ``json.dumps``' (compact, ``ensure_ascii=False``) of what they say, for quotes,
+    backslashes, control characters and non-ASCII text."""
     odd = ['plain', 'quo"te', 'back\\slash', 'new\nline', 'tab\t', 'bell\x07', 'ünï/çødé', 'del\x7f', 'e\u2028']
     sink = ReferenceFileSink(str(tmp_path / "out.json"), source='S"RC')
     sink.set("zarr.json", '{"attributes": {"t": "ü\\n"}}'.encode())
