@@ -1205,9 +1205,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _reference(real: str, offset: int, length: int, st: os.stat_result) -> ChunkRef:
+    """``ChunkRef(url, offset, length, size, modified=..., modified_ns=...)`` of the file at
+    ``real``, made without keyword parsing (one per shard of a virtual migration)."""
     ns = st.st_mtime_ns
-    modified = _EPOCH + timedelta(microseconds=ns // 1000)  # to the microsecond, truncated (floor)
-    return ChunkRef(f"file://{real}", offset, length, st.st_size, modified=modified, modified_ns=ns)
+    modified = _EPOCH + timedelta(0, 0, ns // 1000)  # to the microsecond, truncated (floor)
+    return tuple.__new__(ChunkRef, (f"file://{real}", offset, length, st.st_size, None, modified, ns))
 
 
 def _resolved(fd: int, path: str) -> str:

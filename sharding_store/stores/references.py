@@ -23,11 +23,13 @@ ETag), else :class:`~sharding_store.errors.SourceChangedError` naming the URL an
 changed. A rewrite that keeps both the size and the modification time (``cp -p``/``rsync -t``
 of other bytes) cannot be told locally.
 
-Memory: flat in the number of references. They and the source objects go into a
-temporary SQLite file beside the destination (a temporary directory for a remote one;
-unlinked once open, so a killed run leaves nothing), one row each; a key put again (a
-retried unit) replaces its row. Only the documents (``zarr.json``, few) are held as bytes.
-The commit reads the table a page at a time, sorted by key, and streams the file
+Memory: flat in the number of references. The first :data:`IN_MEMORY` of them and their
+source objects are held in dictionaries (a few MiB: a store of fewer shards never touches
+SQLite); beyond that all of them go into a temporary SQLite file beside the destination (a
+temporary directory for a remote one; unlinked once open, so a killed run leaves nothing),
+one row each. A key put again (a retried unit) replaces its reference. Only the documents
+(``zarr.json``, few) are held as bytes. The commit reads the references a page at a time,
+sorted by key, and streams the file
 (``Inner.set_streamed``): locally into a temporary file renamed into place; on S3 as a
 multipart upload (parts of ``fsspec_store.S3_UPLOAD_PART`` bytes, the most it holds)
 completed at the end, aborted on an error, so readers see the previous file or the whole
