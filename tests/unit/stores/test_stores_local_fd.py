@@ -27,7 +27,7 @@ from pathlib import Path
 import hypothesis.strategies as st
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 
 import sharding_store as ss
 from sharding_store.errors import LinkOutsideStoreError, ObjectChangedError
@@ -369,6 +369,10 @@ def _run_op(inner: LocalInner, root: str, real_root: str, model: dict[str, bytes
             getattr(inner, op)(key, *([b"new"] if op == "set" else []))
         return
     if op == "set":
+        if way == "missing" and not (directory == real_root or directory.startswith(real_root + "/")):
+            with pytest.raises(LinkOutsideStoreError):  # ``b/../../a``: ``b`` made on the way, then above the root
+                inner.set(key, b"new " + key.encode())
+            return
         if way == "blocked":
             with pytest.raises(OSError):
                 inner.set(key, b"new " + key.encode())
@@ -402,6 +406,7 @@ def _below_a_file(path: str) -> bool:
 
 @settings(max_examples=60, deadline=None)
 @given(case=store_cases())
+@example(case=([("a", "dir", None)], [("set", "b/../../a")]))  # found once: a missing dir made, then above the root
 def test_the_store_agrees_with_a_dict_model_over_trees_with_links(case) -> None:
     """Reads, writes, deletes and listings through ``LocalInner`` against a dict of real
     paths to contents, decided by ``realpath`` on the tree as it is at each step: every
