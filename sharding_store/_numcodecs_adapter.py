@@ -20,13 +20,24 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 __all__ = ["LazyEntries", "load"]
 
 _import_lock = threading.Lock()
+
+
+def _filled(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` of :class:`LazyEntries`, called once its scan has filled it."""
+
+    def call(self: LazyEntries, *args: Any, **kwargs: Any) -> Any:
+        self._fill()
+        return method(self, *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = method.__name__
+    return call
 
 
 class LazyEntries(dict):
@@ -56,41 +67,16 @@ class LazyEntries(dict):
         with self._lock:
             super().update(*args, **kwargs)
 
-    def __contains__(self, key: object) -> bool:
-        self._fill()
-        return super().__contains__(key)
-
-    def __getitem__(self, key: Any) -> Any:
-        self._fill()
-        return super().__getitem__(key)
-
-    def get(self, key: Any, default: Any = None) -> Any:
-        self._fill()
-        return super().get(key, default)
-
-    def __iter__(self) -> Iterator[Any]:
-        self._fill()
-        return super().__iter__()
-
-    def __len__(self) -> int:
-        self._fill()
-        return super().__len__()
-
-    def keys(self) -> Any:
-        self._fill()
-        return super().keys()
-
-    def values(self) -> Any:
-        self._fill()
-        return super().values()
-
-    def items(self) -> Any:
-        self._fill()
-        return super().items()
-
-    def __repr__(self) -> str:
-        self._fill()
-        return super().__repr__()
+    # every read fills the mapping first (numcodecs' ``get_codec`` uses ``in`` and ``[]``)
+    __contains__ = _filled(dict.__contains__)
+    __getitem__ = _filled(dict.__getitem__)
+    get = _filled(dict.get)
+    __iter__ = _filled(dict.__iter__)
+    __len__ = _filled(dict.__len__)
+    keys = _filled(dict.keys)
+    values = _filled(dict.values)
+    items = _filled(dict.items)
+    __repr__ = _filled(dict.__repr__)
 
 
 def load() -> ModuleType:

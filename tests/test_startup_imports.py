@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_numcodecs_adapter import ENTRY_POINTS_COUNTED
+
 LIGHT_MODULES = [
     "sharding_store.cli",
     "sharding_store.cli.migrate",
@@ -279,15 +281,7 @@ def test_a_migration_without_verification_loads_no_checker(tmp_path):
 
 #: a command run in a fresh interpreter with ``importlib.metadata.entry_points`` counted (with
 #: ``eager``, numcodecs is first imported the usual way: its registry scans at import)
-SCAN_PROBE = """
-import importlib.metadata, json, sys
-sys.path.insert(0, sys.argv[1])
-calls = []
-_real = importlib.metadata.entry_points
-def counted(**params):
-    calls.append(sys._getframe(1).f_globals.get("__name__"))
-    return _real(**params)
-importlib.metadata.entry_points = counted
+SCAN_PROBE = ENTRY_POINTS_COUNTED + """
 if sys.argv[2] == "eager":
     import numcodecs
 from sharding_store.cli import main
@@ -327,7 +321,7 @@ def test_commands_scan_no_entry_points_and_codecs_resolve_as_before(tmp_path):
     was for still works: a filter announced by a distribution's entry point parses, and an
     unknown one is refused with the same line and exit code as when numcodecs scanned at import
     (the control, ``eager``: numcodecs imported first)."""
-    from tests.unit.test_numcodecs_adapter import write_codec_site
+    from tests.unit.test_numcodecs_adapter import write_codec_site  # noqa: PLC0415
 
     site = write_codec_site(tmp_path / "site")
     for argv in (["info", str(SAMPLE)], ["migrate", str(SAMPLE), str(tmp_path / "d")],

@@ -473,8 +473,7 @@ class _Driver:
             self.run_references()
             return
         results = run_units(_run_with_retries, self.items(), jobs=jobs, executor=executor, name="migrate")
-        # the same objects throughout the run (mutated, never replaced), looked up once
-        totals, advance, remaining, damaged = self.report.totals, self.bar.advance, self.remaining, self.damaged
+        advance = self.bar.advance
         with self.bar, closing(results):  # closed: pending units cancelled, on error or interruption
             for item, future in results:
                 job, unit = item[0], item[1]
@@ -483,15 +482,8 @@ class _Driver:
                 except Exception as e:
                     self.failed(job, unit, e)
                     continue
-                path = job.path
-                if path in damaged:
-                    continue
-                totals.add(result)
-                advance(unit.objects, result.bytes_now)
-                remaining[path] -= 1
-                if remaining[path] == 0:
-                    self.done_if_complete(self.by_path[path])
-                fault_point("unit")
+                if self.took(job, result):
+                    advance(unit.objects, result.bytes_now)
 
     def run_references(self) -> None:
         """A virtual destination's units, a batch at a time in this thread
@@ -499,7 +491,6 @@ class _Driver:
         outcome taken as :meth:`run` takes it, the bar advanced once a batch (a reference
         unit is a few microseconds: a generator hop and an outcome object per unit cost a
         visible share of it)."""
-        totals, remaining, damaged, by_path = self.report.totals, self.remaining, self.damaged, self.by_path
         items = self.items()
         with self.bar, closing(items):  # closed: no further unit planned, on error or interruption
             while batch := list(itertools.islice(items, INLINE_BATCH)):
@@ -507,18 +498,24 @@ class _Driver:
                 for (job, unit, *_), (ok, result) in zip(batch, refer_units(batch)):
                     if not ok:
                         self.failed(job, unit, result)
-                        continue
-                    path = job.path
-                    if path in damaged:
-                        continue
-                    totals.add(result)
-                    objects += unit.objects
-                    nbytes += result.bytes_now
-                    remaining[path] -= 1
-                    if remaining[path] == 0:
-                        self.done_if_complete(by_path[path])
-                    fault_point("unit")
+                    elif self.took(job, result):
+                        objects += unit.objects
+                        nbytes += result.bytes_now
                 self.bar.advance(objects, nbytes)
+
+    def took(self, job: ArrayJob, result: UnitResult) -> bool:
+        """A unit's result counted (:meth:`run` and :meth:`run_references` alike): its array
+        published once its last unit is in; False for a unit of an array found damaged
+        meanwhile (left out, not counted)."""
+        path = job.path
+        if path in self.damaged:
+            return False
+        self.report.totals.add(result)
+        self.remaining[path] -= 1
+        if self.remaining[path] == 0:
+            self.done_if_complete(self.by_path[path])
+        fault_point("unit")
+        return True
 
 
 # --------------------------------------------------------------------------- the API

@@ -55,7 +55,9 @@ def write_codec_site(site: Path) -> Path:
     return site
 
 
-COUNTED = """
+#: the start of a child program: ``sys.argv[1]`` on the path, and every call of
+#: ``importlib.metadata.entry_points`` recorded in ``calls`` (by the calling module's name)
+ENTRY_POINTS_COUNTED = """
 import importlib.metadata, json, sys
 sys.path.insert(0, sys.argv[1])
 calls = []
@@ -64,6 +66,8 @@ def counted(**params):
     calls.append(sys._getframe(1).f_globals.get("__name__"))
     return _real(**params)
 importlib.metadata.entry_points = counted
+"""
+COUNTED = ENTRY_POINTS_COUNTED + """
 def refusal(get):
     try:
         get()
