@@ -301,8 +301,7 @@ def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None) -> 
     (issue 24). False when ``args.store`` is none of them."""
     from ..ops.destination import DESTINATION_KINDS, RECORD_KEY, copied_by_us, open_destination, resolve_target
 
-    remote = "://" in args.store and not args.store.startswith("file://")
-    target = resolve_target(args.store, None, False, (opts or {}) if remote else None)
+    target = resolve_target(args.store, None, False, opts or {})  # a remote one looked at, a local path by stat
     if target == "zarr" and not copied_by_us(args.store, opts):
         return False  # the usual case: a draft store; the job machinery (ops.jobs, ops.options) is not loaded
     from ..ops.options import StoreOptions

@@ -696,7 +696,7 @@ def v3_chunk_key(coords: tuple[int, ...], separator: str) -> str:
     """Default v3 chunk key: ``c/1/0`` or ``c.1.0``; a 0-d array's only chunk is ``c``."""
     if separator not in ("/", "."):
         raise UsageError(f"chunk key separator must be '/' or '.', got {separator!r}")
-    return separator.join(["c", *map(str, coords)])
+    return f"c{separator}{separator.join(map(str, coords))}" if coords else "c"  # (one a shard: no list built)
 
 
 # --------------------------------------------------------------------------- comparing documents

@@ -204,22 +204,9 @@ class ArrayJob:
         return (self.same_grid and self.index_location == "end" and self.src_layout.index_location == "end"
                 and not self.recompress and (self.checksum or not self.src_layout.index_checksum))
 
-    @cached_property
-    def _default_key(self) -> tuple[str, str] | None:
-        """``(prefix + "c" + separator, separator)`` of a default-encoded destination key (the
-        separator checked once, as :func:`v3_chunk_key` checks it); None for another encoding."""
-        if self.dst_encoding != "default":
-            return None
-        separator = self.separator
-        v3_chunk_key((), separator)  # raises for a separator v3 has not, as every key would
-        return f"{self.dst_prefix}c{separator}", separator
-
     def dst_key(self, coords: Coords) -> str:
-        """The destination key of target ``coords`` (:func:`v3_chunk_key` under the prefix, or
-        the source's own encoding), without checking the separator again (one key per unit)."""
-        default = self._default_key
-        if default is not None:
-            return default[0] + default[1].join(map(str, coords)) if coords else self.dst_prefix + "c"
+        if self.dst_encoding == "default":
+            return self.dst_prefix + v3_chunk_key(coords, self.separator)
         return self.dst_prefix + format_key_suffix(coords, self.dst_encoding, self.separator)
 
     def is_dst_key(self, rest: str) -> bool:
