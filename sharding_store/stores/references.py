@@ -153,8 +153,7 @@ class _Table:
             number, *known = self.db.execute("SELECT id, size, etag, modified_ns FROM objects WHERE url = ?",
                                              (url,)).fetchone()
             if tuple(known) != info:
-                raise ObjectChangedError(f"{url}: changed between two references to it ({tuple(known)} then {info})",
-                                         key=url)
+                raise _changed_object(url, tuple(known), info)
         self.db.execute("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)", (key, number, offset, length))
 
     def add_many(self, refs: Sequence[tuple[str, str, int, int, ObjectInfo]]) -> None:
@@ -165,11 +164,7 @@ class _Table:
         inserted (all or none: the objects this batch inserted are deleted again; the table
         keeps no journal to roll back)."""
         db = self.db
-        first: dict[str, ObjectInfo] = {}
-        for _, url, _, _, info in refs:
-            if first.setdefault(url, info) != info:  # a second reference in the batch, unlike the first
-                raise ObjectChangedError(f"{url}: changed between two references to it ({first[url]} then {info})",
-                                         key=url)
+        first = _batch_objects(refs)
         top = db.execute("SELECT max(id) FROM objects").fetchone()[0] or 0
         ids = {url: top + n for n, url in enumerate(first, 1)}  # what each new object gets
         before = db.total_changes
@@ -180,8 +175,7 @@ class _Table:
             for url, info in first.items():
                 if known[url][1] != info:
                     db.execute("DELETE FROM objects WHERE id > ?", (top,))  # those this batch inserted
-                    raise ObjectChangedError(f"{url}: changed between two references to it ({known[url][1]} then "
-                                             f"{info})", key=url)
+                    raise _changed_object(url, known[url][1], info)
             ids = {url: number for url, (number, _) in known.items()}
         db.executemany("INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)",
                        [(key, ids[url], offset, length) for key, url, offset, length, _ in refs])
@@ -230,6 +224,21 @@ class _Table:
         """Up to ``n`` recorded objects with ids past ``after``, in the order first referred to."""
         return self.db.execute("SELECT id, url, size, etag, modified_ns FROM objects WHERE id > ? ORDER BY id "
                                "LIMIT ?", (after, n)).fetchall()
+
+
+def _changed_object(url: str, was: ObjectInfo, now: ObjectInfo) -> ObjectChangedError:
+    """The refusal of a second reference to an object recorded with other (size, ETag, mtime)."""
+    return ObjectChangedError(f"{url}: changed between two references to it ({was} then {now})", key=url)
+
+
+def _batch_objects(refs: Sequence[tuple[str, str, int, int, ObjectInfo]]) -> dict[str, ObjectInfo]:
+    """Each object a batch of ``(key, url, offset, length, info)`` refers to, with its info, in
+    the order first referred to; two references to one object with other infos are refused."""
+    first: dict[str, ObjectInfo] = {}
+    for _, url, _, _, info in refs:
+        if first.setdefault(url, info) != info:  # a second reference in the batch, unlike the first
+            raise _changed_object(url, first[url], info)
+    return first
 
 
 #: references a sink holds in memory before it moves them, and every later one, into its
@@ -287,16 +296,12 @@ class _Front:
         if self.sql is not None:
             self.sql.add_many(refs)
             return
-        first: dict[str, ObjectInfo] = {}
-        for _, url, _, _, info in refs:
-            if first.setdefault(url, info) != info:  # a second reference in the batch, unlike the first
-                raise ObjectChangedError(f"{url}: changed between two references to it ({first[url]} then {info})",
-                                         key=url)
+        first = _batch_objects(refs)
         known = self.objects
         for url, info in first.items():
             was = known.get(url, info)
             if was != info:  # checked for all before any is recorded: all or none
-                raise ObjectChangedError(f"{url}: changed between two references to it ({was} then {info})", key=url)
+                raise _changed_object(url, was, info)
         for url, info in first.items():
             known.setdefault(url, info)
         mine = self.refs
