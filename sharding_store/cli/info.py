@@ -299,32 +299,34 @@ def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None) -> 
     """``info`` of a migration's destination (a copy, a reference file, an Icechunk repository,
     local or remote): which kind it is, what it was migrated from, its nodes and objects
     (issue 24). False when ``args.store`` is none of them."""
-    from ..ops.destination import DESTINATION_KINDS, RECORD_KEY, copied_by_us, open_destination, resolve_target
+    from ..formats.draft_metadata import escape_name, json_object
+    from ..ops.destination import DESTINATION_KINDS, copied_by_us, open_destination, read_record, resolve_target
 
     target = resolve_target(args.store, None, False, opts or {})  # a remote one looked at, a local path by stat
     if target == "zarr" and not copied_by_us(args.store, opts):
         return False  # the usual case: a draft store; the job machinery (ops.jobs, ops.options) is not loaded
     from ..ops.options import StoreOptions
     dst = open_destination(args.store, target, False, StoreOptions(src=opts, dst=opts), read_only=True)
-    raw = dst.get(RECORD_KEY)
-    record = json.loads(raw) if raw else {}
+    record = read_record(dst) or {}  # none, or not a JSON object: nothing taken from it
+    source = record.get("src") if isinstance(record.get("src"), str) else None
     virtual = target == "references" or (target == "icechunk" and bool(record.get("virtual")))
     kind = DESTINATION_KINDS[(target, virtual)]
     arrays = groups = objects = 0
     for key in dst.list_prefix(""):
         if key.rpartition("/")[2] == "zarr.json":
-            node = json.loads(dst.get(key) or b"{}").get("node_type")
+            node = (json_object(dst.get(key) or b"{}") or {}).get("node_type")  # a damaged one is neither
             arrays, groups = arrays + (node == "array"), groups + (node == "group")
         elif not key.startswith(".sharding-store"):
             objects += 1
-    doc = {"destination": args.store, "destination_kind": kind, "virtual": virtual, "source": record.get("src"),
+    doc = {"destination": args.store, "destination_kind": kind, "virtual": virtual, "source": source,
            "arrays": arrays, "groups": groups, "objects": objects}
     if args.json:
         print_json(args.command, doc)
         return True
     what = "references to objects of" if virtual else "objects copied from"
     print(f"{args.store}: {kind} (Zarr v3, migrated by sharding-store)")
-    print(f"  {plural(arrays, 'array')}, {plural(groups, 'group')}: {objects} {what} {record.get('src') or 'an unrecorded source'}")
+    origin = escape_name(source) if source else "an unrecorded source"
+    print(f"  {plural(arrays, 'array')}, {plural(groups, 'group')}: {objects} {what} {origin}")
     return True
 
 

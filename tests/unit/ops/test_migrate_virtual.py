@@ -528,6 +528,28 @@ def test_cli_info_says_what_a_copy_is(source, tmp_path, capsys, spelling):
     assert code == 7 and "already Zarr v3" in err
 
 
+@pytest.mark.parametrize("record", [b"garbage", b"[1]", b'{"src": 5}', b'{"src": "x\\nforged line\\u001b[2J"}'],
+                         ids=["not-json", "a-list", "src-not-a-string", "src-with-a-line-break"])
+def test_cli_info_of_a_copy_with_a_damaged_record_or_document(source, tmp_path, capsys, record):
+    """A record or a ``zarr.json`` that is not a JSON object (or a source that is no string,
+    or one that would forge a line) is no internal error (exit 70, before) and is never
+    printed raw: the copy's source is unrecorded, or escaped; a damaged document counts as
+    neither an array nor a group."""
+    out = tmp_path / "copy"
+    assert _cli(capsys, "migrate", str(source), str(out), "--no-progress")[0] == 0
+    (out / ".sharding-store-record.json").write_bytes(record)
+    (out / "zarr.json").write_bytes(b"nonsense")
+    code, text, err = _cli(capsys, "info", str(out))
+    assert code == 0 and err == "" and len(text.splitlines()) == 2, (text, err)
+    assert text.splitlines()[0] == f"{out}: copy (Zarr v3, migrated by sharding-store)"
+    forged = record.startswith(b'{"src": "x')
+    assert text.splitlines()[1].endswith('"x\\nforged line\\u001b[2J"' if forged else "an unrecorded source"), text
+    code, text, _ = _cli(capsys, "info", str(out), "--json")
+    doc = json.loads(text)
+    assert code == 0 and doc["source"] == ("x\nforged line\u001b[2J" if forged else None)
+    assert doc["groups"] == 4 and doc["destination_kind"] == "copy"  # the root's zarr.json damaged: 5 - 1
+
+
 @pytest.mark.parametrize("virtual", [True, False])
 def test_cli_info_says_what_an_icechunk_repository_is(tmp_path, capsys, virtual):
     pytest.importorskip("icechunk")
