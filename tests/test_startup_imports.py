@@ -313,6 +313,7 @@ def _with_filter(path: Path, codec_id: str) -> Path:
     return path
 
 
+@pytest.mark.slow  # seven child interpreters (> 3 s)
 @pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
 def test_commands_scan_no_entry_points_and_codecs_resolve_as_before(tmp_path):
     """``info`` and ``migrate`` (verified or not, copy or virtual) never call
