@@ -48,7 +48,15 @@ from typing import Any, NamedTuple
 from ..errors import ShardCorruptError, SourceChangedError, StoreNotFoundError, UsageError
 from ..formats.shard_index import live_entries
 from ..stores import Inner, as_inner
-from ..stores.references import ReferenceFileSink, describe_change, document_bytes, read_reference_file, recorded_objects, unrecorded
+from ..stores.references import (
+    ReferenceFileSink,
+    describe_change,
+    document_bytes,
+    read_reference_file,
+    recorded_objects,
+    reference_entry,
+    unrecorded,
+)
 from .destination import extra_node_key, open_destination, read_record, resolve_target
 from .jobs import StoreRef
 from .options import StoreOptions
@@ -214,10 +222,10 @@ class ReferenceFileBack:
 
     def _wrong(self, ref: Any, now: Now) -> str | None:
         """What is wrong with ``ref`` (None: it names ``now``'s object whole, as recorded)."""
-        if not (type(ref) is list and len(ref) == 3 and type(ref[0]) is str and type(ref[1]) is int
-                and type(ref[2]) is int):
+        entry = reference_entry(ref)
+        if entry is None:
             return f"not a reference [url, offset, length]: {json.dumps(ref)[:80]}"
-        url, offset, length = ref
+        url, offset, length = entry
         if url != now.url:
             return f"names {url}, not its source object {now.url}"
         if now.why:

@@ -58,7 +58,7 @@ from ..formats.draft_metadata import json_object
 from .base import BaseInner, ChunkRef, Inner, Location, RangeRequest, Tail, Version, slice_range
 
 __all__ = ["REFERENCE_KEY", "ReferenceFileSink", "describe_change", "document_bytes", "open_references",
-           "read_reference_file", "recorded_objects", "unrecorded"]
+           "read_reference_file", "recorded_objects", "checked_reference", "reference_entry", "unrecorded"]
 
 #: the top-level key of a reference file holding what sharding-store recorded
 REFERENCE_KEY = "sharding-store"
@@ -91,15 +91,47 @@ def read_reference_file(path: str, storage_options: Mapping[str, Any] | None = N
     return doc
 
 
+def _count(value: Any) -> bool:
+    """Whether ``value`` is a whole number >= 0 as JSON gives it (no bool, no float)."""
+    return type(value) is int and value >= 0
+
+
+def reference_entry(value: Any) -> tuple[str, int, int] | None:
+    """``(url, offset, length)`` of a ``refs`` value that is a well-formed reference (a URL
+    string, offset and length whole numbers >= 0), else None: the one test every reader of
+    a reference file makes (a damaged file is refused naming the key, never an internal error)."""
+    if type(value) is list and len(value) == 3 and type(value[0]) is str and _count(value[1]) and _count(value[2]):
+        return value[0], value[1], value[2]
+    return None
+
+
+def checked_reference(path: str, key: str, value: Any) -> tuple[str, int, int]:
+    """``(url, offset, length)`` of the non-document ``refs[key]`` of the reference file at
+    ``path``, else :class:`StoreNotFoundError` naming the key (every reader's refusal)."""
+    ref = reference_entry(value)
+    if ref is None:
+        raise StoreNotFoundError(f"{path}: refs[{key!r}] is neither a document nor [url, offset, length] (offset "
+                                 "and length whole numbers >= 0)", key=key)
+    return ref
+
+
 def recorded_objects(doc: Mapping[str, Any], path: str) -> dict[str, ObjectInfo]:
-    """The source objects a reference file recorded, by URL (its ``"sharding-store"`` block)."""
+    """The source objects a reference file recorded, by URL (its ``"sharding-store"`` block);
+    :class:`StoreNotFoundError` naming the field that is damaged."""
     block = doc.get(REFERENCE_KEY)
     objects = block.get("objects") if isinstance(block, dict) else None
+    if objects is not None and not isinstance(objects, dict):
+        raise StoreNotFoundError(f"{path}: {REFERENCE_KEY}.objects is not a JSON object", key=path)
     out: dict[str, ObjectInfo] = {}
     for url, info in (objects or {}).items():
-        if not isinstance(info, dict) or not isinstance(info.get("size"), int):
-            raise StoreNotFoundError(f"{path}: {REFERENCE_KEY}.objects[{url!r}] has no size", key=path)
-        out[url] = (info["size"], info.get("etag"), info.get("modified_ns"))
+        if not isinstance(info, dict) or not _count(info.get("size")):
+            raise StoreNotFoundError(f"{path}: {REFERENCE_KEY}.objects[{url!r}] has no size (a whole number >= 0)",
+                                     key=path)
+        etag, modified_ns = info.get("etag"), info.get("modified_ns")
+        if not (etag is None or type(etag) is str) or not (modified_ns is None or type(modified_ns) is int):
+            raise StoreNotFoundError(f"{path}: {REFERENCE_KEY}.objects[{url!r}]: etag must be a string, modified_ns "
+                                     "a whole number", key=path)
+        out[url] = (info["size"], etag, modified_ns)
     return out
 
 
@@ -409,18 +441,14 @@ class ReferenceFileSink(BaseInner):
         block = doc.get(REFERENCE_KEY)
         self.source = self.source or (block.get("source", "") if isinstance(block, dict) else "")
         for key, value in doc["refs"].items():
-            if isinstance(value, list) and len(value) == 3 and value[0] not in objects:
-                self._unrecorded.add(value[0])  # read as the guarded reader reads it: refused (:func:`unrecorded`)
             document = document_bytes(value)
             if document is not None:
                 self.docs[key] = document
-            elif isinstance(value, list) and len(value) == 3:
-                url, offset, length = value
-                size = objects.get(url, (offset + length, None, None))
-                self._add(key, url, offset, length, size)
-            else:
-                raise StoreNotFoundError(f"{self.path}: refs[{key!r}] is neither a document nor [url, offset, length]",
-                                         key=key)
+                continue
+            url, offset, length = checked_reference(self.path, key, value)
+            if url not in objects:
+                self._unrecorded.add(url)  # read as the guarded reader reads it: refused (:func:`unrecorded`)
+            self._add(key, url, offset, length, objects.get(url, (offset + length, None, None)))
 
     # ------------------------------------------------------------------ references
     def _add(self, key: str, url: str, offset: int, length: int, info: ObjectInfo) -> None:
@@ -808,6 +836,9 @@ def open_references(path: str, storage_options: Mapping[str, Any] | None = None,
     doc = read_reference_file(path, storage_options)
     if doc is None:
         raise StoreNotFoundError(f"{path}: no such reference file", key=path)
+    for key, value in doc["refs"].items():
+        if document_bytes(value) is None:
+            checked_reference(path, key, value)  # fsspec would read a damaged one as something else, or fail as itself
     guarded = _guarded_fs(recorded_objects(doc, path), storage_options if source_options is None else source_options)
     fs = ReferenceFileSystem(fo={"version": 1, "refs": doc["refs"]}, fs={"file": guarded, "s3": guarded},
                              asynchronous=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import fsspec
@@ -370,3 +371,43 @@ def test_a_sink_answers_and_writes_the_same_whether_its_references_are_in_memory
     assert list(doc[REFERENCE_KEY]["objects"]) == ["file:///s/c3", "file:///s/c1", "file:///s/c2",
                                                    "file:///s/\u00e9 \"q\"", "file:///s/c4"]
     assert (tmp_path / "out.json").read_bytes() == (tmp_path / "control.json").read_bytes()
+
+
+# --------------------------------------------------------------------------- a damaged reference file
+
+
+def _damaged(path, shard, edit) -> str:
+    """The reference file at ``path`` with the reference to ``shard`` edited; its key."""
+    doc = json.loads(path.read_text())
+    key = next(k for k, v in doc["refs"].items() if isinstance(v, list) and v[0] == f"file://{shard}")
+    edit(doc, key, f"file://{shard}")
+    path.write_text(json.dumps(doc))
+    return key
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d, k, u: d["refs"].__setitem__(k, [[u], 0, 10]), "refs"),
+    (lambda d, k, u: d["refs"].__setitem__(k, [u, "0", d["refs"][k][2]]), "refs"),
+    (lambda d, k, u: d["refs"].__setitem__(k, [u, 0.0, d["refs"][k][2]]), "refs"),
+    (lambda d, k, u: d["refs"].__setitem__(k, [u, -5, d["refs"][k][2]]), "refs"),
+    (lambda d, k, u: d["refs"].__setitem__(k, [u, False, True]), "refs"),
+    (lambda d, k, u: d[REFERENCE_KEY].__setitem__("objects", [1]), "objects"),
+    (lambda d, k, u: d[REFERENCE_KEY]["objects"][u].__setitem__("size", True), "objects"),
+    (lambda d, k, u: d[REFERENCE_KEY]["objects"][u].__setitem__("modified_ns", [1]), "objects"),
+], ids=["url-list", "offset-text", "offset-float", "offset-negative", "bools", "objects-list", "size-bool",
+        "mtime-list"])
+def test_a_damaged_reference_is_refused_by_every_reader_naming_it(migrated, capsys, edit, field):
+    """A hand-damaged reference or record: each reader refuses the file naming the key or
+    field (exit 7, one line), never an internal error (exit 70) nor values read from the
+    wrong bytes (a negative offset read the object's tail as the chunk)."""
+    from sharding_store.cli import main
+
+    path, _, shard = migrated
+    key = _damaged(path, shard, edit)
+    named = f"refs[{key!r}]" if field == "refs" else f"{REFERENCE_KEY}.objects"
+    with pytest.raises(StoreNotFoundError, match=re.escape(named)):
+        _guarded(path)["big"][...]
+    for argv in (["verify", str(path.parent / "src"), str(path), "--no-progress"], ["info", str(path)]):
+        code = main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert (code, len(err)) == (7, 1) and named in err[0], (argv, err)
