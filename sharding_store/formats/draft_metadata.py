@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast
@@ -453,7 +454,7 @@ def _short(v: Any) -> str:
 # --------------------------------------------------------------------------- codecs
 
 
-def _parse_compressor(value: Any, key: str) -> Codec | None:
+def _parse_compressor(value: Any, key: str) -> Codec | KnownCompressor | None:
     if value is None:
         return None
     fld = "compressor"
@@ -467,6 +468,9 @@ def _parse_compressor(value: Any, key: str) -> Codec | None:
     config = value.get("configuration", {})
     if not isinstance(config, dict):
         raise _error(key, fld + ".configuration", "expected an object")
+    known = known_compressor_config(name, config)
+    if known is not None:
+        return KnownCompressor(known, key)
     if name == "blosc":
         _numcodecs_adapter.load()  # numcodecs without its entry-point scan
         import numcodecs.blosc
@@ -477,6 +481,103 @@ def _parse_compressor(value: Any, key: str) -> Codec | None:
         if shuffle not in (-1, 0, 1, 2) or isinstance(shuffle, bool):
             raise _error(key, fld, f"blosc: shuffle must be -1, 0, 1 or 2, got {shuffle!r}")
     return _make_codec({**config, "id": name}, key, fld)
+
+
+#: The compressors a draft document usually names, by the parameters numcodecs' class takes
+#: (in the order its ``get_config()`` lists them), each with its default and the values taken
+#: here without building the codec: a SUBSET of what numcodecs accepts, chosen so that
+#: numcodecs builds the codec, returns exactly this configuration from ``get_config()`` and
+#: encodes a chunk with it (``tests/unit/formats/test_known_compressors.py`` checks all three
+#: against numcodecs). Any other configuration builds numcodecs' codec, as it always did.
+_INT = int
+KNOWN_COMPRESSORS: dict[str, tuple[tuple[str, Any, type, Any], ...]] = {
+    "zstd": (("level", 0, _INT, range(-(2**17), 23)), ("checksum", False, bool, (False, True))),
+    "lz4": (("acceleration", 1, _INT, range(1, 2**16)),),
+    "blosc": (
+        ("cname", "lz4", str, ("blosclz", "lz4", "lz4hc", "zlib", "zstd")),  # always compiled in
+        ("clevel", 5, _INT, range(0, 10)),
+        ("shuffle", 1, _INT, range(-1, 3)),
+        ("blocksize", 0, _INT, range(0, 2**31)),
+    ),
+    "gzip": (("level", 1, _INT, range(0, 10)),),
+    "zlib": (("level", 1, _INT, range(0, 10)),),
+}
+
+
+def known_compressor_config(name: str, config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """numcodecs' ``get_config()`` of the codec ``{**config, "id": name}`` builds, when
+    :data:`KNOWN_COMPRESSORS` vouches for it without numcodecs; else None."""
+    params = KNOWN_COMPRESSORS.get(name)
+    if params is None or not all(k == "id" or any(k == p[0] for p in params) for k in config):
+        return None
+    out: dict[str, Any] = {"id": name}
+    for param, default, kind, allowed in params:
+        value = config.get(param, default)
+        if type(value) is not kind or value not in allowed:
+            return None
+        out[param] = value
+    return out
+
+
+@dataclass(frozen=True)
+class KnownCompressor:
+    """A draft compressor of :data:`KNOWN_COMPRESSORS`, kept as its configuration until
+    something needs numcodecs' codec object (:class:`_LazyCompressor`)."""
+
+    config: dict[str, Any]  # numcodecs' get_config(), "id" first
+    key: str
+
+    def build(self) -> Codec:
+        return _make_codec(dict(self.config), self.key, "compressor")
+
+
+class _LazyCompressor:
+    """``DraftArrayMeta.compressor``: stores a codec, None or a :class:`KnownCompressor`
+    and hands out numcodecs' codec, built on first read (so a command that only translates
+    documents never imports numcodecs). No class default: the dataclass field stays required."""
+
+    _lock = threading.Lock()
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            raise AttributeError("compressor")
+        value = obj.__dict__["_compressor"]
+        if isinstance(value, KnownCompressor):
+            with self._lock:
+                value = obj.__dict__["_compressor"]
+                if isinstance(value, KnownCompressor):
+                    value = obj.__dict__["_compressor"] = value.build()
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__["_compressor"] = value
+
+
+def known_compressor(meta: DraftArrayMeta) -> dict[str, Any] | None:
+    """The configuration (numcodecs' ``get_config()``) of ``meta``'s compressor when it is
+    one of :data:`KNOWN_COMPRESSORS` whose codec was not needed yet; None otherwise."""
+    value = stored_compressor(meta)
+    return dict(value.config) if isinstance(value, KnownCompressor) else None
+
+
+def stored_compressor(meta: DraftArrayMeta) -> Codec | KnownCompressor | None:
+    """``meta``'s compressor as stored: a known one not built yet stays a :class:`KnownCompressor`
+    (for ``replace(meta, compressor=...)`` and the checks below, which need no codec object)."""
+    value: Codec | KnownCompressor | None = meta.__dict__["_compressor"]
+    return value
+
+
+def has_a_compressor(meta: DraftArrayMeta) -> bool:
+    """``meta.compressor is not None``, without building a known compressor."""
+    return stored_compressor(meta) is not None
+
+
+def compressor_id(meta: DraftArrayMeta) -> str | None:
+    """``meta.compressor.codec_id`` (None without one), without building a known compressor."""
+    value = stored_compressor(meta)
+    if isinstance(value, KnownCompressor):
+        return str(value.config["id"])
+    return None if value is None else str(value.codec_id)
 
 
 def _make_codec(config: dict[str, Any], key: str, fld: str) -> Codec:
@@ -673,7 +774,13 @@ class DraftArrayMeta:
         raw = {k: v for k, v in self.raw.items() if k != "storage_transformers"}
         if cps is not None:
             raw["storage_transformers"] = [_transformer_entry(cps)]
-        return replace(self, chunks_per_shard=cps, raw=raw)
+        # the compressor as stored: a known one stays unbuilt (replace() would read the field)
+        return replace(self, chunks_per_shard=cps, raw=raw, compressor=cast("Codec | None", stored_compressor(self)))
+
+
+# installed after the dataclass is made, so the field has no default; __init__ and replace()
+# store through it (a KnownCompressor stays a configuration until the codec is read)
+DraftArrayMeta.compressor = _LazyCompressor()
 
 
 def _check_chunk_bounds(chunks: tuple[int, ...], key: str) -> None:
@@ -789,7 +896,7 @@ def parse_array_metadata(raw: bytes | str | dict[str, Any], key: str, path: str 
         fill_value=fill_value,
         order=order,
         separator=separator,
-        compressor=compressor,
+        compressor=cast("Codec | None", compressor),  # a KnownCompressor is built on first read
         filters=filters,
         chunks_per_shard=cps,
         attributes=attributes,

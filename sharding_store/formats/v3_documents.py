@@ -26,13 +26,21 @@ import struct
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 
 from .. import _numcodecs_adapter, _zarr_adapter
 from ..errors import DraftMetadataError, UsageError
-from .draft_metadata import DraftArrayMeta, array_meta_key
+from .draft_metadata import (
+    DraftArrayMeta,
+    KnownCompressor,
+    array_meta_key,
+    compressor_id,
+    has_a_compressor,
+    known_compressor,
+    stored_compressor,
+)
 from .fill_value import encode_fill_value
 
 if TYPE_CHECKING:
@@ -341,10 +349,11 @@ def _int_param(meta: DraftArrayMeta, cid: str, name: str, value: Any, allowed: r
     return value
 
 
-def _compressor_entry(codec: Codec, meta: DraftArrayMeta, typesize: int) -> dict[str, Any]:
-    """A draft compressor as a v3 codec that decodes the draft payload unchanged; its
-    parameters are checked against what zarr-python 3 and the codec accept."""
-    config = codec.get_config()
+def _compressor_entry(config: dict[str, Any], meta: DraftArrayMeta, typesize: int, codec: Codec | None) -> dict[str, Any]:
+    """A draft compressor (numcodecs' ``get_config()``; ``codec`` None for one of
+    :data:`~sharding_store.formats.draft_metadata.KNOWN_COMPRESSORS` not built) as a v3 codec
+    that decodes the draft payload unchanged; its parameters are checked against what
+    zarr-python 3 and the codec accept."""
     cid = config.pop("id")
     if cid == "blosc":
         cname = config.get("cname")
@@ -383,6 +392,8 @@ def _compressor_entry(codec: Codec, meta: DraftArrayMeta, typesize: int) -> dict
         return {"name": "zstd", "configuration": {"level": level, "checksum": checksum}}
     if not _v3_known(f"numcodecs.{cid}"):
         raise _untranslatable(meta, f"field 'compressor': {cid!r} has no zarr-python 3 codec")
+    if codec is None:  # a known configuration: JSON already, and numcodecs builds it (tested)
+        return {"name": f"numcodecs.{cid}", "configuration": config}
     return _numcodecs_entry(codec, meta, "compressor")
 
 
@@ -428,7 +439,8 @@ def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list
 
     Raises DraftMetadataError (untranslatable) for a codec or parameter zarr-python 3 would
     refuse or fail on, so no ``zarr.json`` it cannot use is ever produced."""
-    compressor = meta.compressor if compressor is _KEEP else compressor
+    known = _known_alone(meta) if compressor is _KEEP else None
+    compressor = None if known is not None else meta.compressor if compressor is _KEEP else compressor
     aa, bb = _split_filters(meta)
     index = {id(f): i for i, f in enumerate(meta.filters)}
     codecs: list[dict[str, Any]] = []
@@ -454,12 +466,24 @@ def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list
     else:
         codecs.append({"name": "bytes"})
     codecs += [_numcodecs_entry(f, meta, f"attributes.filters[{index[id(f)]}]") for f in bb]
+    if known is not None:  # the chunk is the array's own items: typesize is their size
+        codecs.append(_compressor_entry(known, meta, meta.dtype.itemsize, None))
+        return codecs  # a known compressor with no filter encodes every plain type (tested)
     if compressor is not None:
         # numcodecs' Blosc takes typesize (and AUTOSHUFFLE) from the buffer it is given
         typesize = ensure_contiguous_ndarray(stages[-1]).itemsize
-        codecs.append(_compressor_entry(compressor, meta, typesize))  # checks its parameters first
+        codecs.append(_compressor_entry(compressor.get_config(), meta, typesize, compressor))  # checks its parameters first
     _probe(meta, compressor, encoded=True)
     return codecs
+
+
+def _known_alone(meta: DraftArrayMeta) -> dict[str, Any] | None:
+    """The configuration of ``meta``'s compressor when it is a known one not built yet
+    (:func:`~sharding_store.formats.draft_metadata.known_compressor`), the array has no
+    filter and a plain numeric or time type: the chain then needs neither numcodecs nor a probe."""
+    if meta.filters or meta.dtype.fields is not None or meta.dtype.kind not in "biufcmM":
+        return None
+    return known_compressor(meta)
 
 
 def _dimension_names(attributes: dict[str, Any], ndim: int) -> tuple[list[Any] | None, dict[str, Any]]:
@@ -515,7 +539,7 @@ def v3_array_document(
         meta = meta.with_chunks_per_shard(chunks_per_shard)
     if index_location not in ("start", "end"):
         raise UsageError(f"index_location must be 'start' or 'end', got {index_location!r}")
-    compressor = meta.compressor if compressor_override is None else compressor_override
+    compressor = _KEEP if compressor_override is None else compressor_override
     if portable:
         problems = portability_problems(meta, compressor=compressor)
         if problems:
@@ -631,7 +655,6 @@ def v3_group_document(attributes: dict[str, Any]) -> dict[str, Any]:
 
 def portability_problems(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list[str]:
     """Why some v3 reader (e.g. tensorstore) could not open this array; [] if none."""
-    compressor = meta.compressor if compressor is _KEEP else compressor
     try:
         dt_json, _ = _type_and_fill(_data_type(meta.dtype, meta), meta)
         codecs = inner_codecs(meta, compressor)
@@ -645,7 +668,8 @@ def portability_problems(meta: DraftArrayMeta, compressor: Codec | None = _KEEP)
         problems.append("zarr-python 3.1 cannot read sharded structured arrays (unhashable fill value)")
     for i, c in enumerate(codecs):
         if c["name"] not in PORTABLE_CODECS:
-            role = "compressor" if compressor is not None and i == len(codecs) - 1 else "filter"
+            has_compressor = has_a_compressor(meta) if compressor is _KEEP else compressor is not None
+            role = "compressor" if has_compressor and i == len(codecs) - 1 else "filter"
             problems.append(f"{role} codec {c['name']!r} is only known to zarr-python")
     return problems
 
@@ -668,12 +692,10 @@ def portable_target(meta: DraftArrayMeta) -> DraftArrayMeta | None:
     """
     if not portability_problems(meta):
         return None
-    compressor, filters = meta.compressor, meta.filters
-    if compressor is not None and compressor.codec_id in NON_PORTABLE_COMPRESSORS:
-        _numcodecs_adapter.load()  # numcodecs without its entry-point scan
-        from numcodecs import Zstd
-
-        compressor = Zstd(level=PORTABLE_ZSTD_LEVEL)
+    compressor, filters = stored_compressor(meta), meta.filters
+    if compressor_id(meta) in NON_PORTABLE_COMPRESSORS:
+        # numcodecs' Zstd(level=3), built when the copy encodes with it
+        compressor = KnownCompressor({"id": "zstd", "level": PORTABLE_ZSTD_LEVEL, "checksum": False}, array_meta_key(meta.path))
     if filters:
         try:
             unknown = any(c["name"] not in PORTABLE_CODECS for c in inner_codecs(meta, None))
@@ -681,9 +703,9 @@ def portable_target(meta: DraftArrayMeta) -> DraftArrayMeta | None:
             unknown = True
         if unknown:
             filters = ()
-    if compressor is meta.compressor and filters is meta.filters:
+    if compressor is stored_compressor(meta) and filters is meta.filters:
         return None
-    target = replace(meta, compressor=compressor, filters=filters)
+    target = replace(meta, compressor=cast("Codec | None", compressor), filters=filters)
     return None if portability_problems(target) else target
 
 
