@@ -437,7 +437,7 @@ class UnitLog:
         self._file = tempfile.TemporaryFile()
         self._spans: dict[str, tuple[int, int]] = {}
         self._start = 0
-        self._batch: list[Unit] = []
+        self._batch: list[tuple[Any, ...]] = []  # plain tuples (:meth:`add`)
 
     def begin(self, path: str) -> None:
         """The units of the array at ``path`` follow."""
@@ -446,8 +446,13 @@ class UnitLog:
         self._start = self._file.tell()
 
     def add(self, unit: Unit) -> None:
-        self._batch.append(unit)
-        if len(self._batch) >= LOG_BATCH:
+        """Log ``unit``, as plain tuples: pickle writes a named tuple through a Python-level
+        ``__getnewargs__`` call per object (half the log's cost), a plain one in C."""
+        batch = self._batch
+        sources = unit[0]
+        plain = (tuple(sources[0]),) if len(sources) == 1 else tuple([tuple(s) for s in sources])
+        batch.append((plain, unit[1], unit[2], unit[3]))
+        if len(batch) >= LOG_BATCH:
             self._flush()
 
     def end(self, path: str) -> None:
@@ -472,11 +477,14 @@ class UnitLog:
     def _read(self, start: int, end: int) -> Iterator[Unit]:
         import pickle
 
+        new = tuple.__new__
         while start < end:
             self._file.seek(start)
             batch = pickle.load(self._file)  # noqa: S301 - this process's own file, unlinked: no one else writes it
             start = self._file.tell()
-            yield from batch
+            for sources, target, dst_size, dst_sizes in batch:  # named tuples again, without their Python __new__
+                yield new(Unit, ((new(Source, sources[0]),) if len(sources) == 1
+                                 else tuple([new(Source, s) for s in sources]), target, dst_size, dst_sizes))
 
     def close(self) -> None:
         self._file.close()

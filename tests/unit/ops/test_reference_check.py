@@ -347,3 +347,47 @@ def test_an_extra_node_in_a_repository_is_found_by_its_listing_of_nodes(big, tmp
     assert _problems(big, repo) == {"more/zarr.json": "more/zarr.json: a node the source does not have"}
     full = verify(str(big), str(repo), VerifyOptions(raise_on_error=False), progress=False)
     assert dict(full.check.problems) == {"more/zarr.json": "more/zarr.json: a node the source does not have"}
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda r: r.__setitem__(1, 0.0), "not a reference [url, offset, length]"),
+    (lambda r: r.__setitem__(1, False), "not a reference [url, offset, length]"),
+    (lambda r: r.__setitem__(2, float(r[2])), "not a reference [url, offset, length]"),
+    (lambda r: r.append(0), "not a reference [url, offset, length]"),
+], ids=["offset-float", "offset-bool", "length-float", "four-items"])
+def test_a_reference_equal_to_the_right_one_but_of_other_types_is_refused(big, tmp_path, edit, words):
+    """``[url, 0.0, size]`` and ``[url, False, size]`` compare equal to ``[url, 0, size]`` in
+    Python: the check's quick acceptance of a right reference must not take them."""
+    out = tmp_path / "out.json"
+    migrate(str(big), str(out), MigrateOptions(verify=False), progress=False)
+    _edit(out, lambda d: edit(d["refs"]["big/c/1/0"]))
+    problems = _problems(big, out)
+    assert list(problems) == ["big/c/1/0"] and words in problems["big/c/1/0"], problems
+
+
+def test_right_references_are_accepted_without_a_per_reference_diagnosis(big, tmp_path, monkeypatch):
+    """A right reference (its URL, offset 0, the object's size, recorded as the object is
+    now) is accepted by one comparison; only another one is diagnosed (``_wrong``, which
+    says what is wrong), and a reference file's references are told from its inline
+    documents without a call each."""
+    from sharding_store.ops import reference_check
+
+    out = tmp_path / "out.json"
+    migrate(str(big), str(out), MigrateOptions(verify=False), progress=False)
+    calls = {"_wrong": 0, "document_bytes": 0}
+    wrong, document_bytes = reference_check.ReferenceFileBack._wrong, reference_check.document_bytes
+
+    def counted_wrong(self, ref, now):  # noqa: ANN001, ANN202
+        calls["_wrong"] += 1
+        return wrong(self, ref, now)
+
+    def counted_document_bytes(value):  # noqa: ANN001, ANN202
+        calls["document_bytes"] += 1
+        return document_bytes(value)
+
+    monkeypatch.setattr(reference_check.ReferenceFileBack, "_wrong", counted_wrong)
+    monkeypatch.setattr(reference_check, "document_bytes", counted_document_bytes)
+    assert _problems(big, out) == {}
+    assert calls["_wrong"] == 0 and calls["document_bytes"] < SHARDS, calls
+    _edit(out, lambda d: d["refs"]["big/c/2/0"].__setitem__(1, 4))
+    assert list(_problems(big, out)) == ["big/c/2/0"] and calls["_wrong"] == 1, calls
