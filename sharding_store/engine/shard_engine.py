@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import threading
 import time
 import zlib
@@ -52,6 +53,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
@@ -63,6 +65,7 @@ from ..formats import draft_metadata as dm
 from ..formats.keys import (
     ZERO_D_KEYS,
     Coords,
+    chunk_key_pattern,
     chunk_to_shard,
     format_chunk_suffix,
     format_key_suffix,
@@ -182,7 +185,18 @@ class ArrayLayout:
             return self.prefix + format_key_suffix(shard, self.encoding, self.separator)
         return self.prefix + format_chunk_suffix(shard, self.separator, zero_d=zero_d or self.zero_d)
 
+    @cached_property
+    def _draft_keys(self) -> re.Pattern[str] | None:
+        """The pattern of this array's whole draft chunk keys (None: 0-d, or v3 keys)."""
+        if self.encoding != "draft" or not self.ndim:
+            return None
+        return chunk_key_pattern(self.separator, self.ndim, self.prefix)
+
     def parse(self, key: str) -> Coords | None:
+        draft = self._draft_keys
+        if draft is not None:  # one C call (a listing parses every key: one a shard)
+            match = draft.fullmatch(key)
+            return None if match is None else tuple(map(int, match.groups()))
         if not key.startswith(self.prefix):
             return None
         if self.encoding != "draft":

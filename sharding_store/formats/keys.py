@@ -18,29 +18,28 @@ Coords = tuple[int, ...]
 
 def parse_chunk_suffix(suffix: str, separator: str, ndim: int) -> Coords | None:
     """``"c1/0"`` -> ``(1, 0)``; ``None`` if ``suffix`` is not a chunk key of an ``ndim``-d array."""
-    if not suffix.startswith("c"):
-        return None
-    body = suffix[1:]
     if ndim == 0:
-        return () if body in ("", "0") else None
-    canonical = _canonical(separator)
-    if canonical.fullmatch(body) is not None:  # one C call checks every part (most keys)
-        parts = body.split(separator)
-        return tuple(map(int, parts)) if len(parts) == ndim else None
-    return _coords(body.split(separator), ndim)
+        return () if suffix in ("c", "c0") else None
+    match = chunk_key_pattern(separator, ndim).fullmatch(suffix)  # one C call checks every part
+    return None if match is None else tuple(map(int, match.groups()))
 
 
-#: per separator, the pattern of a body of canonical decimal parts (what :func:`_coords` accepts)
-_CANONICAL: dict[str, re.Pattern[str]] = {}
+#: per ``(separator, ndim, prefix)``, :func:`chunk_key_pattern`
+_PATTERNS: dict[tuple[str, int, str], re.Pattern[str]] = {}
 
 
-def _canonical(separator: str) -> re.Pattern[str]:
-    """The pattern of ``<part>(<separator><part>)*`` with plain ASCII decimal parts without
-    leading zeros, compiled once per separator: :func:`_coords`' rule for every part."""
-    got = _CANONICAL.get(separator)
+def chunk_key_pattern(separator: str, ndim: int, prefix: str = "") -> re.Pattern[str]:
+    """The pattern of the chunk keys of an ``ndim``-d array (``ndim >= 1``) under ``prefix``:
+    ``c``, then ``ndim`` plain ASCII decimal parts without leading zeros (no sign, no
+    whitespace: "01" is another key) joined by ``separator``, each part a group; compiled
+    once (:func:`parse_chunk_suffix`'s rule, and the one of a layout's whole keys)."""
+    got = _PATTERNS.get((separator, ndim, prefix))
     if got is None:
-        part = "(?:0|[1-9][0-9]*)"
-        got = _CANONICAL[separator] = re.compile(f"{part}(?:{re.escape(separator)}{part})*")
+        part = "(0|[1-9][0-9]*)"
+        if len(_PATTERNS) >= 1024:  # a cache, not a record (one entry per array's prefix)
+            _PATTERNS.clear()
+        got = _PATTERNS[separator, ndim, prefix] = re.compile(
+            f"{re.escape(prefix)}c{part}{f'{re.escape(separator)}{part}' * (ndim - 1)}")
     return got
 
 

@@ -386,10 +386,10 @@ def live_counts(
     absent = offsets == np.uint64(MAX_UINT64)
     inside = (sizes != np.uint64(MAX_UINT64)) & (offsets <= limit) & (sizes <= limit - np.minimum(offsets, limit))
     good = np.where(absent, sizes == np.uint64(MAX_UINT64), inside).all(axis=1)
-    live = n - absent.sum(axis=1)
-    for row, i in enumerate(rows):
-        if good[row]:
-            out[i] = int(live[row])
+    live = (n - absent.sum(axis=1)).tolist()  # Python ints at once (no numpy scalar a shard)
+    for i, ok, count in zip(rows, good.tolist(), live):
+        if ok:
+            out[i] = count
     return out
 
 

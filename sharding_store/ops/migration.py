@@ -495,7 +495,7 @@ class _Driver:
         with self.bar, closing(items):  # closed: no further unit planned, on error or interruption
             while batch := list(itertools.islice(items, INLINE_BATCH)):
                 objects = nbytes = 0
-                for (job, unit, *_), (ok, result) in zip(batch, refer_units(batch)):
+                for (job, unit, _, _), (ok, result) in zip(batch, refer_units(batch)):
                     if not ok:
                         self.failed(job, unit, result)
                     elif self.took(job, result):

@@ -547,26 +547,40 @@ INTERLEAVE_SPAN = 16384
 
 def _sources(job: ArrayJob, listing: Iterable[tuple[str, int | None]], ignore: tuple[str, ...],
              listed: Listed) -> Iterator[Source]:
-    layout = job.src_layout
+    parse = job.src_layout.parse
     for key, size in listing:
-        coords = layout.parse(key)
+        coords = parse(key)
         if coords is None:
-            if not (ignore and key.startswith(ignore)):
-                listed.stray += 1
-                if listed.first_stray is None or key < listed.first_stray:  # the least: any listing order
-                    listed.first_stray = key
+            _stray(key, ignore, listed)
             continue
         listed.bytes += size or 0
         yield tuple.__new__(Source, (coords, key, size))  # Source(...) without its Python-level __new__
 
 
-def _shard_units(sources: Iterable[Source], listed: Listed) -> Iterator[Unit]:
+def _stray(key: str, ignore: tuple[str, ...], listed: Listed) -> None:
+    """A listed key that is no chunk or shard key of the array: counted as stray (unless
+    under ``ignore``: another node's)."""
+    if not (ignore and key.startswith(ignore)):
+        listed.stray += 1
+        if listed.first_stray is None or key < listed.first_stray:  # the least: any listing order
+            listed.first_stray = key
+
+
+def _shard_units(job: ArrayJob, listing: Iterable[tuple[str, int | None]], ignore: tuple[str, ...],
+                 listed: Listed) -> Iterator[Unit]:
     """One unit per source shard as it is listed, counted in ``listed`` (:func:`job_units`
-    with the source's grid, no destination listing, ``spread=False``)."""
-    for source in sources:
+    with the source's grid, no destination listing, ``spread=False``; :func:`_sources` and
+    the unit made in one step: a generator step and a call less a shard)."""
+    parse, new = job.src_layout.parse, tuple.__new__
+    for key, size in listing:
+        coords = parse(key)
+        if coords is None:
+            _stray(key, ignore, listed)
+            continue
+        listed.bytes += size or 0
         listed.units += 1
         listed.objects += 1
-        yield tuple.__new__(Unit, ((source,), source.coords, None, ()))  # Unit(...), as above
+        yield new(Unit, ((new(Source, (coords, key, size)),), coords, None, ()))  # Unit(...), as Source(...) above
 
 
 def job_units(
@@ -616,7 +630,7 @@ def job_units(
         return
     if job.same_grid and job.src_layout.ndim > 0:  # one unit per source shard, even one outside the grid
         if present is None and not spread:  # each as listed (a virtual destination): one generator, no key formatted
-            yield from _shard_units(sources, listed)
+            yield from _shard_units(job, listing, ignore, listed)
             listed.done = True
             return
         if present is None:  # no destination key to look up: none is formatted
@@ -943,31 +957,33 @@ def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
     references of each array put with one ``put_references`` (:func:`_put_batch`). A unit
     that fails here on a transient error runs again alone (``run_unit``, retried), so each
     fails as it would alone. ``(ok, result or error)`` per item, in order: no thread, no
-    future per shard (a reference unit is a tail read and a few microseconds of work)."""
+    future per shard (a reference unit is a tail read and a few microseconds of work).
+    Units with equal counts share one :class:`UnitResult` (the driver only adds them up)."""
     stores: dict[int, tuple[Inner, Inner]] = {}  # per job: its stores, opened once a batch
-    for job, *_ in items:
-        if id(job) not in stores:
-            stores[id(job)] = (job.src.open(), job.dst.open())
+    for item in items:
+        if id(item[0]) not in stores:
+            stores[id(item[0])] = (item[0].src.open(), item[0].dst.open())
     tails = _batch_tails(items, stores)
     checked = _checked(items, tails)
     puts: dict[int, list[tuple[int, str, Coords, ChunkRef]]] = {}  # per job: (item, key, coordinates, reference)
+    results: dict[tuple[int, int], UnitResult] = {}  # (live entries, bytes read) -> the result of such a unit
     out: list[tuple[bool, Any]] = []
     for i, (job, unit, attempts, delay) in enumerate(items):
         try:
-            if i in tails:
-                batch = puts.setdefault(id(job), [])
-                try:
-                    live = checked.get(i)
-                    if live is not None:  # its index checked with the batch's: only the reference to take
-                        result = _refer_checked(job, unit, stores[id(job)][0], tails[i], live, batch, i)
-                    else:
-                        result = _refer_shard(job, unit, *stores[id(job)], (tails[i],),
-                                              put=lambda key, coords, ref: batch.append((i, key, coords, ref)))  # noqa: B023 - called at once
-                except Exception as e:  # noqa: BLE001 - a transient one: run alone, retried
-                    if not is_transient(e):
-                        raise
+            try:
+                live = checked.get(i)
+                if live is not None:  # its index checked with the batch's: only the reference to take
+                    batch = puts.get(id(job)) or puts.setdefault(id(job), [])
+                    result = _refer_checked(job, unit, stores[id(job)][0], tails[i], live, batch, i, results)
+                elif i in tails:
+                    batch = puts.setdefault(id(job), [])
+                    result = _refer_shard(job, unit, *stores[id(job)], (tails[i],),
+                                          put=lambda key, coords, ref: batch.append((i, key, coords, ref)))  # noqa: B023 - called at once
+                else:
                     result = with_retries(run_unit, job, unit, attempts=attempts, base_delay=delay)
-            else:
+            except Exception as e:  # noqa: BLE001 - a transient one: run alone, retried
+                if not is_transient(e) or i not in tails:
+                    raise
                 result = with_retries(run_unit, job, unit, attempts=attempts, base_delay=delay)
             out.append((True, result))
         except Exception as e:  # noqa: BLE001 - handed to the consumer, item by item
@@ -978,37 +994,43 @@ def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
 
 
 def _refer_checked(job: ArrayJob, unit: Unit, src: Inner, tail: Tail, live: int,
-                   batch: list[tuple[int, str, Coords, ChunkRef]], i: int) -> UnitResult:
+                   batch: list[tuple[int, str, Coords, ChunkRef]], i: int,
+                   results: dict[tuple[int, int], UnitResult]) -> UnitResult:
     """:func:`_refer_shard` of a unit whose index tail :func:`_checked` found sound with
     ``live`` live entries (at the end of its shard, its size known, ``dst_size`` None): the
-    reference to the whole object of the version read, added to ``batch`` as item ``i``."""
-    key = job.dst_key(unit.target)  # type: ignore[arg-type]  # a prefetchable unit has a target
+    reference to the whole object of the version read, added to ``batch`` as item ``i``;
+    its result the one of ``results`` with its counts (made there the first time)."""
     n = len(tail.data)
     if not live:
         return UnitResult(empty=1, bytes_read=n)
-    source = unit.sources[0]
-    size = tail.size if tail.size is not None else source.size
+    _, src_key, listed = unit.sources[0]
+    size = tail.size if tail.size is not None else listed
     assert size is not None  # :func:`_checked` checks only indices of a known size
-    ref = src.reference_to(source.key, 0, size, tail.version)
+    ref = src.reference_to(src_key, 0, size, tail.version)
     if ref is None:
         return UnitResult(empty=1, bytes_read=n)  # deleted since its index was read
-    batch.append((i, key, unit.target, ref))  # type: ignore[arg-type]  # a target, as above
-    return UnitResult(referenced=1, chunks=live, bytes_read=n)
+    batch.append((i, job.dst_key(unit.target), unit.target, ref))  # type: ignore[arg-type]  # a prefetchable unit has a target
+    result = results.get((live, n))
+    if result is None:
+        result = results[live, n] = UnitResult(referenced=1, chunks=live, bytes_read=n)
+    return result
 
 
 def _batch_tails(items: Sequence[tuple[Any, ...]], stores: Mapping[int, tuple[Inner, Inner]]) -> dict[int, Any]:
     """The index tails of the batch's prefetchable units (item number -> tail), one
     ``get_tails`` per source store, retried as a unit is; a store's read that fails leaves
     its units to read (and fail) alone."""
-    wanted: dict[int, tuple[Inner, list[int]]] = {}
-    for i, (job, unit, *_) in enumerate(items):
-        if _prefetchable(job, unit):
+    wanted: dict[int, tuple[Inner, list[int], list[tuple[str, int]]]] = {}  # per store: items, requests
+    for i, (job, unit, _, _) in enumerate(items):
+        # :func:`_prefetchable`, spelled out (once a shard)
+        if unit.target is not None and unit.dst_size is None and job.src_layout.index_location == "end":
             src = stores[id(job)][0]
-            wanted.setdefault(id(src), (src, []))[1].append(i)
+            mine = wanted.get(id(src)) or wanted.setdefault(id(src), (src, [], []))
+            mine[1].append(i)
+            mine[2].append((unit.sources[0].key, job.src_index_nbytes))
     tails: dict[int, Any] = {}
-    for src, at in wanted.values():
+    for src, at, requests in wanted.values():
         _, _, attempts, delay = items[at[0]]
-        requests = [(items[i][1].sources[0].key, items[i][0].src_index_nbytes) for i in at]
         try:
             got = with_retries(src.get_tails, requests, attempts=attempts, base_delay=delay)
         except Exception:  # noqa: BLE001 - each unit then reads (and fails) alone
@@ -1023,18 +1045,21 @@ def _checked(items: Sequence[tuple[Any, ...]], tails: Mapping[int, Any]) -> dict
     :func:`_refer_shard` (which raises the damage error naming its shard). The payload
     area ends where :func:`_source_index` puts it: at the shard's size (the tail's, else the
     listed one) less the index."""
-    by_job: dict[int, list[tuple[int, int]]] = {}
+    by_job: dict[int, tuple[Any, list[int], list[bytes], list[int]]] = {}  # per job: items, tails, payload limits
     for i, tail in tails.items():
-        size = None if tail is None else tail.size if tail.size is not None else items[i][1].sources[0].size
+        if tail is None:
+            continue
+        size = tail.size if tail.size is not None else items[i][1].sources[0].size
         if size is not None:
-            by_job.setdefault(id(items[i][0]), []).append((i, size))
+            job = items[i][0]
+            mine = by_job.get(id(job)) or by_job.setdefault(id(job), (job, [], [], []))
+            mine[1].append(i)
+            mine[2].append(tail.data)
+            mine[3].append(size - job.src_index_nbytes)
     out: dict[int, int] = {}
-    for at in by_job.values():
-        job = items[at[0][0]][0]
-        n = job.src_index_nbytes
-        counts = live_counts([tails[i].data for i, _ in at], job.dst_cps, [size - n for _, size in at],
-                             checksum=bool(job.src_layout.index_checksum))
-        out.update((i, count) for (i, _), count in zip(at, counts) if count is not None)
+    for job, at, data, limits in by_job.values():
+        counts = live_counts(data, job.dst_cps, limits, checksum=bool(job.src_layout.index_checksum))
+        out.update((i, count) for i, count in zip(at, counts) if count is not None)
     return out
 
 

@@ -526,7 +526,7 @@ class ReferenceFileSink(BaseInner):
         length]``), a document first on a tie. Each page is formatted in one loop (no
         generator step per entry: a reference file has an entry per shard)."""
         docs = sorted(self.docs.items())
-        d, quoted = 0, _json_string
+        d, quoted, quoted_url = 0, _json_string, _url_quoter()
         upto = docs[0][0] if docs else None  # the next document's key
         after: str | None = None
         while True:
@@ -538,7 +538,7 @@ class ReferenceFileSink(BaseInner):
                     out.append(_doc_entry(*docs[d]))
                     d += 1
                     upto = docs[d][0] if d < len(docs) else None
-                out.append(f"{quoted(key)}:[{quoted(url)},{int(offset)},{int(length)}]")
+                out.append(f"{quoted(key)}:[{quoted_url(url)},{int(offset)},{int(length)}]")
             if len(rows) < batch:
                 yield out + [_doc_entry(*doc) for doc in docs[d:]]
                 return
@@ -558,14 +558,14 @@ class ReferenceFileSink(BaseInner):
                 first = False
         head = {"schema": SCHEMA, "source": self.source, "message": message}
         yield f'}},{dumps(REFERENCE_KEY)}:{dumps(head)[:-1]},"objects":{{'.encode()
-        after = 0
+        after, quoted_url = 0, _url_quoter()
         while True:
             with self._lock:
                 rows = self._table.objects_after(after, batch)
             if not rows:
                 break
             yield ("," if after else "").encode() + ",".join(
-                f"{_json_string(url)}:{_info_json(size, etag, modified_ns)}" for _, url, size, etag, modified_ns in rows
+                f"{quoted_url(url)}:{_info_json(size, etag, modified_ns)}" for _, url, size, etag, modified_ns in rows
             ).encode()
             after = rows[-1][0]
         yield b"}}}"
@@ -654,6 +654,26 @@ _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 #: encoder's own C function for strings, one call (no encoder dispatch; a scan for characters
 #: to escape first cost more than this call, which is that scan)
 _json_string: Callable[[str], str] = json.encoder.encode_basestring
+
+
+def _url_quoter(most: int = 4096) -> Callable[[str], str]:
+    """:data:`_json_string` of URLs, the part up to the last ``/`` (a directory: shared by
+    the objects in it) quoted once and kept (up to ``most`` of them: a cache, not a record);
+    JSON escapes character by character, so the two parts quoted apart give the same text."""
+    heads: dict[str, str] = {}
+
+    def quoted(url: str) -> str:
+        head, slash, name = url.rpartition("/")
+        if not slash:
+            return _json_string(url)
+        got = heads.get(head)
+        if got is None:
+            if len(heads) >= most:
+                heads.clear()
+            got = heads[head] = _json_string(head + slash)[:-1]  # without its closing quote
+        return got + _json_string(name)[1:]
+
+    return quoted
 
 
 def _doc_entry(key: str, value: bytes) -> str:

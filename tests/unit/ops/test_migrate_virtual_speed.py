@@ -255,3 +255,50 @@ def test_a_virtual_migration_opens_and_stats_each_shard_once_and_lists_it_once(m
     assert n <= checked["lstat"] - quiet["lstat"] <= n + (depth + 2) * ROWS, (quiet, checked)
     np.testing.assert_array_equal(zarr.open_group(open_references(str(tmp_path / "out.json")), mode="r")["a"][...],
                                   data)
+
+
+def test_a_virtual_migration_does_per_shard_only_what_each_needs(monkeypatch, tmp_path):
+    """What a shard costs in Python, counted: its key parsed by one regular expression
+    (``ArrayLayout.parse``, no call of the part-by-part parser); units with the same counts
+    share one ``UnitResult`` (the driver only adds them up); each source directory's URL
+    quoted once for the reference file (its objects' names apart), not once per reference
+    and object. The file read back equal, its JSON as ``json`` writes it."""
+    from sharding_store.engine import shard_engine
+    from sharding_store.ops import units
+    from sharding_store.stores import references
+
+    data = _many_dirs(tmp_path / "src")
+    n = ROWS * COLS
+    parsed, results, quoted = [0], [0], []
+    real_parse, real_quote = shard_engine.parse_chunk_suffix, references._json_string
+
+    def parse(*args):  # noqa: ANN002, ANN202
+        parsed[0] += 1
+        return real_parse(*args)
+
+    class Counted(units.UnitResult):
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            results[0] += 1
+            super().__init__(*args, **kwargs)
+
+    def quote(text):  # noqa: ANN001, ANN202
+        quoted.append(text)
+        return real_quote(text)
+
+    monkeypatch.setattr(shard_engine, "parse_chunk_suffix", parse)
+    monkeypatch.setattr(units, "UnitResult", Counted)
+    monkeypatch.setattr(references, "_json_string", quote)
+    report = migrate(str(tmp_path / "src"), str(tmp_path / "out.json"), MigrateOptions(verify=False), progress=False)
+    monkeypatch.undo()
+    assert report.totals.referenced == n and report.totals.chunks == n * 4
+    assert parsed[0] == 0, parsed
+    from sharding_store.ops.jobs import INLINE_BATCH
+
+    assert results[0] <= -(-n // INLINE_BATCH) < n, results  # one a batch (its shards alike)
+    urls = [t for t in quoted if t.startswith("file://")]
+    assert len(urls) == 2 * ROWS and all(t.endswith("/") for t in urls), urls[:3]  # refs, then objects
+    raw = (tmp_path / "out.json").read_bytes()
+    doc = json.loads(raw)
+    assert raw == json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    np.testing.assert_array_equal(zarr.open_group(open_references(str(tmp_path / "out.json")), mode="r")["a"][...],
+                                  data)
