@@ -3,6 +3,10 @@
 Shared by the copy migration of every generation (:mod:`.migrate`) and
 by :mod:`.verify`, so the rules are one set:
 
+* the **lock** (:data:`LOCK_KEY`, :func:`destination_lock`, placed by :func:`lock_site`) is
+  taken by every run that writes into DST before it removes or writes anything and held to
+  its end, so ``--overwrite`` never empties what another run is writing; it is no content
+  of DST (never listed as such, never emptied);
 * the **marker** (:data:`MARKER_KEY`) exists while a migration (or a reshard's copy)
   writes into DST: created before the first write, deleted after the root document;
 * the **record** (:data:`RECORD_KEY`) is written right after the marker and stays: what
@@ -23,7 +27,9 @@ by :mod:`.verify`, so the rules are one set:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import json
 import os
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ..api.hierarchy import V2_ROOT_KEYS
 from ..errors import DestinationExistsError, ShardingStoreError, UsageError
 from ..formats import draft_metadata as dm
+from ..formats.upgrade_journal import Claim
 from ..stores import Inner
 
 if TYPE_CHECKING:
@@ -41,6 +48,9 @@ if TYPE_CHECKING:
 MARKER_KEY = ".sharding-store-migration.json"
 #: the object that records, for good, what a destination was migrated from and how
 RECORD_KEY = ".sharding-store-record.json"
+#: the object a run writing into a destination holds until it ends (:func:`destination_lock`):
+#: never counted as DST's content, never removed by ``--overwrite``
+LOCK_KEY = ".sharding-store-lock.json"
 #: root objects that make a directory a Zarr hierarchy (any generation) or a destination of ours
 RECOGNISED = ("zarr.json", *V2_ROOT_KEYS, MARKER_KEY, RECORD_KEY)
 #: what an option was when a marker written by an older version does not say it
@@ -123,7 +133,7 @@ def check_resume(dst: Inner, name: str, current: Mapping[str, Any], retried: Ret
     :class:`UsageError` naming what differs, or when DST holds something not ours."""
     found = [(key, doc) for key in (MARKER_KEY, RECORD_KEY) if (doc := _load(dst, key, retried)) is not None]
     if not found:
-        keys, prefixes = retried(dst.list_dir, "")
+        keys, prefixes = contents(dst, retried)
         if not keys and not prefixes:
             return False
         raise UsageError(f"{name}: nothing to resume (no {MARKER_KEY} nor {RECORD_KEY}: this destination is not "
@@ -166,11 +176,18 @@ def _names(keys: Iterable[str], prefixes: Iterable[str], limit: int = 8) -> str:
     return shown + (f", … (+{len(names) - limit} more)" if len(names) > limit else "")
 
 
+def contents(dst: Inner, retried: Retried = lambda fn, *a: fn(*a)) -> tuple[list[str], list[str]]:
+    """DST's top-level keys and prefixes, its lock (:data:`LOCK_KEY`) left out: a destination
+    that holds only a lock holds nothing."""
+    keys, prefixes = retried(dst.list_dir, "")
+    return [k for k in keys if k != LOCK_KEY], list(prefixes)
+
+
 def check_overwrite(dst: Inner, name: str) -> tuple[list[str], list[str]]:
     """DST's top-level keys and prefixes, when ``--overwrite`` may empty it: it holds a
     Zarr hierarchy (a document of any generation at its root) or one of our markers or
     records; :class:`DestinationExistsError` (exit 8) naming what is there otherwise."""
-    keys, prefixes = dst.list_dir("")
+    keys, prefixes = contents(dst)
     if (keys or prefixes) and not set(keys) & set(RECOGNISED):
         raise DestinationExistsError(
             f"{name}: --overwrite empties only a Zarr hierarchy or a destination of sharding-store, and this holds "
@@ -194,13 +211,13 @@ def removal(dst: Inner, keys: list[str], prefixes: list[str]) -> Removal:
 
 def empty(dst: Inner, keys: list[str], prefixes: list[str]) -> None:
     """Empty DST, what identifies it (root documents, marker, record) last: an interrupted
-    emptying leaves a DST that ``--overwrite`` still recognises."""
+    emptying leaves a DST that ``--overwrite`` still recognises. Its lock stays: the run
+    emptying it holds it (:func:`destination_lock`)."""
     for prefix in prefixes:
         dst.delete_prefix(prefix)
-    for key in keys:
-        if key not in RECOGNISED:
+    for key in sorted(keys, key=lambda k: k in RECOGNISED):
+        if key != LOCK_KEY:
             dst.delete(key)
-    dst.delete_prefix("")
 
 
 def describe_removal(r: Removal, human_bytes: Callable[[int], str], limit: int = 20) -> list[str]:
@@ -220,7 +237,7 @@ def prepare_plain(dst: Inner, name: str, *, overwrite: bool) -> None:
     one is refused, or with ``overwrite`` emptied when :func:`check_overwrite` recognises it
     (a directory of other files is never emptied; a local delete removes links, never what
     they point to)."""
-    keys, prefixes = dst.list_dir("")
+    keys, prefixes = contents(dst)
     if not keys and not prefixes:
         return
     if not overwrite:
@@ -235,7 +252,7 @@ def prepare(dst: Inner, name: str, current: Mapping[str, Any], *, overwrite: boo
     continued, what ``overwrite`` would remove under ``dry_run``: a dry run deletes nothing)."""
     if resume:
         return check_resume(dst, name, current, retried), None
-    keys, prefixes = dst.list_dir("")
+    keys, prefixes = contents(dst)
     if not keys and not prefixes:
         return False, (Removal() if dry_run and overwrite else None)
     if not overwrite:
@@ -248,7 +265,105 @@ def prepare(dst: Inner, name: str, current: Mapping[str, Any], *, overwrite: boo
     return False, None
 
 
-# --------------------------------------------------------------------------- what DST is (issue 24)
+# --------------------------------------------------------------------------- a destination's lock
+
+def _holder(raw: bytes | None) -> Claim | None:
+    """The run a lock object names (None: absent, or not a lock this tool wrote)."""
+    try:
+        doc = json.loads(raw or b"")
+        return Claim.from_json(doc.get("owner") if isinstance(doc, dict) else None)
+    except ValueError:
+        return None
+
+
+def _held(name: str, where: str, holder: Claim | None, remove: str) -> DestinationExistsError:
+    """Exit 8, one line: who holds the destination, and how to recover when it is dead."""
+    if holder is None:
+        return DestinationExistsError(
+            f"{name}: another migration or reshard is writing into this destination (its lock {where} is not one "
+            f"this run can read); nothing was changed by this run; wait for it to end, or {remove}", key=where)
+    alive = holder.alive()
+    state = "still running" if alive else "on another host: this host cannot tell whether it still runs"
+    return DestinationExistsError(
+        f"{name}: another migration or reshard is writing into this destination: its lock {where} is held by "
+        f"{holder.describe()}, {state}; nothing was changed by this run; wait for it to end"
+        f"{'' if alive else f', or if it is dead {remove}'}", key=where)
+
+
+@contextlib.contextmanager
+def destination_lock(store: Inner, key: str, name: str, action: str, retried: Retried = lambda fn, *a: fn(*a)
+                     ) -> Iterator[None]:
+    """Hold ``key`` in ``store`` (DST, or where DST's lock lives: :func:`lock_site`) for the
+    block: every run that writes into a destination takes it *before* it removes or writes
+    anything and releases it when it ends, so of two runs (``--overwrite``, ``--resume`` or
+    plain) one writes and the other refuses (:class:`DestinationExistsError`, exit 8, naming the
+    holder) having changed nothing. ``retried``: how a store call is retried.
+
+    Created exclusively (``O_EXCL``-like locally, a conditional PUT on S3). A lock left by a run
+    that was killed is taken over only when its holder is provably dead (this host and boot,
+    no such process, a zombie, or another process under its pid), conditionally on the bytes
+    read, so of two runs taking it over one wins; a holder on another host is never guessed
+    dead: the message says which object to remove. Released (conditionally: only while it is
+    still this run's) on any exit but a kill."""
+    mine = json.dumps({"lock": "sharding-store", "owner": Claim.mine(action).to_json()}).encode()
+    where = f"{store.describe().rstrip('/')}/{key}"
+    from .jobs import fault_point  # here: a local DST's questions (info) need none of the job machinery
+
+    fault_point("lock")  # nothing of DST has been removed or written yet
+    try:
+        created = retried(store.create_exclusive, key, mine)
+    except (NotADirectoryError, FileExistsError, IsADirectoryError) as e:
+        raise DestinationExistsError(f"{name}: not a directory: a file is in the way of the destination "
+                                     f"({e.strerror}); choose another destination", key=name) from e
+    if not created:
+        _take_over(store, key, name, where, mine, retried)
+    try:
+        yield
+    finally:
+        _release(store, key, mine)
+
+
+def _take_over(store: Inner, key: str, name: str, where: str, mine: bytes, retried: Retried) -> None:
+    """The lock at ``key`` made this run's when its holder is provably dead (conditionally on
+    the bytes read); :class:`DestinationExistsError` naming the holder otherwise."""
+    raw = retried(store.get, key)
+    holder = _holder(raw)
+    if raw is not None and holder is not None and holder.alive() is False \
+            and retried(store.put_if_unchanged, key, mine, raw):
+        return
+    raise _held(name, where, None if raw is None else holder,
+                f"remove {where} (only when no run of sharding-store writes there)")
+
+
+def _release(store: Inner, key: str, mine: bytes, attempts: int = 8) -> None:
+    """Delete the lock while it is still this run's; best effort, retried (a lock left behind
+    names this process: only its end makes it one a later run may take over)."""
+    for _ in range(attempts):
+        try:
+            store.put_if_unchanged(key, None, mine)
+            return
+        except Exception:  # noqa: BLE001 - the error being raised, if any, is the one to report
+            continue
+
+
+def lock_site(dst: Any, opened: Inner, target: str, stores: StoreOptions) -> tuple[Inner, str]:
+    """Where the lock of DST (as spelled; ``opened``: the store it names, or the reference file
+    it is) lives: in a Zarr store itself; beside a reference file or an Icechunk repository
+    (their name and :data:`LOCK_KEY`: a reference file is written whole at the end, and what
+    an Icechunk session writes no other run sees before it commits, nor may a repository be
+    created where a file already is). Every spelling of one DST (``file://``, ``~``, ``..``)
+    names one place, so one lock."""
+    parent, name = getattr(opened, "parent", None), getattr(opened, "name", None)
+    if target == "references" and parent is not None and isinstance(name, str):
+        return parent, name + LOCK_KEY
+    if target == "icechunk" and isinstance(dst, (str, os.PathLike)):
+        from .jobs import StoreRef
+
+        spelled = os.fspath(dst).rstrip("/")
+        local = _local_path(spelled)
+        head, _, name = (os.path.abspath(local) if local else spelled).rpartition("/")
+        return StoreRef.of(head or "/", stores.dst).open(), name + LOCK_KEY
+    return opened, LOCK_KEY
 
 
 #: what reports call each kind of destination, by (target, virtual)
@@ -390,6 +505,9 @@ def extra_node_key(key: str, prefix: str, nodes: Container[str]) -> bool:
     return key[: -len(NODE_DOCUMENT) - 1] not in nodes
 
 
-__all__ = ["DESTINATION_KINDS", "ICECHUNK_HINT", "MARKER_KEY", "RECORD_KEY", "Removal", "check_overwrite", "copied_by_us", "prepare_plain",
-           "check_resume", "extra_node_key", "extra_nodes", "open_destination", "prepare", "read_record", "record",
-           "recorded_dimension_names", "resolve_target"]
+__all__ = [
+    "DESTINATION_KINDS", "ICECHUNK_HINT", "LOCK_KEY", "MARKER_KEY", "RECORD_KEY", "Removal", "check_overwrite",
+    "check_resume", "contents", "copied_by_us", "destination_lock", "extra_node_key", "extra_nodes", "lock_site",
+    "open_destination", "prepare", "prepare_plain", "read_record", "record", "recorded_dimension_names",
+    "resolve_target",
+]

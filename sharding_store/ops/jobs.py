@@ -553,9 +553,10 @@ _fault_hook: FaultHook | None = None
 
 
 def fault_point(phase: str) -> None:
-    """A point where a crash must be survivable: migrate before it claims the destination
-    (``claim``), after each completed unit (``unit``) and metadata write (``meta``); reshard after each object operation of its
-    in-place protocol (``stage``, ``hide``, ``clear``, ``move``, ``commit``). Does nothing
+    """A point where a crash must be survivable: migrate and reshard's copy before they take
+    the destination's lock (``lock``) and before they claim it (``claim``), after each
+    completed unit (``unit``) and metadata write (``meta``); reshard after each object
+    operation of its in-place protocol (``stage``, ``hide``, ``clear``, ``move``, ``commit``). Does nothing
     unless a test installed a hook (:func:`sharding_store.testing.fault_hook`), which may
     raise, kill the process or pause it there."""
     hook = _fault_hook

@@ -14,9 +14,10 @@ so of two migrations started into one destination only one proceeds, the other r
 options, skipping target shards whose index parses (and checksums); another source or
 other options are refused, also on a finished destination. Other fsspec backends have no
 atomic create: there two migrations started at the same instant can both claim it (a
-documented limit). ``overwrite`` empties a destination that holds a Zarr hierarchy or one
-of our markers or records before claiming it: it must not be given while another
-migration is writing there.
+documented limit). Before all that, and before ``overwrite`` empties a destination that
+holds a Zarr hierarchy or one of our markers or records, the run takes DST's lock and
+holds it to its end (:func:`~.destination.destination_lock`): a run that finds it held by
+a live run refuses, having changed nothing.
 
 Order of writes, so that a killed migration never leaves an array that reads wrong
 values: an array's shards, then its ``zarr.json`` (zarr cannot open it before); groups
@@ -67,6 +68,8 @@ from .destination import (
     RECORD_KEY,
     Removal,
     describe_removal,
+    destination_lock,
+    lock_site,
     open_destination,
     resolve_target,
 )
@@ -536,6 +539,21 @@ def _prepare(dst_ref: StoreRef, dst: Inner, current: Mapping[str, Any], report: 
     return continuing
 
 
+def _retried(run: RunOptions) -> Callable[..., Any]:
+    """``retried(fn, key, ...)``: a destination call retried like a unit; when the retries run
+    out, the error :func:`incomplete` gives (a file in the way is the caller's to say)."""
+
+    def retried(fn: Callable[..., Any], key: str, *args: Any) -> Any:
+        try:
+            return with_retries(fn, key, *args, attempts=run.retries, base_delay=run.retry_delay)
+        except (NotADirectoryError, FileExistsError, IsADirectoryError):
+            raise
+        except Exception as e:
+            raise incomplete(key, e) from e
+
+    return retried
+
+
 def _plan_all(
     h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, opts: Options, report: MigrationReport, *, skip_damaged: bool
 ) -> list[ArrayPlan]:
@@ -710,7 +728,10 @@ class _Sides:
     virtual: bool = False
 
     @classmethod
-    def open(cls, src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreOptions) -> _Sides:
+    def open(cls, src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreOptions,
+             held: contextlib.ExitStack) -> _Sides:
+        """Both sides opened and checked apart; an Icechunk DST's lock entered into ``held``
+        (unless a dry run) before it is opened, once it is known to be apart."""
         src_ref, dst_ref = StoreRef.of(src, stores.src), StoreRef.of(dst, stores.dst)
         target = resolve_target(dst, o.target, o.virtual, stores.dst or {})
         virtual = o.virtual or target == "references"
@@ -724,7 +745,13 @@ class _Sides:
         src_inner = src_ref.open()
         if virtual and not o.dry_run:
             _check_addressable(src_inner, src_ref.describe())
-        if target != "zarr":  # opened once the source is known to qualify: opening may create it
+        if target == "references":  # opening a reference file reads it (if any), writes nothing
+            dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options,
+                               open_destination(dst, target, virtual, stores, src_inner, dry_run=o.dry_run))
+        if target == "icechunk" and not o.dry_run:  # opening writes its configuration: locked first, once apart
+            check_apart(src_inner, dst_ref.open(), src_ref.describe(), dst_ref.describe())
+            _lock(dst, dst_ref, target, stores, run, held)
+        if target == "icechunk":  # opened once the source qualifies and DST is locked: opening may create it
             opened = open_destination(dst, target, virtual, stores, src_inner, dry_run=o.dry_run)
             dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options, opened)
         if run.executor is not None:
@@ -734,10 +761,28 @@ class _Sides:
         return sides
 
 
+def _lock(dst: Any, dst_ref: StoreRef, target: str, stores: StoreOptions, run: RunOptions,
+          held: contextlib.ExitStack) -> None:
+    """DST's lock (:func:`~.destination.destination_lock`, where :func:`~.destination.lock_site`
+    puts it) taken and entered into ``held``: from before anything of DST is created, emptied
+    or written (the source checked and planned first: a refusal there leaves nothing) to the
+    run's end, verification included."""
+    held.enter_context(destination_lock(*lock_site(dst, dst_ref.open(), target, stores), dst_ref.describe(),
+                                        "migrate", _retried(run)))
+
+
 def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreOptions) -> MigrationReport:
-    """The copy migration (:func:`migrate` without ``in_place``), on checked options."""
+    """The copy migration (:func:`migrate` without ``in_place``), on checked options, DST's
+    lock held to the end (:func:`_lock`)."""
+    with contextlib.ExitStack() as held:
+        return _copy_held(src, dst, o, run, stores, held)
+
+
+def _copy_held(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreOptions,
+               held: contextlib.ExitStack) -> MigrationReport:
+    """:func:`_copy`, DST's lock entered into ``held`` (not by a dry run: it writes nothing)."""
     started = time.perf_counter()
-    sides = _Sides.open(src, dst, o, run, stores)
+    sides = _Sides.open(src, dst, o, run, stores, held)
     root_raw = sides.src.get(dm.ENTRY_POINT_KEY)
     detected = detect(ReadCache(sides.src), root_raw)  # the one detection (and walk) the model is built from
     if detected.per_node:  # an in-place upgrade (of a per-node store only) left half done: one get
@@ -763,6 +808,8 @@ def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreO
     current = destination.record(h.label, sides.src_ref.describe(), sides.src.location(), {
         **opts.recorded(), "assume_chunks_per_shard": assume_marker(o.assume_chunks_per_shard),
         "consolidate": o.consolidate, "target": sides.target, "virtual": sides.virtual})
+    if sides.target != "icechunk" and not o.dry_run:  # (an Icechunk DST's was taken before it was opened)
+        _lock(dst, sides.dst_ref, sides.target, stores, run, held)
     _prepare(sides.dst_ref, sides.dst, current, report, overwrite=o.overwrite, resume=o.resume, dry_run=o.dry_run,
              retries=run.retries, delay=run.retry_delay)
     # the reference check after a virtual migration takes the units this one listed

@@ -99,7 +99,7 @@ from ..formats.keys import Coords, chunk_to_shard, local_to_global
 from ..formats.reshard_journal import JOURNAL_PREFIX, STAGING_PREFIX, Journal, interrupted_reshards, staging_leftovers
 from ..formats.shard_index import MAX_UINT64, encode_shard, index_nbytes, n_entries, parse_indices
 from ..stores import Inner, Part, Tail
-from .destination import MARKER_KEY, prepare_plain
+from .destination import LOCK_KEY, MARKER_KEY, destination_lock, prepare_plain
 from .jobs import (
     Group,
     Source,
@@ -711,8 +711,8 @@ def _copy_hierarchy(
     for key, size in src_inner.list_sized(""):
         if key == dm.ENTRY_POINT_KEY:
             entry_point = (key, size)
-        if key.startswith(STAGING) or key == dm.ENTRY_POINT_KEY or key in repacked_meta or repacked_chunk(key):
-            continue
+        if key.startswith(STAGING) or key in (dm.ENTRY_POINT_KEY, LOCK_KEY) or key in repacked_meta or repacked_chunk(key):
+            continue  # (a lock in the source is another run's, not the hierarchy's: copied it would replace this run's)
         (meta if key.startswith("meta/") else data).append((key, size))
 
     def copy(item: tuple[str, int | None]) -> None:
@@ -784,10 +784,11 @@ def _run(src: Any, dst: Any | None, options: ReshardOptions, run: RunOptions, st
             _reshard_in_place(src_inner, dm.array_meta_key(path, h.suffix), target, report, opts)
             report.arrays_changed.append(path)
     else:
-        prepare_plain(dst_inner, _describe(dst), overwrite=options.overwrite)
-        _claim(dst_inner, _describe(src), _describe(dst))
-        _copy_hierarchy(src_inner, dst_inner, h, targets, report, opts)
-        dst_inner.delete(MARKER_KEY)
+        with destination_lock(dst_inner, LOCK_KEY, _describe(dst), "reshard"):  # before anything is removed
+            prepare_plain(dst_inner, _describe(dst), overwrite=options.overwrite)
+            _claim(dst_inner, _describe(src), _describe(dst))
+            _copy_hierarchy(src_inner, dst_inner, h, targets, report, opts)
+            dst_inner.delete(MARKER_KEY)
         report.arrays_changed.extend(targets)
     report.seconds = time.perf_counter() - started
     return report

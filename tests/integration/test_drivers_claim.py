@@ -50,14 +50,14 @@ def check_winner(out, sources, winner: str) -> None:
 
 def race(sources, out, rendezvous=None) -> dict[str, tuple[int, str]]:
     """Both sources migrated into ``out`` by two CLI processes started together; with
-    ``rendezvous`` (a directory) each waits at its ``claim`` fault point until the other is
-    there too (``python -m tests.run_with_fault --rendezvous``): both have then found the
-    destination empty, and they race for it."""
+    ``rendezvous`` (a directory) each waits at its ``lock`` fault point until the other is
+    there too (``python -m tests.run_with_fault --rendezvous``): both have then checked their
+    source and planned, and they race for the destination's lock."""
     procs = {}
     for name, (src, _) in sources.items():
         args = ["migrate", str(src), str(out), "--no-verify", "--jobs", "1"]
         cmd = [*CLI, *args] if rendezvous is None else [
-            sys.executable, "-m", "tests.run_with_fault", "--rendezvous", "claim", str(rendezvous), "2", "--", *args]
+            sys.executable, "-m", "tests.run_with_fault", "--rendezvous", "lock", str(rendezvous), "2", "--", *args]
         procs[name] = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     return {name: (p.wait(timeout=300), p.stderr.read()) for name, p in procs.items()}  # type: ignore[union-attr]
 
@@ -74,7 +74,8 @@ def test_two_processes_never_both_succeed(sources, tmp_path, meet):
         loser_err = next(err for code, err in results.values() if code != 0)
         assert len(loser_err.strip().splitlines()) == 1, loser_err
         if meet:
-            assert "another migration is writing into this destination" in loser_err
+            assert "another migration or reshard is writing into this destination" in loser_err
+            assert "held by a migrate run (pid" in loser_err and "still running" in loser_err
         check_winner(out, sources, winner)
     assert {name: tree_hash(src) for name, (src, _) in sources.items()} == before
 

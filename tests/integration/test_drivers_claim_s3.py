@@ -62,7 +62,7 @@ def test_two_processes_meeting_at_the_claim(buckets, tmp_path):
     opts = json.dumps(s3.storage_options)
     procs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "tests.run_with_fault", "--rendezvous", "claim", str(tmp_path / "meet"), "2", "--",
+            [sys.executable, "-m", "tests.run_with_fault", "--rendezvous", "lock", str(tmp_path / "meet"), "2", "--",
              "migrate", f"s3://src/{name}", DST, "--storage-options", opts, "--no-verify", "--jobs", "1"],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for name in ("one", "two")

@@ -52,12 +52,13 @@ def test_default_migration_is_one_get_and_one_put_per_shard(buckets):
     counts = s3.counts()
     assert report.shards == N_SHARDS and report.totals.written == 26 and report.totals.copied == 4
     # 26 shards: one ranged GET + one PUT each; 4 unsharded chunks: one CopyObject each;
-    # the rest is metadata (5 array + 5 group documents, the marker, the record)
+    # the rest is metadata (5 array + 5 group documents, the lock, the marker, the record)
     assert counts["COPY"] == 4
-    assert counts["PUT"] == 26 + 10 + 2
+    assert counts["PUT"] == 26 + 10 + 3
     # each shard whole (a ranged GET), 8 metadata documents, and the tail of the unsharded
-    # array's first chunk object (the lost-transformer check: shards under unsharded metadata)
-    assert counts["GET"] == 26 + 8 + 1
+    # array's first chunk object (the lost-transformer check: shards under unsharded metadata),
+    # and the lock read for its ETag (its release is a DELETE conditional on it: If-Match)
+    assert counts["GET"] == 26 + 8 + 1 + 1
     assert counts["LIST"] <= 10 and counts["HEAD"] <= 10
     s3.start_counting()
     checked = verify(SRC, DST, storage_options=s3.storage_options)
@@ -74,9 +75,9 @@ def test_no_index_checksum_uses_server_side_copies(buckets):
     counts = s3.counts()
     assert report.totals.copied == N_SHARDS and report.totals.written == 0
     assert counts["COPY"] == N_SHARDS  # every shard copied by the server; its bytes never came here
-    assert counts["PUT"] == 10 + 2  # only metadata, the marker and the record were uploaded
-    # each shard's index (a ranged GET), 8 metadata documents, the lost-transformer check's tail
-    assert counts["GET"] == 26 + 8 + 1
+    assert counts["PUT"] == 10 + 3  # only metadata, the lock, the marker and the record were uploaded
+    # each shard's index (a ranged GET), 8 metadata documents, the lost-transformer check's tail, the lock
+    assert counts["GET"] == 26 + 8 + 1 + 1
     assert report.totals.bytes_read == 0
     verify(SRC, DST, storage_options=s3.storage_options)
     assert np.array_equal(read_s3(s3, "imgs/raw"), values["imgs/raw"])

@@ -386,7 +386,7 @@ def test_overwrite_of_an_interrupted_copy_and_the_cli_refusal(tmp_path, capsys):
     dst = tmp_path / "dst"
 
     def boom(phase: str) -> None:
-        if phase != "claim":  # killed once the marker is there: during the copy
+        if phase not in ("lock", "claim"):  # killed once the marker is there: during the copy
             raise KeyboardInterrupt
 
     with fault_hook(boom), pytest.raises(KeyboardInterrupt):
@@ -426,8 +426,8 @@ def test_a_marker_appearing_after_the_emptiness_check_is_refused(tmp_path):
 
 @pytest.mark.slow  # two processes
 def test_two_reshard_processes_into_one_destination_never_both_write(tmp_path):
-    """Two CLI reshards of different sources into one DST, met at the claim (both found
-    DST empty): exactly one succeeds and DST is its copy; the other exits 8, one line."""
+    """Two CLI reshards of different sources into one DST, met where each takes DST's lock:
+    exactly one succeeds and DST is its copy; the other exits 8, one line naming the holder."""
     import subprocess
     import sys
 
@@ -438,7 +438,7 @@ def test_two_reshard_processes_into_one_destination_never_both_write(tmp_path):
     dst = tmp_path / "dst"
     procs = {
         src: subprocess.Popen(
-            [sys.executable, "-m", "tests.run_with_fault", "--rendezvous", "claim", str(tmp_path / "meet"), "2", "--",
+            [sys.executable, "-m", "tests.run_with_fault", "--rendezvous", "lock", str(tmp_path / "meet"), "2", "--",
              "reshard", str(src), str(dst), "--chunks-per-shard", "1"],
             cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for src in (one, two)
@@ -447,7 +447,8 @@ def test_two_reshard_processes_into_one_destination_never_both_write(tmp_path):
     assert sorted(code for code, _ in results.values()) == [0, DestinationExistsError.exit_code], results
     winner = next(src for src, (code, _) in results.items() if code == 0)
     loser_err = next(err for code, err in results.values() if code != 0)
-    assert len(loser_err.strip().splitlines()) == 1 and "another reshard or migration" in loser_err, loser_err
+    assert len(loser_err.strip().splitlines()) == 1 and "another migration or reshard" in loser_err, loser_err
+    assert "held by a reshard run (pid" in loser_err and "still running" in loser_err, loser_err
     assert chunk_view(dst) == chunk_view(winner)
     assert not (dst / ".sharding-store-migration.json").exists()
 
