@@ -124,6 +124,12 @@ def recorded_objects(doc: Mapping[str, Any], path: str) -> dict[str, ObjectInfo]
         raise StoreNotFoundError(f"{path}: {REFERENCE_KEY}.objects is not a JSON object", key=path)
     out: dict[str, ObjectInfo] = {}
     for url, info in (objects or {}).items():
+        if type(info) is dict:  # the usual entry, its types checked in one expression (one entry a shard)
+            size, etag, modified_ns = info.get("size"), info.get("etag"), info.get("modified_ns")
+            if (type(size) is int and size >= 0 and (etag is None or type(etag) is str)
+                    and (modified_ns is None or type(modified_ns) is int)):
+                out[url] = (size, etag, modified_ns)
+                continue
         if not isinstance(info, dict) or not _count(info.get("size")):
             raise StoreNotFoundError(f"{path}: {REFERENCE_KEY}.objects[{url!r}] has no size (a whole number >= 0)",
                                      key=path)

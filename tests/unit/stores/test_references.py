@@ -411,3 +411,19 @@ def test_a_damaged_reference_is_refused_by_every_reader_naming_it(migrated, caps
         code = main(argv)
         err = capsys.readouterr().err.strip().splitlines()
         assert (code, len(err)) == (7, 1) and named in err[0], (argv, err)
+
+
+@pytest.mark.parametrize("info", [{"size": -1}, {"size": 1.0}, {"size": 4, "etag": 5}, {"size": 4, "modified_ns": 1.5},
+                                  {"etag": "x"}, ["size", 4]],
+                         ids=["size-negative", "size-float", "etag-number", "mtime-float", "no-size", "a-list"])
+def test_a_damaged_record_is_refused_naming_its_object(info):
+    """``recorded_objects`` takes the usual entry in one expression; every other one is
+    refused as before, naming the object's URL."""
+    from sharding_store.stores.references import recorded_objects
+
+    good = {"size": 4, "modified_ns": 7}
+    doc = {REFERENCE_KEY: {"objects": {"file:///s/a": good, "file:///s/b": info}}}
+    with pytest.raises(StoreNotFoundError, match=re.escape("objects['file:///s/b']")):
+        recorded_objects(doc, "x.json")
+    assert recorded_objects({REFERENCE_KEY: {"objects": {"file:///s/a": good, "u": {"size": 0, "etag": "e"}}}},
+                            "x.json") == {"file:///s/a": (4, None, 7), "u": (0, "e", None)}
