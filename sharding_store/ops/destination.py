@@ -310,8 +310,8 @@ def destination_lock(store: Inner, key: str, name: str, action: str, retried: Re
     from .jobs import fault_point  # here: a local DST's questions (info) need none of the job machinery
 
     fault_point("lock")  # nothing of DST has been removed or written yet
-    try:
-        created = retried(store.create_exclusive, key, mine)
+    try:  # (a store error names the lock's location: ``where``)
+        created = retried(lambda _: store.create_exclusive(key, mine), where)
     except (NotADirectoryError, FileExistsError, IsADirectoryError) as e:
         raise DestinationExistsError(f"{name}: not a directory: a file is in the way of the destination "
                                      f"({e.strerror}); choose another destination", key=name) from e
@@ -326,10 +326,10 @@ def destination_lock(store: Inner, key: str, name: str, action: str, retried: Re
 def _take_over(store: Inner, key: str, name: str, where: str, mine: bytes, retried: Retried) -> None:
     """The lock at ``key`` made this run's when its holder is provably dead (conditionally on
     the bytes read); :class:`DestinationExistsError` naming the holder otherwise."""
-    raw = retried(store.get, key)
+    raw = retried(lambda _: store.get(key), where)
     holder = _holder(raw)
     if raw is not None and holder is not None and holder.alive() is False \
-            and retried(store.put_if_unchanged, key, mine, raw):
+            and retried(lambda _: store.put_if_unchanged(key, mine, raw), where):
         return
     raise _held(name, where, None if raw is None else holder,
                 f"remove {where} (only when no run of sharding-store writes there)")
@@ -346,13 +346,14 @@ def _release(store: Inner, key: str, mine: bytes, attempts: int = 8) -> None:
             continue
 
 
-def lock_site(dst: Any, opened: Inner, target: str, stores: StoreOptions) -> tuple[Inner, str]:
+def lock_site(dst: Any, opened: Inner, target: str, stores: StoreOptions) -> tuple[Inner, str] | None:
     """Where the lock of DST (as spelled; ``opened``: the store it names, or the reference file
     it is) lives: in a Zarr store itself; beside a reference file or an Icechunk repository
     (their name and :data:`LOCK_KEY`: a reference file is written whole at the end, and what
     an Icechunk session writes no other run sees before it commits, nor may a repository be
     created where a file already is). Every spelling of one DST (``file://``, ``~``, ``..``)
-    names one place, so one lock."""
+    names one place, so one lock. None: an Icechunk repository at a bucket's root has no place
+    beside it (Icechunk's commit then refuses the second of two runs, as before)."""
     parent, name = getattr(opened, "parent", None), getattr(opened, "name", None)
     if target == "references" and parent is not None and isinstance(name, str):
         return parent, name + LOCK_KEY
@@ -362,6 +363,8 @@ def lock_site(dst: Any, opened: Inner, target: str, stores: StoreOptions) -> tup
         spelled = os.fspath(dst).rstrip("/")
         local = _local_path(spelled)
         head, _, name = (os.path.abspath(local) if local else spelled).rpartition("/")
+        if not local and head.endswith(":/"):
+            return None
         return StoreRef.of(head or "/", stores.dst).open(), name + LOCK_KEY
     return opened, LOCK_KEY
 

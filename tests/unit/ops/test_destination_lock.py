@@ -239,3 +239,18 @@ def test_other_destinations_hold_the_lock_too(sources, tmp_path, kind):
     assert outcome["before"] == outcome["after"]
     assert verify(sources["one"][0], str(dst), progress=False).ok
     assert not [p for p in out.rglob("*") if p.name.endswith(LOCK_KEY)]
+
+
+def test_where_the_lock_of_an_icechunk_repository_lives(tmp_path):
+    """Beside the repository, one place for every spelling of it; none for a bucket's root
+    (nothing is beside it: Icechunk's commit then refuses the second of two runs)."""
+    from sharding_store.ops.destination import lock_site
+    from sharding_store.ops.options import StoreOptions
+
+    places = set()
+    for spelled in (str(tmp_path / "repo"), f"file://{tmp_path}/repo", f"{tmp_path}/x/../repo/"):
+        site = lock_site(spelled, None, "icechunk", StoreOptions())  # type: ignore[arg-type]
+        assert site is not None
+        places.add((site[0].location(), site[1]))
+    assert len(places) == 1 and next(iter(places))[1] == "repo" + LOCK_KEY
+    assert lock_site("s3://bucket", None, "icechunk", StoreOptions()) is None  # type: ignore[arg-type]
