@@ -40,6 +40,7 @@ from ..errors import DestinationExistsError, ShardingStoreError, UsageError
 from ..formats import draft_metadata as dm
 from ..formats.upgrade_journal import Claim
 from ..stores import Inner
+from ..stores.location import objects_url_prefix
 
 if TYPE_CHECKING:
     from .options import StoreOptions
@@ -444,15 +445,17 @@ def open_destination(dst: Any, target: str, virtual: bool, stores: StoreOptions,
     an Icechunk repository's virtual chunk container). Whatever DST is, the driver writes
     it through the one store interface and finishes it with :meth:`Inner.commit` after a
     complete run. ``read_only``: to read it (``verify``): a reference file is not written;
-    ``read_only`` or ``dry_run``: an absent Icechunk repository is not created (it reads as empty)."""
+    ``read_only`` or ``dry_run``: an absent Icechunk repository is not created (it reads as empty);
+    ``read_only`` with a ``source`` (verify): a reference file reads only objects of the source."""
     from .jobs import StoreRef
 
     if target == "zarr" or (not isinstance(dst, (str, os.PathLike)) and target != "icechunk"):
         return StoreRef.of(dst, stores.dst).open()
     if target == "references":
+        within = objects_url_prefix(source.location()) if read_only and source is not None else None
         sink: Inner = importlib.import_module("sharding_store.stores.references").ReferenceFileSink(
             os.fspath(dst), stores.dst, source="" if source is None else source.describe(), source_options=stores.src,
-            read_only=read_only)
+            read_only=read_only, within=within)
         return sink
     try:
         module = importlib.import_module("sharding_store.stores.icechunk_store")

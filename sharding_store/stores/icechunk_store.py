@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 
 from ..errors import DestinationExistsError, SourceChangedError, StoreIOError, StoreNotFoundError, UsageError
 from .base import ChunkRef, Location, RangeRequest, Tail, Version
-from .location import endpoint_location
+from .location import endpoint_location, objects_url_prefix
 from .zarr_store import ZarrStoreInner
 
 __all__ = ["IcechunkInner", "Materialized", "container_prefix", "is_repository", "local_checksum", "materialize",
@@ -123,10 +123,9 @@ def _storage(dst: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, 
 
 def container_prefix(source: Location) -> str:
     """The URL prefix of the virtual chunk container for a source store's objects."""
-    if source.kind == "file":
-        return f"file://{source.path.rstrip('/')}/"
-    if source.kind == "s3":
-        return f"s3://{source.path.strip('/')}/"
+    prefix = objects_url_prefix(source)
+    if prefix is not None:
+        return prefix
     raise UsageError(f"{source}: an Icechunk repository can reference only local or s3:// sources "
                      f"(this one is {source.kind})")
 

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 from ._fsspec_adapter import can_strip_protocol, strip_protocol
 from .base import Location, Relation
 
-__all__ = ["Location", "Relation", "endpoint_location", "fs_location", "is_local_fs", "protocol_of", "relation", "zarr_location"]
+__all__ = ["Location", "Relation", "endpoint_location", "objects_url_prefix",
+           "fs_location", "is_local_fs", "protocol_of", "relation", "zarr_location"]
 
 
 def protocol_of(fs: Any) -> str:
@@ -90,3 +91,14 @@ def relation(a: Any, b: Any) -> Relation:
     la = a if isinstance(a, Location) else a.location()
     lb = b if isinstance(b, Location) else b.location()
     return la.relation(lb)
+
+
+def objects_url_prefix(location: Location) -> str | None:
+    """The URL every object of the store at ``location`` has and no other store's has
+    (``file:///abs/dir/``, ``s3://bucket/prefix/``); None for other kinds: what a virtual
+    reference into the store starts with."""
+    if location.kind == "file":
+        return f"file://{location.path.rstrip('/')}/"
+    if location.kind == "s3":
+        return f"s3://{location.path.strip('/')}/"
+    return None

@@ -53,7 +53,13 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..errors import DestinationExistsError, ObjectChangedError, SourceChangedError, StoreNotFoundError
+from ..errors import (
+    DestinationExistsError,
+    LinkOutsideStoreError,
+    ObjectChangedError,
+    SourceChangedError,
+    StoreNotFoundError,
+)
 from ..formats.draft_metadata import json_object
 from .base import BaseInner, ChunkRef, Inner, Location, RangeRequest, Tail, Version, slice_range
 
@@ -401,10 +407,11 @@ class ReferenceFileSink(BaseInner):
     their number), written as one file at :meth:`commit`. Opened on an existing file it
     holds that file's content (a migration then finds DST not empty; ``--overwrite``
     empties this, and the commit replaces the file). ``read_only``: for verify and readers
-    (no commit)."""
+    (no commit). ``within``: the URL prefix of the source's objects (verify): a reference
+    to anything else is refused before it is read (:meth:`Guard.read`)."""
 
     def __init__(self, path: str, storage_options: Mapping[str, Any] | None = None, *, read_only: bool = False,
-                 source: str = "", source_options: Mapping[str, Any] | None = None) -> None:
+                 source: str = "", source_options: Mapping[str, Any] | None = None, within: str | None = None) -> None:
         from . import as_inner
 
         self.path = path
@@ -420,7 +427,7 @@ class ReferenceFileSink(BaseInner):
         self._table = _Front(where.path if where.kind == "file" and os.path.isdir(where.path) else None)
         #: referenced URLs the file records nothing of (each read of them is refused)
         self._unrecorded: set[str] = set()
-        self._reader = Guard(_Objects(self), self.source_options)
+        self._reader = Guard(_Objects(self), self.source_options, within=within)
         self._load()
 
     def __repr__(self) -> str:
@@ -738,14 +745,21 @@ class _Objects(Mapping[str, ObjectInfo]):
 class Guard:
     """Reads bytes of source objects by URL, each checked against what was recorded of it
     (``objects``: URL -> (size, ETag, st_mtime_ns)) before and after the read:
-    :class:`SourceChangedError` naming the URL and what changed."""
+    :class:`SourceChangedError` naming the URL and what changed. ``within`` (verify): the URL
+    prefix of the source's objects; a URL outside it, or climbing out of it with ``..``, is
+    :class:`LinkOutsideStoreError` and never opened (a reference file cannot make ``verify``
+    read, or call identical, another store's object)."""
 
-    def __init__(self, objects: Mapping[str, ObjectInfo], storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, objects: Mapping[str, ObjectInfo], storage_options: Mapping[str, Any] | None = None, *,
+                 within: str | None = None) -> None:
         self.objects = objects
         self.storage_options = dict(storage_options or {})
+        self.within = within
         self._stores: dict[str, Inner] = {}
 
     def read(self, url: str, start: int, end: int) -> bytes:
+        if self.within is not None and not _below(url, self.within):
+            raise LinkOutsideStoreError(f"{url}: a reference leading outside the source {self.within}", key=url)
         info = self.objects.get(url)
         if info is None:
             raise unrecorded(url)
@@ -775,6 +789,11 @@ class Guard:
         if got is None or len(got) != end - start:
             raise SourceChangedError(f"{url}: deleted or shortened since the references were taken", key=url)
         return got
+
+
+def _below(url: str, prefix: str) -> bool:
+    """Whether ``url`` names an object below ``prefix`` (no empty, ``.`` or ``..`` segment)."""
+    return url.startswith(prefix) and all(part not in ("", ".", "..") for part in url[len(prefix):].split("/"))
 
 
 def unrecorded(url: str) -> SourceChangedError:
@@ -809,7 +828,8 @@ def _read_local(url: str, path: str, start: int, end: int, info: ObjectInfo) -> 
     """Bytes ``[start, end)`` of a local file, its ``fstat`` compared with ``info`` before
     and after the read (of the descriptor read: never another file)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO put in a file's place is refused below, not waited on for ever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise SourceChangedError(f"{url}: deleted since the references were taken", key=url) from None
     except OSError as e:

@@ -427,3 +427,50 @@ def test_a_damaged_record_is_refused_naming_its_object(info):
         recorded_objects(doc, "x.json")
     assert recorded_objects({REFERENCE_KEY: {"objects": {"file:///s/a": good, "u": {"size": 0, "etag": "e"}}}},
                             "x.json") == {"file:///s/a": (4, None, 7), "u": (0, "e", None)}
+
+
+def test_verify_never_reads_a_reference_leading_out_of_the_source(migrated, capsys):
+    """A reference file naming an object of another store (an identical copy of the source,
+    recorded as it is: every reader's check passes) or climbing out with ``..``: ``verify SRC
+    DST`` refuses it before opening it (exit 13, naming the URL), never calls DST identical
+    to SRC while it reads another store."""
+    import shutil
+
+    from sharding_store import verify
+    from sharding_store.cli import main
+    from sharding_store.errors import LinkOutsideStoreError
+
+    path, _, shard = migrated
+    src = path.parent / "src"
+    shutil.copytree(src, path.parent / "src2")  # copy2: the same sizes and modification times
+    other = path.parent / "src2" / shard.relative_to(src)
+    for url in (f"file://{other}", f"file://{src}/../src2/{shard.relative_to(src)}"):
+        doc = json.loads(path.read_text())
+        key = next(k for k, v in doc["refs"].items() if isinstance(v, list) and v[0] == f"file://{shard}")
+        doc["refs"][key][0] = url
+        st = other.stat()
+        doc[REFERENCE_KEY]["objects"][url] = {"size": st.st_size, "modified_ns": st.st_mtime_ns}
+        edited = path.parent / "edited.json"
+        edited.write_text(json.dumps(doc))
+        with pytest.raises(LinkOutsideStoreError, match=re.escape(f"{url}: a reference leading outside the source")):
+            verify(str(src), str(edited))
+        code = main(["verify", str(src), str(edited), "--no-progress"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert (code, len(err)) == (13, 1) and url in err[0], err
+
+
+def test_a_source_file_replaced_by_a_fifo_is_refused_not_waited_on(migrated):
+    """The guarded reader opens a source object without blocking: a FIFO put in a shard's
+    place is "no longer a regular file" (SourceChangedError), not a read that never ends."""
+    import subprocess
+    import sys
+
+    path, _, shard = migrated
+    shard.unlink()
+    os.mkfifo(shard)
+    code = ("import zarr, sharding_store\n"
+            f"g = zarr.open_group(sharding_store.open_references({str(path)!r}), mode='r')\n"
+            "try:\n    g['big'][...]\nexcept sharding_store.SourceChangedError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert f"file://{shard}: no longer a regular file" in done.stdout, done.stderr[-2000:]
