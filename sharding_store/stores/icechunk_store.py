@@ -42,7 +42,14 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import DestinationExistsError, SourceChangedError, StoreIOError, StoreNotFoundError, UsageError
+from ..errors import (
+    DestinationExistsError,
+    LinkOutsideStoreError,
+    SourceChangedError,
+    StoreIOError,
+    StoreNotFoundError,
+    UsageError,
+)
 from .base import ChunkRef, Location, RangeRequest, Tail, Version
 from .location import endpoint_location, objects_url_prefix
 from .zarr_store import ZarrStoreInner
@@ -181,8 +188,9 @@ def is_repository(dst: str, storage_options: Mapping[str, Any] | None = None) ->
 
 def _open_repository(storage: Any, location: Location, source: Location | None,
                      source_options: Mapping[str, Any] | None, configure: bool) -> Any:
-    """The repository at ``storage`` (created when absent), every container of its
-    configuration authorised (the source's with ``source_options``); ``configure``: the
+    """The repository at ``storage`` (created when absent): with a ``source``, its container
+    alone authorised (with ``source_options``), without one every container of the
+    configuration; ``configure``: the
     source's container added to the configuration (saved) first."""
     ic = _icechunk()
     exists = _exists(storage, location)
@@ -192,8 +200,11 @@ def _open_repository(storage: Any, location: Location, source: Location | None,
         raise DestinationExistsError(f"{location.path}: not an Icechunk repository and not empty; choose another "
                                      "destination", key=location.path)
     config = (ic.Repository.fetch_config(storage) if exists else None) or ic.RepositoryConfig.default()
-    authorise: dict[str, Any] = {p: _credentials(p, source_options) for p in (config.virtual_chunk_containers or {})}
-    known = source is not None and source.kind in ("file", "s3") and container_prefix(source) in authorise
+    containers = config.virtual_chunk_containers or {}
+    # with a source (a migration, verify): its container alone is authorised, so no virtual
+    # chunk of another store (another container of a hostile or older configuration) is read
+    authorise: dict[str, Any] = {} if source is not None else {p: _credentials(p, source_options) for p in containers}
+    known = source is not None and source.kind in ("file", "s3") and container_prefix(source) in containers
     if source is not None and (configure or known):
         container, credentials = _container(source, source_options)
         if configure:
@@ -331,6 +342,10 @@ class IcechunkInner(ZarrStoreInner):
         if "invalid zarr key" in text or "invalid chunk location" in text or "no virtual chunk container" in text:
             return UsageError(f"{key}: Icechunk cannot store this ({what}); Icechunk takes chunk keys of the default "
                               "encoding with '/' only: migrate into a directory instead", key=key)
+        outside = re.search(r"resolves to the url prefix (\S+?),? to be able to fetch", text)
+        if outside:  # a container not authorised: with a source, any but the source's (_open_repository)
+            return LinkOutsideStoreError(f"{key}: a virtual chunk of another store than the source "
+                                         f"({outside.group(1)}): not read", key=key)
         fetching = "error fetching virtual reference" in text
         gone = ("not found" in text or "NoSuchKey" in text or "does not exist" in text)
         if "checksum of the object" in text or "not enough data" in text or (fetching and gone):

@@ -391,3 +391,24 @@ def test_right_references_are_accepted_without_a_per_reference_diagnosis(big, tm
     assert calls["_wrong"] == 0 and calls["document_bytes"] < SHARDS, calls
     _edit(out, lambda d: d["refs"]["big/c/2/0"].__setitem__(1, 4))
     assert list(_problems(big, out)) == ["big/c/2/0"] and calls["_wrong"] == 1, calls
+
+
+@needs_icechunk
+def test_verify_reads_no_virtual_chunk_of_another_store(big, tmp_path, capsys):
+    """A repository with a second container (an identical copy of the source, as a user or a
+    hostile file could add) and one chunk pointing into it: ``verify SRC DST`` authorises the
+    source's container alone, so that chunk is refused unread (exit 13, naming it), never
+    called identical to the source while it depends on another store."""
+    import shutil
+
+    from sharding_store.errors import LinkOutsideStoreError
+
+    repo = _icechunk(big, tmp_path)
+    copy = tmp_path / "copy"
+    shutil.copytree(big, copy)  # copy2: the same bytes, sizes and modification times
+    _session_edit(repo, copy, lambda inner: inner.put_reference("big/c/2/0", _ref(copy, 2)))
+    with pytest.raises(LinkOutsideStoreError, match=r"big/c/2/0: a virtual chunk of another store than the source"):
+        verify(str(big), str(repo), progress=False)
+    code = main(["verify", str(big), str(repo), "--no-progress"])
+    err = [line for line in capsys.readouterr().err.splitlines() if "sharding-store" in line]
+    assert code == 13 and len(err) == 1 and f"file://{os.path.realpath(copy)}/" in err[0], err
