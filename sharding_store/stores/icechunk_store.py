@@ -34,8 +34,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -706,6 +707,7 @@ def materialize(dst: str, storage_options: Mapping[str, Any] | None = None, *,
         inner.set(key, value)
         return len(value)
 
+    _local_files_only(inner.virtual_locations())
     keys = iter(virtual_keys(inner))
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="materialize") as pool:
         while batch := [k for _, k in zip(range(64 * max(1, jobs)), keys)]:
@@ -716,6 +718,21 @@ def materialize(dst: str, storage_options: Mapping[str, Any] | None = None, *,
     _record_materialized(inner)
     done.snapshot = inner.commit(message or f"sharding-store: {done.chunks} virtual chunks of {dst} materialized")
     return done
+
+
+def _local_files_only(urls: Iterable[str]) -> None:
+    """:class:`SourceChangedError` for the first local source that is no longer a regular
+    file (one ``lstat`` each, before any read): Icechunk would wait for ever, deaf to
+    SIGTERM, on a FIFO put in a file's place."""
+    for url in set(urls):
+        if not url.startswith("file://"):
+            continue
+        try:
+            mode = os.lstat(url[len("file://"):]).st_mode
+        except FileNotFoundError:
+            continue  # Icechunk's read says it is gone (exit 14)
+        if not stat.S_ISREG(mode):
+            raise SourceChangedError(f"{url}: no longer a regular file since the migration", key=url)
 
 
 def _record_materialized(inner: IcechunkInner) -> None:

@@ -216,6 +216,29 @@ def test_materialize_refuses_a_changed_source_and_commits_nothing(tmp_path, caps
     assert not (tmp_path / "nothing").exists()
 
 
+@pytest.mark.slow
+def test_materialize_refuses_a_source_file_replaced_by_a_fifo_without_waiting(tmp_path):
+    """A FIFO put in a source shard's place: ``materialize`` refuses it (exit 14, naming its
+    URL) before reading anything, and commits nothing; Icechunk's read of it would wait for
+    ever, deaf to SIGTERM (a child process, killed after 60 s where it does)."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    make_hierarchy(src)
+    repo = tmp_path / "repo"
+    assert main(["migrate", str(src), str(repo), "--virtual=icechunk", "--no-progress"]) == 0
+    before = ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main")
+    shard = _first_shard(src)
+    shard.unlink()
+    os.mkfifo(shard)
+    done = subprocess.run([sys.executable, "-m", "sharding_store", "materialize", str(repo)], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    err = [line for line in done.stderr.splitlines() if line.startswith("sharding-store")]
+    assert done.returncode == 14 and len(err) == 1 and f"file://{shard}: no longer a regular file" in err[0], err
+    assert ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main") == before
+
+
 @pytest.mark.parametrize("virtual", [False, True], ids=["materialised", "virtual"])
 def test_an_xarray_dataset_reads_through_the_readme_lines(tmp_path, virtual):
     """A dataset xarray 2024 wrote as draft data, migrated into a repository, opened with the
