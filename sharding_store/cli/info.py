@@ -93,8 +93,11 @@ def display_path(path: str) -> str:
 
 
 def header(store: str, generation: str, migrate_does: str) -> str:
-    """``info``'s first line: the store, its generation, what ``migrate`` does to it."""
-    return f"{store}: {generation}; {migrate_does}"
+    """``info``'s first line: the store (escaped: a line break in its name cannot forge a
+    line), its generation, what ``migrate`` does to it."""
+    from ..formats.draft_metadata import escape_name
+
+    return f"{escape_name(store)}: {generation}; {migrate_does}"
 
 
 def _shorten(text: str, width: int = MAX_ATTRIBUTE_CHARS) -> str:
@@ -324,7 +327,7 @@ def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None) -> 
         print_json(args.command, doc)
         return True
     what = "references to objects of" if virtual else "objects copied from"
-    print(f"{args.store}: {kind} (Zarr v3, migrated by sharding-store)")
+    print(f"{escape_name(args.store)}: {kind} (Zarr v3, migrated by sharding-store)")
     origin = escape_name(source) if source else "an unrecorded source"
     print(f"  {plural(arrays, 'array')}, {plural(groups, 'group')}: {objects} {what} {origin}")
     return True

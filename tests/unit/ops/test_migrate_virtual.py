@@ -528,6 +528,19 @@ def test_cli_info_says_what_a_copy_is(source, tmp_path, capsys, spelling):
     assert code == 7 and "already Zarr v3" in err
 
 
+def test_cli_info_prints_a_destination_or_store_name_with_a_line_break_escaped(tmp_path, capsys):
+    """The first line names DST (or the draft store) escaped: a line break in its name
+    cannot forge a line of ``info``'s output."""
+    source = tmp_path / "a\nforged: copy" / "src"
+    make_hierarchy(source)
+    out = source.parent / "out.json"
+    assert _cli(capsys, "migrate", str(source), str(out), "--no-progress")[0] == 0
+    for name, kind in ((out, "reference file (Zarr v3"), (source, "draft-era Zarr v3")):
+        code, text, _ = _cli(capsys, "info", str(name))
+        assert code == 0 and text.splitlines()[0].startswith(json.dumps(str(name)) + ": " + kind), text
+        assert not any(line.startswith("forged") for line in text.splitlines()), text
+
+
 @pytest.mark.parametrize("record", [b"garbage", b"[1]", b'{"src": 5}', b'{"src": "x\\nforged line\\u001b[2J"}'],
                          ids=["not-json", "a-list", "src-not-a-string", "src-with-a-line-break"])
 def test_cli_info_of_a_copy_with_a_damaged_record_or_document(source, tmp_path, capsys, record):
