@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import _numcodecs_adapter
 from ..errors import DraftMetadataError
-from .fill_value import decode_fill_value, encode_fill_value
+from .fill_value import NOT_PLAIN, PlainType, decode_fill_value, encode_fill_value, plain_fill, plain_type
 
 if TYPE_CHECKING:
     from numcodecs.abc import Codec
@@ -531,26 +531,69 @@ class KnownCompressor:
         return _make_codec(dict(self.config), self.key, "compressor")
 
 
-class _LazyCompressor:
-    """``DraftArrayMeta.compressor``: stores a codec, None or a :class:`KnownCompressor`
-    and hands out numcodecs' codec, built on first read (so a command that only translates
-    documents never imports numcodecs). No class default: the dataclass field stays required."""
+@dataclass(frozen=True)
+class PlainFill:
+    """A fill value of a :class:`~sharding_store.formats.fill_value.PlainType`, kept as its
+    JSON (and :func:`~sharding_store.formats.fill_value.plain_fill`'s value) until something
+    needs numpy's scalar, which :func:`decode_fill_value` then makes as it always did."""
 
-    _lock = threading.Lock()
+    json: Any
+    value: Any  # plain_fill(json): bool, int, float, (real, imag) or None
+
+
+class _BuiltOnRead:
+    """A field of :class:`DraftArrayMeta` that may be stored unbuilt: a ``KnownCompressor``,
+    a ``PlainType`` or a ``PlainFill``, from which numcodecs' codec, numpy's dtype or numpy's
+    scalar is made on first read (so a command that only translates documents imports
+    neither). The description stays readable without building (:func:`stored`). No class
+    default: the dataclass field stays required."""
+
+    _lock = threading.RLock()  # building a fill value reads the dtype
+
+    def __init__(self, name: str) -> None:
+        self.slot, self.cache = f"_{name}", f"_{name}_built"
 
     def __get__(self, obj: Any, owner: Any = None) -> Any:
         if obj is None:
-            raise AttributeError("compressor")
-        value = obj.__dict__["_compressor"]
-        if isinstance(value, KnownCompressor):
-            with self._lock:
-                value = obj.__dict__["_compressor"]
-                if isinstance(value, KnownCompressor):
-                    value = obj.__dict__["_compressor"] = value.build()
-        return value
+            raise AttributeError(self.slot[1:])
+        d = obj.__dict__
+        value = d[self.slot]
+        if not isinstance(value, (KnownCompressor, PlainType, PlainFill)):
+            return value
+        with self._lock:
+            if self.cache not in d:
+                d[self.cache] = _build(value, obj)
+            return d[self.cache]
 
     def __set__(self, obj: Any, value: Any) -> None:
-        obj.__dict__["_compressor"] = value
+        obj.__dict__[self.slot] = value
+        obj.__dict__.pop(self.cache, None)
+
+
+def _build(value: KnownCompressor | PlainType | PlainFill, meta: DraftArrayMeta) -> Any:
+    if isinstance(value, KnownCompressor):
+        return value.build()
+    if isinstance(value, PlainType):
+        return value.dtype()
+    return decode_fill_value(value.json, meta.dtype)
+
+
+def stored(meta: DraftArrayMeta) -> dict[str, Any]:
+    """``meta``'s compressor, data type and fill value as stored (unbuilt ones stay
+    descriptions): for ``replace(meta, **stored(meta), ...)``, which would build them."""
+    return {name: meta.__dict__[f"_{name}"] for name in _BUILT_ON_READ}
+
+
+def plain_type_of(meta: DraftArrayMeta) -> PlainType | None:
+    """``meta``'s data type as a :class:`PlainType` (described without numpy), or None."""
+    value = meta.__dict__["_dtype"]
+    return value if isinstance(value, PlainType) else None
+
+
+def plain_fill_of(meta: DraftArrayMeta) -> PlainFill | None:
+    """``meta``'s fill value as a :class:`PlainFill` (decoded without numpy), or None."""
+    value = meta.__dict__["_fill_value"]
+    return value if isinstance(value, PlainFill) else None
 
 
 def known_compressor(meta: DraftArrayMeta) -> dict[str, Any] | None:
@@ -563,7 +606,7 @@ def known_compressor(meta: DraftArrayMeta) -> dict[str, Any] | None:
 def stored_compressor(meta: DraftArrayMeta) -> Codec | KnownCompressor | None:
     """``meta``'s compressor as stored: a known one not built yet stays a :class:`KnownCompressor`
     (for ``replace(meta, compressor=...)`` and the checks below, which need no codec object)."""
-    value: Codec | KnownCompressor | None = meta.__dict__["_compressor"]
+    value: Codec | KnownCompressor | None = stored(meta)["compressor"]
     return value
 
 
@@ -775,12 +818,14 @@ class DraftArrayMeta:
         if cps is not None:
             raw["storage_transformers"] = [_transformer_entry(cps)]
         # the compressor as stored: a known one stays unbuilt (replace() would read the field)
-        return replace(self, chunks_per_shard=cps, raw=raw, compressor=cast("Codec | None", stored_compressor(self)))
+        return replace(self, chunks_per_shard=cps, raw=raw, **stored(self))
 
 
-# installed after the dataclass is made, so the field has no default; __init__ and replace()
-# store through it (a KnownCompressor stays a configuration until the codec is read)
-DraftArrayMeta.compressor = _LazyCompressor()
+# installed after the dataclass is made, so the fields have no default; __init__ and replace()
+# store through them (a description stays one until the object is read)
+_BUILT_ON_READ = ("compressor", "dtype", "fill_value")
+for _name in _BUILT_ON_READ:
+    setattr(DraftArrayMeta, _name, _BuiltOnRead(_name))
 
 
 def _check_chunk_bounds(chunks: tuple[int, ...], key: str) -> None:
@@ -864,16 +909,7 @@ def parse_array_metadata(raw: bytes | str | dict[str, Any], key: str, path: str 
     order = _require(doc, "chunk_memory_layout", key, str)
     if order not in ("C", "F"):
         raise _error(key, "chunk_memory_layout", f"expected 'C' or 'F', got {order!r}")
-    if "data_type" not in doc:
-        raise _error(key, "data_type", "missing")
-    dtype = _parse_dtype(doc["data_type"], key)
-    if "fill_value" not in doc:
-        raise _error(key, "fill_value", "missing")
-    try:
-        fill_value = decode_fill_value(doc["fill_value"], dtype)
-    except ValueError as e:
-        raise _error(key, "fill_value", f"{_text(doc['fill_value'])} does not fit {dtype}: {e}") from None
-
+    dtype, fill_value = _type_and_fill(doc, key)
     compressor = _parse_compressor(doc.get("compressor"), key)
     attributes = doc.get("attributes", {})
     if not isinstance(attributes, dict):
@@ -892,7 +928,7 @@ def parse_array_metadata(raw: bytes | str | dict[str, Any], key: str, path: str 
         path=path,
         shape=shape,
         chunks=chunks,
-        dtype=dtype,
+        dtype=cast("np.dtype", dtype),  # a PlainType / PlainFill is built on first read
         fill_value=fill_value,
         order=order,
         separator=separator,
@@ -902,6 +938,26 @@ def parse_array_metadata(raw: bytes | str | dict[str, Any], key: str, path: str 
         attributes=attributes,
         raw=doc,
     )
+
+
+def _type_and_fill(doc: dict[str, Any], key: str) -> tuple[np.dtype | PlainType, Any]:
+    """The document's data type and fill value: a :class:`PlainType` and :class:`PlainFill`
+    when both are plainly valid (no numpy), else numpy's, parsed and refused as always."""
+    if "data_type" not in doc:
+        raise _error(key, "data_type", "missing")
+    plain = plain_type(doc["data_type"])
+    if plain is not None and "fill_value" in doc:
+        value = plain_fill(doc["fill_value"], plain)
+        if value is not NOT_PLAIN:
+            return plain, PlainFill(doc["fill_value"], value)
+    dtype = _parse_dtype(doc["data_type"], key)
+    if "fill_value" not in doc:
+        raise _error(key, "fill_value", "missing")
+    try:
+        fill_value = decode_fill_value(doc["fill_value"], dtype)
+    except ValueError as e:
+        raise _error(key, "fill_value", f"{_text(doc['fill_value'])} does not fit {dtype}: {e}") from None
+    return dtype, fill_value
 
 
 def _document(meta: DraftArrayMeta) -> dict[str, Any]:

@@ -30,6 +30,8 @@ import base64
 import binascii
 import math
 import re
+import struct
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -164,6 +166,104 @@ def decode_fill_value(v: Any, dtype: np.dtype[Any]) -> Any:
     if kind in "SV":
         return _bytes_like(v, dtype)
     return _other(v, dtype)
+
+
+# --------------------------------------------------------------------------- without numpy
+
+@dataclass(frozen=True)
+class PlainType:
+    """A data type of the common table (bool, int/uint 8-64, float 16-64, complex 64/128),
+    described without numpy from the spelling the document gives: what numpy's dtype of
+    that spelling would say (``tests/unit/formats/test_plain_types.py`` checks it)."""
+
+    spelling: str  # what ``np.dtype`` is given
+    kind: str  # numpy's kind: b i u f c
+    itemsize: int
+    big: bool  # big-endian (spelled ``>``), for the v3 ``bytes`` codec
+    v3_name: str  # the v1.0 core data type
+
+    def dtype(self) -> np.dtype[Any]:
+        import numpy  # noqa: PLC0415 - built when a caller needs numpy's object
+
+        return numpy.dtype(self.spelling)
+
+
+def _plain_table() -> dict[str, PlainType]:
+    table: dict[str, PlainType] = {}
+    for spelling in ("bool", "|b1"):
+        table[spelling] = PlainType(spelling, "b", 1, False, "bool")
+    for spelling, v3 in (("i1", "int8"), ("|i1", "int8"), ("u1", "uint8"), ("|u1", "uint8")):
+        table[spelling] = PlainType(spelling, spelling[-2], 1, False, v3)
+    for v3, np_name in V3_CORE_DTYPES.items():
+        kind, size = np_name[0], int(np_name[1:] or 1)
+        if size > 1 and kind in "iufc":
+            for order in "<>":
+                table[order + np_name] = PlainType(order + np_name, kind, size, order == ">", v3)
+    return table
+
+
+#: the draft spellings taken without numpy (zarr-python 2.18's ``encode_dtype`` of the table's types)
+PLAIN_TYPES = _plain_table()
+
+
+def plain_type(spelling: Any) -> PlainType | None:
+    """The :class:`PlainType` of a draft ``data_type`` (a string, or an extension object's
+    ``type``) in :data:`PLAIN_TYPES`; None for anything else (numpy parses it)."""
+    if isinstance(spelling, dict):
+        spelling = spelling.get("type")
+    return PLAIN_TYPES.get(spelling) if isinstance(spelling, str) else None
+
+
+_F = {2: "<e", 4: "<f", 8: "<d"}
+NOT_PLAIN: Any = object()  # a value :func:`plain_fill` leaves to numpy
+
+
+def _plain_float(v: Any, itemsize: int) -> Any:
+    """A float of ``itemsize`` bytes (rounded as numpy rounds), or NOT_PLAIN."""
+    if isinstance(v, str):
+        return FLOAT_WORDS.get(v, NOT_PLAIN)  # "0x..." bit patterns: numpy
+    if type(v) is int or type(v) is float:
+        try:
+            x = float(v)
+            return x if itemsize == 8 else struct.unpack(_F[itemsize], struct.pack(_F[itemsize], x))[0]
+        except OverflowError:  # beyond the type: numpy says so, in its words
+            return NOT_PLAIN
+    return NOT_PLAIN
+
+
+def plain_fill(v: Any, t: PlainType) -> Any:
+    """The value of JSON fill value ``v`` for type ``t`` as Python's bool, int, float or
+    (real, imag), equal to what :func:`decode_fill_value` gives (``None`` stays ``None``);
+    NOT_PLAIN when it is not plainly valid (numpy then decodes it, or says why not)."""
+    if v is None:
+        return None
+    if t.kind == "b":
+        return bool(v) if type(v) is bool or (type(v) is int and v in (0, 1)) else NOT_PLAIN
+    if t.kind in "iu":
+        if type(v) is float and v.is_integer():
+            v = int(v)
+        bits = 8 * t.itemsize
+        low, high = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if t.kind == "i" else (0, 2**bits - 1)
+        return v if type(v) is int and low <= v <= high else NOT_PLAIN
+    if t.kind == "f":
+        return _plain_float(v, t.itemsize)
+    if type(v) is not list or len(v) != 2:
+        return NOT_PLAIN
+    parts = tuple(_plain_float(x, t.itemsize // 2) for x in v)
+    return NOT_PLAIN if NOT_PLAIN in parts else parts
+
+
+def plain_fill_json(value: Any, t: PlainType) -> Any:
+    """:func:`encode_fill_value` of a :func:`plain_fill` value (``None``: the type's zero,
+    as v3 requires a fill value)."""
+    if t.kind == "b":
+        return bool(value)
+    if t.kind in "iu":
+        return 0 if value is None else int(value)
+    if t.kind == "f":
+        return _float_json(0.0 if value is None else value)
+    re_, im = (0.0, 0.0) if value is None else value
+    return [_float_json(re_), _float_json(im)]
 
 
 def _float_json(x: Any) -> float | str:

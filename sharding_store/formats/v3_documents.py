@@ -26,7 +26,7 @@ import struct
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -39,9 +39,12 @@ from .draft_metadata import (
     compressor_id,
     has_a_compressor,
     known_compressor,
+    plain_fill_of,
+    plain_type_of,
+    stored,
     stored_compressor,
 )
-from .fill_value import encode_fill_value
+from .fill_value import encode_fill_value, plain_fill_json
 
 if TYPE_CHECKING:
     from numcodecs.abc import Codec
@@ -439,13 +442,14 @@ def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list
 
     Raises DraftMetadataError (untranslatable) for a codec or parameter zarr-python 3 would
     refuse or fail on, so no ``zarr.json`` it cannot use is ever produced."""
+    plain = _plain_chain(meta) if compressor is _KEEP else None
+    if plain is not None:
+        return plain
     known = _known_alone(meta) if compressor is _KEEP else None
     compressor = None if known is not None else meta.compressor if compressor is _KEEP else compressor
     aa, bb = _split_filters(meta)
     index = {id(f): i for i, f in enumerate(meta.filters)}
-    codecs: list[dict[str, Any]] = []
-    if meta.order == "F" and meta.ndim > 1:
-        codecs.append({"name": "transpose", "configuration": {"order": list(range(meta.ndim))[::-1]}})
+    codecs = _transpose(meta)
     aa_entries = [_numcodecs_entry(f, meta, f"attributes.filters[{index[id(f)]}]") for f in aa]
     codecs += aa_entries
     stages = _probe(meta, compressor)
@@ -474,6 +478,31 @@ def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list
         typesize = ensure_contiguous_ndarray(stages[-1]).itemsize
         codecs.append(_compressor_entry(compressor.get_config(), meta, typesize, compressor))  # checks its parameters first
     _probe(meta, compressor, encoded=True)
+    return codecs
+
+
+def _transpose(meta: DraftArrayMeta) -> list[dict[str, Any]]:
+    """The chain's first codec: F order becomes a transpose (none for C, or one dimension)."""
+    if meta.order == "F" and meta.ndim > 1:
+        return [{"name": "transpose", "configuration": {"order": list(range(meta.ndim))[::-1]}}]
+    return []
+
+
+def _plain_chain(meta: DraftArrayMeta) -> list[dict[str, Any]] | None:
+    """:func:`inner_codecs` of an array with a :class:`PlainType`, no filter and a known
+    compressor or none, from the descriptions alone (no numpy, no numcodecs, no probe: the
+    chunk is the array's own items); None for any other array."""
+    plain = plain_type_of(meta)
+    known = known_compressor(meta)
+    if plain is None or meta.filters or (known is None and has_a_compressor(meta)):
+        return None
+    codecs = _transpose(meta)
+    if plain.itemsize > 1:  # zarr 3 requires the byte order whenever the type has one
+        codecs.append({"name": "bytes", "configuration": {"endian": "big" if plain.big else "little"}})
+    else:
+        codecs.append({"name": "bytes"})
+    if known is not None:
+        codecs.append(_compressor_entry(known, meta, plain.itemsize, None))
     return codecs
 
 
@@ -515,6 +544,15 @@ def _type_and_fill(dt: _NumericType | _TimeType | _ZarrType, meta: DraftArrayMet
         ) from None
 
 
+def _v3_type_and_fill(meta: DraftArrayMeta) -> tuple[Any, Any]:
+    """The v3 ``data_type`` and ``fill_value``: from the :class:`PlainType` description when
+    the document gave one (no numpy), else through numpy's dtype (:func:`_type_and_fill`)."""
+    plain, fill = plain_type_of(meta), plain_fill_of(meta)
+    if plain is not None and fill is not None:
+        return plain.v3_name, plain_fill_json(fill.value, plain)
+    return _type_and_fill(_data_type(meta.dtype, meta), meta)
+
+
 def v3_array_document(
     meta: DraftArrayMeta,
     *,
@@ -546,8 +584,7 @@ def v3_array_document(
             raise UsageError(
                 f"{array_meta_key(meta.path)}: not portable to every v3 reader: " + "; ".join(problems)
             )
-    dt = _data_type(meta.dtype, meta)
-    data_type_json, fill_json = _type_and_fill(dt, meta)
+    data_type_json, fill_json = _v3_type_and_fill(meta)
     inner = inner_codecs(meta, compressor)
     if meta.chunks_per_shard is None:
         grid, codecs = list(meta.chunks), inner
@@ -656,7 +693,7 @@ def v3_group_document(attributes: dict[str, Any]) -> dict[str, Any]:
 def portability_problems(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list[str]:
     """Why some v3 reader (e.g. tensorstore) could not open this array; [] if none."""
     try:
-        dt_json, _ = _type_and_fill(_data_type(meta.dtype, meta), meta)
+        dt_json, _ = _v3_type_and_fill(meta)
         codecs = inner_codecs(meta, compressor)
     except DraftMetadataError as e:
         return [str(e)]
@@ -705,7 +742,7 @@ def portable_target(meta: DraftArrayMeta) -> DraftArrayMeta | None:
             filters = ()
     if compressor is stored_compressor(meta) and filters is meta.filters:
         return None
-    target = replace(meta, compressor=cast("Codec | None", compressor), filters=filters)
+    target = replace(meta, **{**stored(meta), "compressor": compressor}, filters=filters)
     return None if portability_problems(target) else target
 
 

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sharding_store.formats import draft_metadata as dm
+from sharding_store.formats import fill_value as fv
 from sharding_store.formats import v3_documents as v3d
 
 KEY = "meta/root/a.array.json"
@@ -53,15 +54,18 @@ DATA_TYPES = [
 
 
 def _numcodecs_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Switch the table off: every compressor is built by numcodecs, as before it existed."""
+    """Switch the tables off: every compressor is built by numcodecs, every data type and
+    fill value parsed by numpy, as before they existed."""
     monkeypatch.setattr(dm, "known_compressor_config", lambda name, config: None)
+    monkeypatch.setattr(dm, "plain_type", lambda spelling: None)
 
 
 def _doc(data_type: Any, name: str | None, config: dict[str, Any], filters: list[dict[str, Any]] | None,
-         order: str = "C") -> dict[str, Any]:
+         order: str = "C", fill: Any = None, dims: bool = False) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "shape": [10, 6], "data_type": data_type, "chunk_grid": {"type": "regular", "chunk_shape": [4, 3], "separator": "/"},
-        "chunk_memory_layout": order, "fill_value": None, "extensions": [], "attributes": {},
+        "chunk_memory_layout": order, "fill_value": fill, "extensions": [],
+        "attributes": {"_ARRAY_DIMENSIONS": ["y", "x"]} if dims else {},
         "storage_transformers": [{"type": "indexed", "extension": dm.SHARDING_EXTENSION,
                                   "configuration": {"chunks_per_shard": [2, 2]}}],
     }
@@ -73,6 +77,7 @@ def _doc(data_type: Any, name: str | None, config: dict[str, Any], filters: list
 
 
 def _answer(step: Any) -> Any:
+    """A step's JSON (bytes of floats compared by repr: NaN, -0.0), or its exception."""
     try:
         return ("ok", json.dumps(step(), sort_keys=False, default=repr))
     except Exception as e:  # noqa: BLE001 - the class and the message are what is compared
@@ -98,6 +103,8 @@ STEPS = {
     "draft": lambda m: dm.encode_array_metadata(m).decode(),
     "compressor": lambda m: m.compressor and m.compressor.get_config(),
     "meta": lambda m: repr(m),
+    "dtype": lambda m: [m.dtype.str, repr(m.dtype), m.dtype.byteorder],
+    "fill": lambda m: [repr(m.fill_value), type(m.fill_value).__name__],
 }
 
 
@@ -197,3 +204,51 @@ def test_other_configurations_take_the_numcodecs_path(name, config):
     assert dm.known_compressor_config(name, config) is None
     new, old = _both(_doc("<f4", name, config, None))
     assert new == old
+
+
+#: JSON fill values around every edge the pure decoding must agree with numpy on
+FILLS = st.one_of(
+    st.none(), st.booleans(), INTS,
+    st.sampled_from([0.0, -0.0, 1.0, 0.5, 1e-40, 1e-310, 65504.0, 65520.0, 65519.99, 3.4028235e38, 3.4028236e38,
+                     3.5e38, 1.7976931348623157e308, 2.0**63, 2.0**64, -(2.0**63), 1e300, 0.1, 1 / 3]),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.floats(width=32, allow_nan=False, allow_infinity=False).map(lambda f: f * (1 + 2**-24)),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "nan", "inf", "0x7fc00000", "0x3c00", "0x0", "AAAAAA==", "", "1"]),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.just(10**400),
+    st.lists(st.one_of(st.floats(), st.sampled_from(["NaN", "Infinity", "0x0", 1, 10**400, True])), max_size=3),
+)
+ALL_TYPES = DATA_TYPES + ["|b1", "|u1", "|i1", "<b1", "b1", "?", "=f4", "f4", "float32", "<f16", {"type": "<f4"}, {"x": 1},
+                          {"extension": "x", "type": "bool"}, "<i16", ">c8", "|f4", None, 3, ["<f4"]]
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data_type=st.sampled_from(ALL_TYPES), fill=FILLS, name=st.sampled_from([None, "zstd", "blosc"]),
+       dims=st.booleans())
+def test_data_types_and_fill_values_translate_as_through_numpy(data_type, fill, name, dims):
+    """Data types (odd spellings, byte orders, '|' forms, extension objects) and fill values
+    (NaN, infinities, -0.0, float32/float16 rounding and overflow, huge integers, strings,
+    base64, bit patterns, bools, lists): the same documents, values and refusals as numpy's."""
+    new, old = _both(_doc(data_type, name, {}, None, fill=fill, dims=dims))
+    assert new == old
+
+
+@settings(max_examples=800, deadline=None)
+@given(spelling=st.sampled_from(sorted(fv.PLAIN_TYPES)), fill=FILLS)
+def test_plain_fill_is_numpys_value(spelling, fill):
+    """Whatever :func:`plain_fill` takes, numpy decodes to the same value (bits of floats
+    compared), and :func:`plain_fill_json` spells it as :func:`encode_fill_value` does."""
+    t = fv.PLAIN_TYPES[spelling]
+    dtype = np.dtype(spelling)
+    assert (t.kind, t.itemsize, t.big) == (dtype.kind, dtype.itemsize, dtype.byteorder == ">")
+    value = fv.plain_fill(fill, t)
+    if value is fv.NOT_PLAIN:
+        return
+    ref = fv.decode_fill_value(fill, dtype)
+    if ref is None:
+        assert value is None
+    else:
+        mine = np.array(value if t.kind != "c" else complex(*value), dtype=dtype.newbyteorder("="))
+        assert mine.tobytes() == np.array(ref, dtype=dtype.newbyteorder("=")).tobytes()
+    want = fv.encode_fill_value(dtype.type(0) if ref is None else ref, dtype)
+    assert json.dumps(fv.plain_fill_json(value, t)) == json.dumps(want)
