@@ -55,8 +55,8 @@ from .base import ChunkRef, Location, RangeRequest, Tail, Version
 from .location import endpoint_location, objects_url_prefix
 from .zarr_store import ZarrStoreInner
 
-__all__ = ["IcechunkInner", "Materialized", "container_prefix", "is_repository", "local_checksum", "materialize",
-           "open_icechunk"]
+__all__ = ["IcechunkInner", "Materialized", "container_prefix", "is_repository", "local_checksum", "local_files_only",
+           "materialize", "open_icechunk"]
 
 #: the snapshot metadata key holding what the session kept beside the hierarchy
 METADATA_KEY = "sharding-store"
@@ -707,7 +707,7 @@ def materialize(dst: str, storage_options: Mapping[str, Any] | None = None, *,
         inner.set(key, value)
         return len(value)
 
-    _local_files_only(inner.virtual_locations())
+    local_files_only(inner.virtual_locations())
     keys = iter(virtual_keys(inner))
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="materialize") as pool:
         while batch := [k for _, k in zip(range(64 * max(1, jobs)), keys)]:
@@ -720,7 +720,7 @@ def materialize(dst: str, storage_options: Mapping[str, Any] | None = None, *,
     return done
 
 
-def _local_files_only(urls: Iterable[str]) -> None:
+def local_files_only(urls: Iterable[str]) -> None:
     """:class:`SourceChangedError` for the first local source that is no longer a regular
     file (one ``lstat`` each, before any read): Icechunk would wait for ever, deaf to
     SIGTERM, on a FIFO put in a file's place."""

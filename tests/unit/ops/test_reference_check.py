@@ -412,3 +412,24 @@ def test_verify_reads_no_virtual_chunk_of_another_store(big, tmp_path, capsys):
     code = main(["verify", str(big), str(repo), "--no-progress"])
     err = [line for line in capsys.readouterr().err.splitlines() if "sharding-store" in line]
     assert code == 13 and len(err) == 1 and f"file://{os.path.realpath(copy)}/" in err[0], err
+
+
+@needs_icechunk
+@pytest.mark.slow
+def test_an_icechunk_source_file_replaced_by_a_fifo_is_a_problem_not_a_wait(big, tmp_path):
+    """A FIFO put in a source shard's place: the reference check reports it (exit 9, naming
+    the key and the URL) instead of reading it through Icechunk, which would wait for ever
+    (a child process, killed after 60 s where it does)."""
+    import subprocess
+    import sys
+
+    repo = _icechunk(big, tmp_path)
+    shard = _shard(big, 5)
+    shard.unlink()
+    os.mkfifo(shard)
+    done = subprocess.run([sys.executable, "-m", "sharding_store", "verify", str(big), str(repo), "--references-only",
+                           "--no-progress"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    url = f"file://{os.path.realpath(shard)}"
+    assert done.returncode == 9, done.stderr[-2000:]
+    assert f"big/c/5/0: unexpected reference, not read: {url}: no longer a regular file" in done.stdout, done.stdout
