@@ -103,3 +103,28 @@ def test_a_reference_file_on_s3_is_written_at_the_commit_and_read_back(source, t
     assert s3.fs.ls("dst/refs") == ["dst/refs/out.json"]
     store = open_references(dst, s3.storage_options)
     np.testing.assert_array_equal(zarr.open_group(store, mode="r")["big"][...], data)
+
+
+@pytest.mark.parametrize("copy", ["other/store", "src/store2"], ids=["other-bucket", "sibling-prefix"])
+def test_verify_never_reads_a_reference_into_another_bucket_or_prefix(source, tmp_path, copy):
+    """A reference moved to an identical copy of its object in another bucket, or under a
+    sibling prefix (``s3://src/store2/`` starts like ``s3://src/store``), its ETag recorded:
+    ``verify`` refuses it before any request for it (exit 13), never calls it identical."""
+    from sharding_store.errors import LinkOutsideStoreError
+
+    s3, _ = source
+    out = tmp_path / "out.json"
+    migrate(SRC, str(out), MigrateOptions(verify=False), stores=StoreOptions(src=s3.storage_options), progress=False)
+    if copy.startswith("other/"):
+        s3.make_bucket("other")
+    s3.fs.copy("src/store/data/root/big/c0/0", f"{copy}/data/root/big/c0/0")
+    url = f"s3://{copy}/data/root/big/c0/0"
+    doc = json.loads(out.read_bytes())
+    doc["refs"]["big/c/0/0"][0] = url
+    doc["sharding-store"]["objects"][url] = {"size": s3.fs.size(url), "etag": s3.fs.info(url)["ETag"]}
+    out.write_text(json.dumps(doc))
+    np.testing.assert_array_equal(_guarded(s3, out)["big"][...], source[1])  # a reader still reads it: not verify
+    s3.start_counting()
+    with pytest.raises(LinkOutsideStoreError, match=f"{url}: a reference leading outside the source s3://src/store/"):
+        verify(SRC, str(out), stores=StoreOptions(src=s3.storage_options))
+    assert not [r for r in s3.requests() if f"/{copy}/" in r["url"]]
