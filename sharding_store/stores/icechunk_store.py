@@ -340,13 +340,16 @@ class IcechunkInner(ZarrStoreInner):
         what = _first_line(e)
         if any(m in text for m in NO_ARRAY):
             return UsageError(f"{key}: no array holds this chunk in the session ({what})", key=key)
+        # a read of a virtual chunk in a container not authorised (with a source: any but the
+        # source's, _open_repository) or in none (a location Icechunk normalised out of them)
+        outside = (re.search(r"resolves to the url prefix (\S+?),? to be able to fetch", text)
+                   or re.search(r"no virtual chunk container can handle the chunk location \((\S+?)\)", text))
+        if outside:
+            return LinkOutsideStoreError(f"{key}: a virtual chunk of another store than the source "
+                                         f"({outside.group(1)}): not read", key=key)
         if "invalid zarr key" in text or "invalid chunk location" in text or "no virtual chunk container" in text:
             return UsageError(f"{key}: Icechunk cannot store this ({what}); Icechunk takes chunk keys of the default "
                               "encoding with '/' only: migrate into a directory instead", key=key)
-        outside = re.search(r"resolves to the url prefix (\S+?),? to be able to fetch", text)
-        if outside:  # a container not authorised: with a source, any but the source's (_open_repository)
-            return LinkOutsideStoreError(f"{key}: a virtual chunk of another store than the source "
-                                         f"({outside.group(1)}): not read", key=key)
         fetching = "error fetching virtual reference" in text
         gone = ("not found" in text or "NoSuchKey" in text or "does not exist" in text)
         if "checksum of the object" in text or "not enough data" in text or (fetching and gone):

@@ -433,3 +433,26 @@ def test_an_icechunk_source_file_replaced_by_a_fifo_is_a_problem_not_a_wait(big,
     url = f"file://{os.path.realpath(shard)}"
     assert done.returncode == 9, done.stderr[-2000:]
     assert f"big/c/5/0: unexpected reference, not read: {url}: no longer a regular file" in done.stdout, done.stdout
+
+
+@needs_icechunk
+def test_a_virtual_chunk_climbing_out_of_its_container_is_refused_as_such(big, tmp_path):
+    """A reference spelled ``file:///src/../copy/...`` (Icechunk normalises it out of every
+    container): reading it is a link out of the source (exit 13, naming it) for ``verify`` and
+    ``materialize``, not "Icechunk cannot store this" (a write's refusal, exit 2)."""
+    import shutil
+
+    from sharding_store.errors import LinkOutsideStoreError
+    from sharding_store.stores.icechunk_store import materialize
+
+    repo = _icechunk(big, tmp_path)
+    shutil.copytree(big, tmp_path / "copy")
+    ref = _ref(tmp_path / "copy", 2)
+    climbing = f"file://{os.path.realpath(big)}/../copy/{ref.url.rsplit('/copy/', 1)[1]}"
+    _session_edit(repo, big, lambda inner: inner.store.set_virtual_ref(
+        "big/c/2/0", climbing, offset=0, length=ref.length, validate_container=False))
+    pattern = f"big/c/2/0: a virtual chunk of another store than the source \\({ref.url}\\): not read"
+    with pytest.raises(LinkOutsideStoreError, match=pattern):
+        verify(str(big), str(repo), progress=False)
+    with pytest.raises(LinkOutsideStoreError, match=pattern):
+        materialize(str(repo))
