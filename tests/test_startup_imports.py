@@ -306,6 +306,34 @@ def test_a_virtual_migration_of_common_documents_loads_no_numcodecs(tmp_path):
     assert labels["codecs"][0]["configuration"]["codecs"][-1] == {"name": "gzip", "configuration": {"level": 6}}
 
 
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_a_virtual_migration_of_plain_types_loads_no_numpy(tmp_path):
+    """The sample's sharded arrays of plain types (float64, uint8, uint16 under zstd, blosc,
+    gzip, as zarr-python 2.18 wrote them; without the datetime64 array and the unsharded one,
+    whose chunks are decoded to tell whether it lost its sharding transformer): ``migrate --virtual=references``,
+    verified and ``--no-verify``, loads neither numpy nor numcodecs (types, fill values and
+    codecs from their descriptions; the index checks in Python), and writes the same file
+    as with numpy loaded first. The control: the whole sample (a datetime64 array, outside
+    the table, and the unsharded array) loads numpy, and succeeds."""
+    import shutil  # noqa: PLC0415
+
+    plain = tmp_path / "plain"
+    shutil.copytree(SAMPLE, plain)
+    for path in ("tables/timestamps", "images/mean"):  # datetime64; unsharded (its chunks are read for evidence)
+        (plain / "meta" / "root" / f"{path}.array.json").unlink()
+        shutil.rmtree(plain / "data" / "root" / path)
+    seen = ("numpy", "numcodecs")
+    for extra in ([], ["--no-verify"]):
+        argv = ["migrate", str(plain), str(tmp_path / f"r{len(extra)}.json"), "--virtual=references", *extra]
+        assert _command_loads(argv, tmp_path, seen) == {"code": 0, "numpy": False, "numcodecs": False}
+    probe = "import numpy, sys\nfrom sharding_store.cli import main\nsys.exit(main(sys.argv[1:]))"
+    argv = ["migrate", str(plain), str(tmp_path / "with-numpy.json"), "--virtual=references"]
+    subprocess.run([sys.executable, "-c", probe, *argv], check=True, cwd=tmp_path, capture_output=True)
+    assert (tmp_path / "with-numpy.json").read_bytes() == (tmp_path / "r0.json").read_bytes()
+    argv = ["migrate", str(SAMPLE), str(tmp_path / "all.json"), "--virtual=references"]
+    assert _command_loads(argv, tmp_path, seen) == {"code": 0, "numpy": True, "numcodecs": False}
+
+
 #: a command run in a fresh interpreter with ``importlib.metadata.entry_points`` counted (with
 #: ``eager``, numcodecs is first imported the usual way: its registry scans at import)
 SCAN_PROBE = ENTRY_POINTS_COUNTED + """

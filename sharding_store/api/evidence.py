@@ -15,9 +15,10 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from ..codec.chunk_codec import decode as decode_payload
 from ..errors import DraftMetadataError, LinkOutsideStoreError, ShardCorruptError, ShardingStoreError
@@ -371,6 +372,7 @@ class ShardEvidence:
         return index.entries.reshape(-1, 2)
 
     def _live(self, key: str, n: int) -> list[Payload]:
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         e = self.entries(key, n)
         if e is None or isinstance(e, ShardCorruptError):
             return []
@@ -382,6 +384,7 @@ class ShardEvidence:
         have, or None when it does not end in one. ``n_max`` is the longest index whose first
         live payloads decode to full chunks; its leading empty entries may be payload bytes
         that happen to read as empty entries, down to ``n_min`` entries."""
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         if self.first is None:
             return None
         self.read_tails(LOST_TRANSFORMER_TAIL, 0)
@@ -409,6 +412,7 @@ class ShardEvidence:
         ][:1]
 
     def _entry_evidence(self, cps: Coords) -> list[str]:
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         out = []
         n = math.prod(cps)
         shard_grid = tuple(math.ceil(g / c) for g, c in zip(self.grid, cps))
@@ -435,6 +439,7 @@ class ShardEvidence:
         """What contradicts an index of ``n`` entries at the end of every probed object: it
         does not parse, its first live payloads do not decode to full chunks, or live entries
         just before it point at payloads that do (the index is longer)."""
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         if n in self._length_evidence:
             return self._length_evidence[n]
         out: list[str] = []

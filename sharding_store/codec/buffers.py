@@ -13,8 +13,10 @@ receive file reads or big copies come from :func:`io_buffer`.
 from __future__ import annotations
 
 import mmap
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from . import _native
 
@@ -25,6 +27,7 @@ PAGE = mmap.PAGESIZE
 
 def io_buffer(nbytes: int) -> np.ndarray:
     """A new, uninitialised ``uint8`` array of ``nbytes`` (at least 1) starting on a page boundary."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     raw = np.empty(nbytes + PAGE, dtype=np.uint8)
     skip = _native.align_skip(raw, PAGE)
     return raw[skip : skip + nbytes]

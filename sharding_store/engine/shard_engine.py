@@ -54,9 +54,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from ..codec import _native
 from ..codec.buffers import io_buffer
@@ -644,6 +645,7 @@ class ShardEngine:
         call (through the cache), the chunk ranges in one more, coalesced per shard, read
         with the versions of those indices; payloads are zero-copy views. Everything is done
         for all shards at once (one entry table, one sort), without per-shard numpy."""
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         layout = self.layout
         out: list[memoryview | None] = [None] * len(coords)
         if not len(coords):
@@ -662,6 +664,7 @@ class ShardEngine:
         def lookup(vis: list[VersionedIndex], present: list[int]) -> np.ndarray:
             """The entries of the requested chunks in the shards that exist (an absent one
             costs nothing: no table is made for an index that no object backs)."""
+            import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
             if len(present) == len(keys):
                 at, have = inverse, None
             else:
@@ -680,6 +683,7 @@ class ShardEngine:
             return entries
 
         def attempt(first: bool) -> list[memoryview | None]:
+            import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
             hits: set[str] = set()
             found = self.read_indices(keys, use_cache=first, hits=hits)
             while True:
@@ -802,6 +806,7 @@ class ShardEngine:
         the index's length: an entry reaching into the index (or past the end) then comes back
         short and is refused as :class:`ShardCorruptError`, never served — at no extra request.
         """
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         if not len(seg):
             return []
         if len(seg) <= _FEW:  # a few ranges: plain Python beats a dozen numpy calls
@@ -908,6 +913,7 @@ class ShardEngine:
         ``entry_lists``, which raises naming the key), and the items carry no lists: for a
         caller that reads the entries from the tail itself (the native whole-shard scatter).
         """
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         keys = [self.layout.shard_key(s) for s in shards]
         if not keys:
             return
@@ -935,6 +941,7 @@ class ShardEngine:
     def _checked_tail(self, key: str, data: np.ndarray, address: int, version: Hashable | None, check: Any) -> bool:
         """Whether the draft index in ``data``'s tail passes ``ss_check_index`` (then cached
         as :meth:`_whole_index` caches it); False: the caller parses it with ``entry_lists``."""
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         limit = len(data) - self.index_nbytes
         if limit < 0 or check(address, len(data), self.n_entries):
             return False
@@ -954,6 +961,7 @@ class ShardEngine:
         """The index of a whole shard object as ``(offsets, sizes)`` lists, validated against
         the object's size; cached when the read's version is known (an entry without one
         could not be checked by later range reads)."""
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         if self._plain:
             n = self.index_nbytes
             limit = len(data) - n
@@ -968,6 +976,7 @@ class ShardEngine:
     def read_shard(self, key: str, size: int | None = None) -> ShardContents | None:
         """One whole shard object (``size``: as listed, to spare a HEAD), validated;
         None when it is missing. For copying shards as they are (migrate, verify, the view)."""
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         if size is None:
             blob = self.inner.get(key)
         else:  # one byte more: an object that grew since it was listed is read whole again
@@ -1161,6 +1170,7 @@ def coalesced_spans(
     Returns ``(span of each range, object of each span, span starts, span ends)``, spans
     sorted by object then offset. Ranges may overlap or nest (an index may share bytes).
     """
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     n = len(offsets)
     seg = np.zeros(n, dtype=np.int64) if seg is None else np.asarray(seg, dtype=np.int64)
     offsets = np.asarray(offsets, dtype=np.uint64)
@@ -1186,6 +1196,7 @@ def coalesced_spans(
 
 def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(rows, axis=0, return_inverse=True)`` through one linear index (much faster)."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     lo = rows.min(axis=0)
     dims = rows.max(axis=0) - lo + 1
     if math.prod(int(d) for d in dims) >= 2**62:

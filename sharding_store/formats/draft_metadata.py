@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard, cast
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from .. import _numcodecs_adapter
 from ..errors import DraftMetadataError
@@ -384,6 +385,7 @@ def _decode_descr(d: Any) -> Any:
 
 def _check_dtype(dtype: np.dtype) -> None:
     """Raise ValueError for types zarr 2.18 could not have stored."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     if dtype.hasobject:
         raise ValueError("object data type (|O) is not supported: its chunks need an object codec")
     if dtype.subdtype is not None:
@@ -406,6 +408,7 @@ def _check_dtype(dtype: np.dtype) -> None:
 
 
 def _parse_dtype(value: Any, key: str) -> np.dtype:
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     spec = value
     if isinstance(value, dict):
         if "type" not in value:
@@ -1026,6 +1029,7 @@ class DraftArraySpec:
 
 def draft_array_document(spec: DraftArraySpec) -> DraftArrayMeta:
     """Build a draft array as zarr 2.18's ``create()`` would (defaults are the caller's)."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     path, shape, chunks, dtype, separator = normalize_path(spec.path), spec.shape, spec.chunks, spec.dtype, spec.separator
     compressor, fill_value, attributes, chunks_per_shard = spec.compressor, spec.fill_value, spec.attributes, \
         spec.chunks_per_shard

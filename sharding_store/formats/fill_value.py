@@ -32,9 +32,10 @@ import math
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["V3_CORE_DTYPES", "decode_fill_value", "encode_fill_value"]
 
@@ -63,6 +64,7 @@ def _short(v: Any) -> str:
 
 def _float(v: Any, dtype: np.dtype[Any]) -> Any:
     """One float of ``dtype`` (any byte order) from its JSON spelling."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     native = dtype.newbyteorder("=")
     if isinstance(v, str) and v in FLOAT_WORDS:
         return native.type(FLOAT_WORDS[v])
@@ -86,6 +88,7 @@ def _float(v: Any, dtype: np.dtype[Any]) -> Any:
 
 def _complex(v: Any, dtype: np.dtype[Any]) -> Any:
     """``[real, imaginary]``, each part a float of half the item size (bits kept exactly)."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     if not isinstance(v, list) or len(v) != 2:
         raise ValueError(f"expected [real, imaginary], got {v!r}")
     part = np.dtype(f"f{dtype.itemsize // 2}")
@@ -95,6 +98,7 @@ def _complex(v: Any, dtype: np.dtype[Any]) -> Any:
 
 
 def _integer(v: Any, dtype: np.dtype[Any]) -> Any:
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if not _is_int(v):
@@ -107,6 +111,7 @@ def _integer(v: Any, dtype: np.dtype[Any]) -> Any:
 
 def _bytes_like(v: Any, dtype: np.dtype[Any]) -> Any:
     """``S``: base64 (or zarr 2's plain strings, ``0`` for empty); ``V``: base64 of one item."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     if dtype.kind == "S" and _is_int(v) and v == 0:  # zarr 2 leniency for pre-base64 files
         return dtype.type(b"")
     if not isinstance(v, str):
@@ -130,6 +135,7 @@ def _bytes_like(v: Any, dtype: np.dtype[Any]) -> Any:
 
 def _other(v: Any, dtype: np.dtype[Any]) -> Any:
     """Datetimes and strings, as zarr 2 wrote them."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     if dtype.kind in "mM":
         if _is_int(v):
             if not -(2**63) <= v < 2**63:
@@ -150,6 +156,7 @@ def _other(v: Any, dtype: np.dtype[Any]) -> Any:
 def decode_fill_value(v: Any, dtype: np.dtype[Any]) -> Any:
     """A JSON fill value as a numpy scalar of ``dtype`` (``None`` stays ``None``: a draft
     ``null``; v3 callers refuse it). Raises ``ValueError`` saying what was expected."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     if v is None:
         return None
     kind = dtype.kind
@@ -279,6 +286,7 @@ def _float_json(x: Any) -> float | str:
 def encode_fill_value(v: Any, dtype: np.dtype[Any]) -> Any:
     """The JSON spelling of fill value ``v`` of ``dtype`` (``None`` stays ``None``), as zarr
     2.18 and zarr-python 3 both write it; :func:`decode_fill_value` reads it back."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     if v is None:
         return None
     kind = dtype.kind

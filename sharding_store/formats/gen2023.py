@@ -61,9 +61,10 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
-import numpy as np
+if TYPE_CHECKING:
+    pass
 
 from ..errors import DraftMetadataError
 from .draft_metadata import DRAFT_PROTOCOL, MAX_SHARD_INDEX_BYTES, _load_document, _text
@@ -323,6 +324,7 @@ class _Normaliser:
         return {"name": cke["name"], **({"configuration": dict(config)} if "configuration" in cke else {})}
 
     def fill_value(self, value: Any, data_type: Any) -> Any:
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         fld = "fill_value"
         if value is None:
             raise _Damage(fld, "null: v3 requires a fill value, and this document does not say which")

@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from .. import _numcodecs_adapter, _zarr_adapter
 from ..errors import DraftMetadataError, UsageError
@@ -137,6 +138,7 @@ class _TimeType:
 
     def fill_json(self, fill: Any) -> Any:
         """A draft ``null`` becomes NaT; a value is its int64 view (zarr's ``to_json_scalar``)."""
+        import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
         if fill is None:
             fill = np.datetime64("NaT") if self.dtype.kind == "M" else np.timedelta64("NaT")
         return fill.view(np.int64).item()
@@ -144,6 +146,7 @@ class _TimeType:
 
 def _time_type(dtype: np.dtype) -> _TimeType | None:
     """The :class:`_TimeType` of a plain time dtype whose unit zarr takes, else None."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     if dtype.kind not in "mM" or dtype.fields is not None or dtype.subdtype is not None:
         return None
     unit, scale = np.datetime_data(dtype)
@@ -272,6 +275,7 @@ def _probe(meta: DraftArrayMeta, compressor: Codec | None, *, encoded: bool = Fa
     instead of a ``zarr.json`` that fails on first use. Returns the chunk after each filter
     (``[0]``: the chunk itself): their types are what the draft writer handed to the next
     stage (so e.g. ``Delta(astype=...)`` and blosc's typesize are seen exactly)."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     out: Any = np.zeros(_probe_items(meta), dtype=meta.dtype)
     outputs = [out]
     stages: list[tuple[str, Codec, Any]] = []  # (field, codec, its input)
@@ -407,6 +411,7 @@ def _check_zarr_resolves(meta: DraftArrayMeta, entries: list[dict[str, Any]], ou
     from what the filter really produces (e.g. ``quantize(dtype=f2)`` after a filter that
     made int32, ``quantize(astype=...)``, a second ``delta`` over the first one's wider
     output) would fail to reshape, or read wrong values: refused."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     fld = "attributes.filters"
     n_in = _probe_items(meta)
     try:
@@ -445,6 +450,7 @@ def inner_codecs(meta: DraftArrayMeta, compressor: Codec | None = _KEEP) -> list
     plain = _plain_chain(meta) if compressor is _KEEP else None
     if plain is not None:
         return plain
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     known = _known_alone(meta) if compressor is _KEEP else None
     compressor = None if known is not None else meta.compressor if compressor is _KEEP else compressor
     aa, bb = _split_filters(meta)

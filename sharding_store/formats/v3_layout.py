@@ -35,7 +35,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
+if TYPE_CHECKING:
+    pass
 
 from .. import _numcodecs_adapter
 from ..errors import DraftMetadataError
@@ -221,6 +222,7 @@ def layout_from_v3(document: dict[str, Any], path: str, *, key: str, hidden_chec
 
 
 def _layout(doc: dict[str, Any], path: str, key: str, hidden_checksum: bool | None) -> V3ArrayMeta:
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     shape = doc.get("shape")
     if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
         raise _Unmappable("shape", f"expected a list of integers >= 0, got {shape!r}")
@@ -306,6 +308,7 @@ def geometry_from_v3(document: dict[str, Any], path: str, *, key: str, reason: s
     (``sharding_indexed`` is the one codec), chunks per shard and index layout. ``opaque``
     holds ``reason``: payloads are never decoded, objects are copied as they are. A shard
     whose index is inside an encoded object is one opaque object (``chunks_per_shard`` None)."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     shape = [int(s) for s in document["shape"]]
     grid = tuple(int(g) for g in _config(document["chunk_grid"])["chunk_shape"])
     cke = document["chunk_key_encoding"]

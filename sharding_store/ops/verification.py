@@ -35,7 +35,8 @@ from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    pass
 
 from ..api.hierarchy import DraftHierarchy, Generation, Node, detect_generation, node_model, require_final_v3
 from ..codec import _native
@@ -269,6 +270,7 @@ def _check_destination(dst: Inner, name: str) -> None:
 
 def _same_values(job: ArrayJob, expected: bytes | memoryview, actual: bytes | memoryview, key: str) -> bool:
     """Equal payloads, or (recompressed arrays) payloads that decode to the same bits."""
+    import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
     if job.target is None:
         return bytes(expected) == bytes(actual)
     from ..codec.chunk_codec import decode_chunk_payload

@@ -259,3 +259,40 @@ def test_live_counts_agree_with_entry_lists_index_by_index(batch):
         except ShardingStoreError:
             want = None
         assert count == want, (data, limit)
+
+
+# --------------------------------------------------------------------------- live_counts without numpy
+
+
+_MAX = 2**64 - 1
+_ENTRY = st.one_of(
+    st.tuples(st.just(_MAX), st.just(_MAX)),  # absent
+    st.tuples(st.just(_MAX), st.integers(0, _MAX - 1)),  # half sentinel
+    st.tuples(st.integers(0, 300), st.just(_MAX)),
+    st.tuples(st.integers(0, 300), st.integers(0, 300)),
+    st.tuples(st.integers(0, _MAX), st.integers(0, _MAX)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shards=st.lists(st.tuples(st.lists(_ENTRY, min_size=4, max_size=4), st.integers(-2, 400),
+                                 st.sampled_from([0, 8, -1])), min_size=1, max_size=6),
+       checksum=st.booleans())
+def test_live_counts_without_numpy_are_numpys(shards, checksum):
+    """The Python check :func:`live_counts` runs while numpy is not loaded (a virtual
+    migration's command) gives numpy's answer for every index: absent and half-sentinel
+    entries, entries past the payload limit, the largest object size, wrong lengths, bad checksums."""
+    import struct  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    indices, limits = [], []
+    for entries, limit, extra in shards:
+        body = struct.pack("<8Q", *[v for e in entries for v in e])
+        data = body + (crc32c.crc32c(body).to_bytes(4, "little") if checksum else b"")
+        indices.append(data[: len(data) + extra] if extra < 0 else data + bytes(extra))
+        limits.append(2**63 - 1 if limit == 400 else limit)
+    with_numpy = live_counts(indices, (2, 2), limits, checksum=checksum)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delitem(sys.modules, "numpy")
+        assert live_counts(indices, (2, 2), limits, checksum=checksum) == with_numpy
+    assert any(c is not None for c in live_counts([bytes(64)], (2, 2), [0]))  # the control: a sound index
