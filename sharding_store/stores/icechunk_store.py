@@ -701,6 +701,9 @@ def materialize(dst: str, storage_options: Mapping[str, Any] | None = None, *,
     if not _exists(*_storage(dst, storage_options)):
         raise StoreNotFoundError(f"{dst}: no Icechunk repository here", key=dst)
     inner = open_icechunk(dst, storage_options, source_options=source_options, create=False)
+    source = _recorded_source(inner)
+    if source is not None:  # its container alone authorised: no other store's bytes are copied in
+        inner = open_icechunk(dst, storage_options, source=source, source_options=source_options, create=False)
     done = Materialized(dst)
 
     def copy(key: str) -> int:
@@ -736,6 +739,21 @@ def local_files_only(urls: Iterable[str]) -> None:
             continue  # Icechunk's read says it is gone (exit 14)
         if not stat.S_ISREG(mode):
             raise SourceChangedError(f"{url}: no longer a regular file since the migration", key=url)
+
+
+def _recorded_source(inner: IcechunkInner) -> Location | None:
+    """The local or S3 source a virtual migration's record (a side object) names, else None
+    (a repository not migrated by us: every container of its configuration is read)."""
+    for key in inner._side_keys():
+        try:
+            doc = json.loads(inner.get(key) or b"")
+        except ValueError:
+            continue
+        where = doc.get("source") if isinstance(doc, dict) and doc.get("virtual") is True else None
+        if (isinstance(where, list) and len(where) == 3 and all(isinstance(x, str) for x in where)
+                and where[0] in ("file", "s3")):
+            return Location(*where)
+    return None
 
 
 def _record_materialized(inner: IcechunkInner) -> None:

@@ -456,3 +456,25 @@ def test_a_virtual_chunk_climbing_out_of_its_container_is_refused_as_such(big, t
         verify(str(big), str(repo), progress=False)
     with pytest.raises(LinkOutsideStoreError, match=pattern):
         materialize(str(repo))
+
+
+@needs_icechunk
+def test_materialize_copies_no_virtual_chunk_of_another_store(big, tmp_path):
+    """A repository whose configuration gained a second container and one chunk pointing
+    into it: ``materialize`` authorises the recorded source's container alone, so it refuses
+    that chunk (exit 13, naming it) and commits nothing, never copies another store's bytes in."""
+    import shutil
+
+    import icechunk as ic
+
+    from sharding_store.errors import LinkOutsideStoreError
+    from sharding_store.stores.icechunk_store import materialize
+
+    repo = _icechunk(big, tmp_path)
+    copy = tmp_path / "copy"
+    shutil.copytree(big, copy)
+    _session_edit(repo, copy, lambda inner: inner.put_reference("big/c/2/0", _ref(copy, 2)))
+    before = ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main")
+    with pytest.raises(LinkOutsideStoreError, match=r"big/c/2/0: a virtual chunk of another store than the source"):
+        materialize(str(repo))
+    assert ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main") == before
