@@ -694,7 +694,7 @@ class LocalInner(BaseInner):
             except (FileNotFoundError, NotADirectoryError):
                 return []
             try:
-                names = sorted(n for n, _ in scan(fd) if n.startswith(name + TEMP_MARKER))
+                names = sorted(n for n, _ in scan(fd) if n.startswith(name + TEMP_MARKER) and not _in_flight(n))
             finally:
                 os.close(fd)
             for leftover in names if remove else ():
@@ -1382,6 +1382,25 @@ _COUNTER = itertools.count()
 def _temp_name(name: str) -> str:
     """A fresh temporary name next to ``name`` (pid, per-process token, counter)."""
     return f"{name}{TEMP_MARKER}{os.getpid()}-{_TOKEN}-{next(_COUNTER)}"
+
+
+def _in_flight(name: str) -> bool:
+    """Whether temporary file ``name`` belongs to a write that may still be running: its
+    writer's pid (:func:`_temp_name`) is another live process on this host. Such a file is
+    not a leftover: a run that holds a claim and tidies a key another run is racing to write
+    (the upgrade journal's claim) must not pull it from under that write (which then failed
+    with an I/O error, exit 12, having already swapped its claim in). A reused pid only keeps
+    a dead write's file a while longer; it is never listed as a key."""
+    pid_text = name.rpartition(TEMP_MARKER)[2].partition("-")[0]
+    if not pid_text.isdigit() or not 0 < int(pid_text) < 2**22 or int(pid_text) == os.getpid():
+        return False  # not our spelling (pids are below 2**22 on Linux), or this process's own
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, another user's
+    return True
 
 
 def _sibling(key: str, name: str) -> str:

@@ -31,6 +31,19 @@ from tests.draft_factory import make_big_array, make_hierarchy, tree_bytes, tree
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
+@pytest.fixture(autouse=True)
+def _claims_at_one_instant(monkeypatch):
+    """The destination lock records when it was taken (``since``, a float whose repr varies
+    in length): the byte counts of two runs compared here would differ by a byte or two."""
+    import time
+    import types
+
+    from sharding_store.formats import upgrade_journal
+
+    clock = types.SimpleNamespace(time=lambda: 1764300000.25, strftime=time.strftime, gmtime=time.gmtime)
+    monkeypatch.setattr(upgrade_journal, "time", clock)
+
+
 @pytest.fixture(scope="module")
 def src(tmp_path_factory):
     root = tmp_path_factory.mktemp("wrappers") / "src"

@@ -441,3 +441,32 @@ def test_set_streamed_writes_the_pieces_atomically_and_keeps_the_old_object_on_a
         inner.set_streamed("d/other", failing())
     assert inner.get("d/k") == b"".join(bytes([i]) * 1000 for i in range(5)) and not inner.exists("d/other")
     assert list(inner.list_prefix("")) == ["d/k"] and inner.temp_leftovers("d/") == []
+
+
+def test_a_temporary_file_of_a_live_writer_is_no_leftover(tmp_path):
+    """``remove_temp_leftovers(key)`` removed every temporary file of ``key``, also one a
+    live process was about to rename: the upgrade journal's claim race then failed the
+    racing run with an I/O error (exit 12) after it had swapped its claim in. A live
+    writer's file is neither listed nor removed; a dead one's and this process's are."""
+    import subprocess
+    import sys
+
+    from sharding_store.stores import TEMP_MARKER
+
+    inner = LocalInner(tmp_path)
+    inner.set("d/k", b"v")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {who: f"k{TEMP_MARKER}{pid}-abcd1234-0"
+                 for who, pid in (("live", live.pid), ("dead", dead.pid), ("mine", os.getpid()))}
+        for name in names.values():
+            (tmp_path / "d" / name).write_bytes(b"half")
+        assert inner.temp_leftovers("d/k") == sorted(f"d/{names[w]}" for w in ("dead", "mine"))
+        assert inner.remove_temp_leftovers("d/k") == 2
+        assert sorted(os.listdir(tmp_path / "d")) == sorted(["k", names["live"]])
+    finally:
+        live.kill()
+        live.wait()
+    assert inner.remove_temp_leftovers("d/k") == 1 and os.listdir(tmp_path / "d") == ["k"]
