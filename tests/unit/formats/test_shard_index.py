@@ -246,6 +246,7 @@ def _index_batch(draw):
     return checksum, out
 
 
+@pytest.mark.slow  # ~3 s (300 examples); still in CI
 @settings(max_examples=300, deadline=None)
 @given(_index_batch())
 def test_live_counts_agree_with_entry_lists_index_by_index(batch):

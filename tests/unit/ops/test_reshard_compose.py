@@ -270,6 +270,7 @@ def python_path(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(LocalInner, "can_compose_to", lambda self, dst: False)
 
 
+@pytest.mark.slow  # ~3.5 s; still in CI
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shape=st.lists(st.integers(1, 12), min_size=1, max_size=3), data=st.data())
 def test_compose_writes_the_objects_the_python_path_writes(tmp_path, shape, data):
