@@ -84,6 +84,21 @@ def make_big_array(root: str | os.PathLike, *, shards: int = 24, path: str = "bi
     return data
 
 
+def make_two_sources(root: Path, *, shards: int = 6) -> dict[str, tuple[Path, dict[str, np.ndarray]]]:
+    """Two draft sources ``one`` and ``two`` under ``root`` with the same layout and different
+    values (a destination mixing them reads wrong values): name -> (path, values by array)."""
+    out = {}
+    for name, scale in (("one", 1), ("two", 3)):
+        src = root / name
+        values = make_hierarchy(src)
+        values["big"] = make_big_array(src, shards=shards)
+        arr = create_draft_array(str(src), "mark", shape=(4,), chunks=(2,), dtype="<i4", chunks_per_shard=(2,))
+        arr[...] = np.full(4, scale, dtype="<i4")
+        values["mark"] = np.full(4, scale, dtype="<i4")
+        out[name] = (src, values)
+    return out
+
+
 def add_dead_bytes(root: str | os.PathLike, shard_key: str, cps: tuple[int, ...], drop: tuple[int, ...]) -> int:
     """Delete one chunk as zarr-python 2.18 does: rewrite only the index (its bytes stay).
 

@@ -22,7 +22,7 @@ import pytest
 from sharding_store import DestinationExistsError, create_draft_array, migrate, verify
 from sharding_store.ops.destination import LOCK_KEY, MARKER_KEY
 from sharding_store.testing import SLOW_LINE
-from tests.draft_factory import make_big_array, make_hierarchy, read_v3, tree_bytes, tree_hash
+from tests.draft_factory import make_two_sources, read_v3, tree_bytes, tree_hash
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]  # slow: racing processes
 REPO = str(Path(__file__).resolve().parents[2])
@@ -34,16 +34,7 @@ EXIT = DestinationExistsError.exit_code
 def sources(tmp_path_factory):
     """Two sources of one layout and different values (a mix of them reads wrong values)."""
     root = tmp_path_factory.mktemp("lock")
-    out = {}
-    for name, scale in (("one", 1), ("two", 3)):
-        src = root / name
-        values = make_hierarchy(src)
-        values["big"] = make_big_array(src, shards=8)
-        arr = create_draft_array(str(src), "mark", shape=(4,), chunks=(2,), dtype="<i4", chunks_per_shard=(2,))
-        arr[...] = np.full(4, scale, dtype="<i4")
-        values["mark"] = np.full(4, scale, dtype="<i4")
-        out[name] = (src, values)
-    return out
+    return make_two_sources(root, shards=8)
 
 
 def check_winner(dst: Path, sources, winner: str) -> None:

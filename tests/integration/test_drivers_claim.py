@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sharding_store import DestinationExistsError, create_draft_array, migrate, verify
-from tests.draft_factory import make_big_array, make_hierarchy, read_v3, tree_hash
+from sharding_store import DestinationExistsError, migrate, verify
+from tests.draft_factory import make_two_sources, read_v3, tree_hash
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning")]  # slow: racing processes
 CLI = [sys.executable, "-m", "sharding_store.cli"]
@@ -29,16 +29,7 @@ REPO = str(Path(__file__).resolve().parents[2])
 def sources(tmp_path_factory):
     """Two sources of the same layout and different values (the mix would read wrong values)."""
     root = tmp_path_factory.mktemp("claim")
-    out = {}
-    for name, scale in (("one", 1), ("two", 3)):
-        src = root / name
-        values = make_hierarchy(src)
-        values["big"] = make_big_array(src, shards=6)
-        arr = create_draft_array(str(src), "mark", shape=(4,), chunks=(2,), dtype="<i4", chunks_per_shard=(2,))
-        arr[...] = np.full(4, scale, dtype="<i4")
-        values["mark"] = np.full(4, scale, dtype="<i4")
-        out[name] = (src, values)
-    return out
+    return make_two_sources(root)
 
 
 def check_winner(out, sources, winner: str) -> None:

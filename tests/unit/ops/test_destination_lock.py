@@ -24,7 +24,7 @@ from sharding_store.cli import main
 from sharding_store.formats.upgrade_journal import Claim
 from sharding_store.ops.destination import LOCK_KEY, MARKER_KEY
 from sharding_store.testing import fault_hook
-from tests.draft_factory import make_big_array, make_hierarchy, read_v3, tree_bytes, tree_hash
+from tests.draft_factory import make_two_sources, read_v3, tree_bytes, tree_hash
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -33,16 +33,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 def sources(tmp_path_factory):
     """Two sources of one layout and different values (a mix of them reads wrong values)."""
     root = tmp_path_factory.mktemp("lock")
-    out = {}
-    for name, scale in (("one", 1), ("two", 3)):
-        src = root / name
-        values = make_hierarchy(src)
-        values["big"] = make_big_array(src, shards=6)
-        arr = create_draft_array(str(src), "mark", shape=(4,), chunks=(2,), dtype="<i4", chunks_per_shard=(2,))
-        arr[...] = np.full(4, scale, dtype="<i4")
-        values["mark"] = np.full(4, scale, dtype="<i4")
-        out[name] = (src, values)
-    return out
+    return make_two_sources(root)
 
 
 def check_winner(dst: Path, sources, winner: str) -> None:
