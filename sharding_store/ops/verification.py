@@ -515,6 +515,10 @@ def verify(
         # a reference file, an Icechunk repository: read through what it is
         opened = open_destination(dst, target, False, stores, src_inner, read_only=True)
         dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options, opened)
+        if target == "icechunk":  # Icechunk follows links: a chunk through one out of the source is not read
+            from ..stores.icechunk_store import inside_source
+
+            inside_source(opened, src_inner.location())
     if run.executor is not None and back is None:  # references are checked in this process
         check_picklable(src_ref, dst_ref)
     dst_inner = dst_ref.open()

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from ..errors import (
@@ -51,12 +51,12 @@ from ..errors import (
     StoreNotFoundError,
     UsageError,
 )
-from .base import ChunkRef, Location, RangeRequest, Tail, Version
-from .location import endpoint_location, objects_url_prefix
+from .base import ChunkRef, Inner, Location, RangeRequest, Tail, Version
+from .location import endpoint_location, objects_url_prefix, resolves_below
 from .zarr_store import ZarrStoreInner
 
-__all__ = ["IcechunkInner", "Materialized", "container_prefix", "is_repository", "local_checksum", "local_files_only",
-           "materialize", "open_icechunk"]
+__all__ = ["IcechunkInner", "Materialized", "container_prefix", "inside_source", "is_repository", "local_checksum",
+           "local_files_only", "materialize", "open_icechunk"]
 
 #: the snapshot metadata key holding what the session kept beside the hierarchy
 METADATA_KEY = "sharding-store"
@@ -714,6 +714,8 @@ def materialize(dst: str, storage_options: Mapping[str, Any] | None = None, *,
         return len(value)
 
     local_files_only(inner.virtual_locations())
+    if source is not None:
+        inside_source(inner, source)
     keys = iter(virtual_keys(inner))
     with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="materialize") as pool:
         while batch := [k for _, k in zip(range(64 * max(1, jobs)), keys)]:
@@ -739,6 +741,23 @@ def local_files_only(urls: Iterable[str]) -> None:
             continue  # Icechunk's read says it is gone (exit 14)
         if not stat.S_ISREG(mode):
             raise SourceChangedError(f"{url}: no longer a regular file since the migration", key=url)
+
+
+def inside_source(inner: Inner, source: Location) -> None:
+    """:class:`LinkOutsideStoreError` for the first virtual chunk of the repository ``inner``
+    (an :class:`IcechunkInner`) whose URL lies in the local ``source``'s container but leads
+    out of it through a link (of a directory, or in the object's place): Icechunk follows
+    links, so it would read another store's object, where the source's own store refuses the
+    link. ``verify`` and ``materialize`` read none of it."""
+    if source.kind != "file":
+        return
+    prefix = container_prefix(source)
+    root = prefix[len("file://"):]
+    dirs: dict[str, bool] = {}
+    for url in set(cast(IcechunkInner, inner).virtual_locations()):
+        if url.startswith(prefix) and not resolves_below(url[len("file://"):], root, dirs, follow_last=True):
+            raise LinkOutsideStoreError(f"{url}: a virtual chunk leading out of the source {prefix} through a link: "
+                                        "not read", key=url)
 
 
 def _recorded_source(inner: IcechunkInner) -> Location | None:

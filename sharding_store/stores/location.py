@@ -17,7 +17,7 @@ from ._fsspec_adapter import can_strip_protocol, strip_protocol
 from .base import Location, Relation
 
 __all__ = ["Location", "Relation", "endpoint_location", "objects_url_prefix",
-           "fs_location", "is_local_fs", "protocol_of", "relation", "zarr_location"]
+           "fs_location", "is_local_fs", "protocol_of", "relation", "resolves_below", "zarr_location"]
 
 
 def protocol_of(fs: Any) -> str:
@@ -102,3 +102,20 @@ def objects_url_prefix(location: Location) -> str | None:
     if location.kind == "s3":
         return f"s3://{location.path.strip('/')}/"
     return None
+
+
+def resolves_below(path: str, root: str, dirs: dict[str, bool], *, follow_last: bool = False) -> bool:
+    """Whether the local ``path`` still lies below the directory ``root`` (resolved, ending in
+    ``/``) once the links of its directories are followed (``follow_last``: and a link in its
+    own place, for a reader that follows it): a URL that lies below a source's prefix as text
+    can still lead out of it through a link (the source's own store never follows one).
+    ``dirs``: the answer by directory, kept by the caller (one ``realpath`` a directory)."""
+    directory = path.rpartition("/")[0]
+    inside = dirs.get(directory)
+    if inside is None:
+        if len(dirs) >= 4096:
+            dirs.clear()
+        inside = dirs[directory] = (os.path.realpath(directory or "/").rstrip("/") + "/").startswith(root)
+    if inside and follow_last and os.path.islink(path):
+        return os.path.realpath(path).startswith(root)
+    return inside

@@ -62,6 +62,7 @@ from ..errors import (
 )
 from ..formats.draft_metadata import json_object
 from .base import BaseInner, ChunkRef, Inner, Location, RangeRequest, Tail, Version, slice_range
+from .location import resolves_below
 
 __all__ = ["REFERENCE_KEY", "ReferenceFileSink", "describe_change", "document_bytes", "open_references",
            "read_reference_file", "recorded_objects", "checked_reference", "reference_entry", "unrecorded"]
@@ -746,7 +747,8 @@ class Guard:
     """Reads bytes of source objects by URL, each checked against what was recorded of it
     (``objects``: URL -> (size, ETag, st_mtime_ns)) before and after the read:
     :class:`SourceChangedError` naming the URL and what changed. ``within`` (verify): the URL
-    prefix of the source's objects; a URL outside it, or climbing out of it with ``..``, is
+    prefix of the source's objects; a URL outside it, climbing out of it with ``..`` or
+    leading out of it through a link of its directories, is
     :class:`LinkOutsideStoreError` and never opened (a reference file cannot make ``verify``
     read, or call identical, another store's object)."""
 
@@ -756,9 +758,13 @@ class Guard:
         self.storage_options = dict(storage_options or {})
         self.within = within
         self._stores: dict[str, Inner] = {}
+        #: ``within``'s local directory (``/abs/dir/``), else None; its directories' answers
+        self._root = within[len("file://"):] if within is not None and within.startswith("file://") else None
+        self._dirs: dict[str, bool] = {}
 
     def read(self, url: str, start: int, end: int) -> bytes:
-        if self.within is not None and not _below(url, self.within):
+        if self.within is not None and (not _below(url, self.within) or (
+                self._root is not None and not resolves_below(url[len("file://"):], self._root, self._dirs))):
             raise LinkOutsideStoreError(f"{url}: a reference leading outside the source {self.within}", key=url)
         info = self.objects.get(url)
         if info is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -476,5 +477,39 @@ def test_materialize_copies_no_virtual_chunk_of_another_store(big, tmp_path):
     _session_edit(repo, copy, lambda inner: inner.put_reference("big/c/2/0", _ref(copy, 2)))
     before = ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main")
     with pytest.raises(LinkOutsideStoreError, match=r"big/c/2/0: a virtual chunk of another store than the source"):
+        materialize(str(repo))
+    assert ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main") == before
+
+
+@needs_icechunk
+def test_verify_and_materialize_never_follow_a_link_in_the_source_leading_out_of_it(big, tmp_path, capsys):
+    """A virtual chunk named through a directory link of the source that leads out of it
+    (``src/link -> ../copy``, an identical copy, its checksum Icechunk's for the copy): the
+    URL lies in the source's container as text, and Icechunk would follow the link. ``verify
+    SRC DST`` and ``materialize`` refuse it unread (exit 13, naming the URL); materialize
+    commits nothing (never copies another store's bytes in)."""
+    import shutil
+
+    import icechunk as ic
+
+    from sharding_store.errors import LinkOutsideStoreError
+    from sharding_store.stores.icechunk_store import local_checksum, materialize
+
+    repo = _icechunk(big, tmp_path)
+    shutil.copytree(big, tmp_path / "copy")
+    (big / "link").symlink_to(tmp_path / "copy")
+    ref = _ref(tmp_path / "copy", 2)
+    url = f"file://{os.path.realpath(big)}/link/data/root/big/c2/0"
+    _session_edit(repo, big, lambda inner: inner.store.set_virtual_ref(
+        "big/c/2/0", url, offset=0, length=ref.length, checksum=local_checksum(ref.url, ref.object_size,
+                                                                               ref.modified_ns)))
+    pattern = re.escape(f"{url}: a virtual chunk leading out of the source")
+    with pytest.raises(LinkOutsideStoreError, match=pattern):
+        verify(str(big), str(repo), progress=False)
+    code = main(["verify", str(big), str(repo), "--no-progress"])
+    err = [line for line in capsys.readouterr().err.splitlines() if "sharding-store" in line]
+    assert code == 13 and len(err) == 1 and url in err[0], err
+    before = ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main")
+    with pytest.raises(LinkOutsideStoreError, match=pattern):
         materialize(str(repo))
     assert ic.Repository.open(ic.local_filesystem_storage(str(repo))).lookup_branch("main") == before

@@ -459,6 +459,36 @@ def test_verify_never_reads_a_reference_leading_out_of_the_source(migrated, caps
         assert (code, len(err)) == (13, 1) and url in err[0], err
 
 
+def test_verify_never_follows_a_link_in_the_source_leading_out_of_it(migrated, capsys):
+    """A reference file naming an object through a directory link of the source that leads
+    out of it (``src/link -> ../src2``, an identical copy, recorded as it is): the URL lies
+    below the source's prefix as text, but ``verify SRC DST`` refuses it before reading it
+    (exit 13, naming the URL), as the source's own store refuses such a link."""
+    import shutil
+
+    from sharding_store import verify
+    from sharding_store.cli import main
+    from sharding_store.errors import LinkOutsideStoreError
+
+    path, _, shard = migrated
+    src = path.parent / "src"
+    shutil.copytree(src, path.parent / "src2")
+    (src / "link").symlink_to(path.parent / "src2")
+    url = f"file://{src}/link/{shard.relative_to(src)}"
+    doc = json.loads(path.read_text())
+    key = next(k for k, v in doc["refs"].items() if isinstance(v, list) and v[0] == f"file://{shard}")
+    doc["refs"][key][0] = url
+    st = (path.parent / "src2" / shard.relative_to(src)).stat()
+    doc[REFERENCE_KEY]["objects"][url] = {"size": st.st_size, "modified_ns": st.st_mtime_ns}
+    edited = path.parent / "edited.json"
+    edited.write_text(json.dumps(doc))
+    with pytest.raises(LinkOutsideStoreError, match=re.escape(f"{url}: a reference leading outside the source")):
+        verify(str(src), str(edited))
+    code = main(["verify", str(src), str(edited), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (code, len(err)) == (13, 1) and url in err[0], err
+
+
 def test_a_source_file_replaced_by_a_fifo_is_refused_not_waited_on(migrated):
     """The guarded reader opens a source object without blocking: a FIFO put in a shard's
     place is "no longer a regular file" (SourceChangedError), not a read that never ends."""
