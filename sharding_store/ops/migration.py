@@ -61,6 +61,7 @@ from ..formats.reshard_journal import refuse_interrupted_reshards
 from ..formats.upgrade_journal import refuse_interrupted_upgrade
 from ..formats.v3_documents import consolidated_metadata, v3_group_document
 from ..stores import Inner
+from ..stores.location import objects_url_prefix
 from . import destination
 from .destination import (
     DESTINATION_KINDS,
@@ -699,11 +700,25 @@ def _upgrade_instead(src: Any, dst: Any, options: Any, run: RunOptions | None, s
 
 def _check_addressable(src: Inner, name: str) -> None:
     """A virtual migration refers to the source's objects by URL: a source without URLs (a
-    mapping, a memory store) is refused (:class:`UsageError`) before anything is written."""
+    mapping, a memory store), or whose path is no UTF-8 text (a reference file, a commit
+    message hold it as text), is refused (:class:`UsageError`) before anything is written."""
     key = dm.ENTRY_POINT_KEY
     if src.reference_to(key, 0, 0) is None and src.exists(key):
         raise UsageError(f"{name}: --virtual needs a source another process can read by URL (a local directory or "
                          "s3://); this store has no URL for its objects", key=name)
+    if not all(_is_text(text) for text in (name, objects_url_prefix(src.location()) or "")):
+        raise UsageError(f"{dm.escape_name(name)}: --virtual names the source and its objects by URL, as text, and "
+                         "this path (as given or resolved) is no UTF-8 text; rename it, or migrate with a copy "
+                         "instead", key=name)
+
+
+def _is_text(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (a local path that is not decodes to lone surrogates)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def commit_message(src: str, kind: str) -> str:
@@ -712,7 +727,7 @@ def commit_message(src: str, kind: str) -> str:
     migration ~15 M instructions, a scan of the installed distributions)."""
     from .._version import __version__
 
-    return f"sharding-store {__version__}: {kind} migration of {src}"
+    return f"sharding-store {__version__}: {kind} migration of {dm.escape_name(src)}"
 
 
 @dataclass(frozen=True)

@@ -183,6 +183,42 @@ def test_a_source_without_urls_is_refused_before_anything_is_written(source, tmp
     assert not (tmp_path / "out.json").exists()
 
 
+@pytest.fixture
+def undecodable(tmp_path):
+    """A source whose path is no UTF-8 text (a byte 0xff in a directory's name, as Linux allows)."""
+    make_big_array(tmp_path / "src", shards=2)
+    os.rename(tmp_path / "src", os.fsdecode(os.fsencode(tmp_path) + b"/sr\xffc"))
+    return os.fsdecode(os.fsencode(tmp_path) + b"/sr\xffc")
+
+
+def test_a_reference_file_of_a_source_path_that_is_no_utf8_text_is_refused_first(undecodable, tmp_path, capsys):
+    """A reference file is JSON text naming objects by URL: a source path that is no UTF-8
+    text has no such URL; refused before anything is written (exit 2, one line), not an
+    encoding error at the commit (exit 10, "run again with --resume", which fails again)."""
+    from sharding_store.cli import main
+
+    with pytest.raises(UsageError, match="no UTF-8 text"):
+        migrate(undecodable, tmp_path / "out.json", progress=False)
+    assert main(["migrate", undecodable, str(tmp_path / "out.json"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no UTF-8 text" in err[0], err
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_a_materialised_icechunk_migration_of_a_source_path_that_is_no_utf8_text(undecodable, tmp_path):
+    """Its bytes are copied, its commit message names the source escaped (Icechunk takes text)."""
+    pytest.importorskip("icechunk")
+    import icechunk as ic
+
+    report = migrate(undecodable, tmp_path / "repo", MigrateOptions(target="icechunk"), progress=False)
+    assert report.destination == "Icechunk materialised"
+    repo = ic.Repository.open(ic.local_filesystem_storage(str(tmp_path / "repo")))
+    message = next(iter(repo.ancestry(branch="main"))).message
+    assert "sr\\udcffc" in message and message.isprintable(), message
+    np.testing.assert_array_equal(zarr.open_group(repo.readonly_session("main").store, mode="r")["big"][...],
+                                  make_big_array(tmp_path / "again", shards=2))
+
+
 def test_an_executor_is_refused_with_virtual(source, tmp_path):
     with ThreadPoolExecutor(1) as pool, pytest.raises(UsageError, match="references are collected in this process"):
         migrate(source, tmp_path / "out.json", MigrateOptions(virtual=True), run=RunOptions(executor=pool))
