@@ -51,6 +51,7 @@ from ..errors import (
     StoreNotFoundError,
     UsageError,
 )
+from ..formats.draft_metadata import escape_name
 from .base import ChunkRef, Inner, Location, RangeRequest, Tail, Version
 from .location import endpoint_location, objects_url_prefix, resolves_below
 from .zarr_store import ZarrStoreInner
@@ -666,9 +667,10 @@ class Materialized:
         return {"dst": self.dst, "chunks": self.chunks, "bytes": self.bytes, "snapshot": self.snapshot}
 
     def summary(self) -> str:
+        dst = escape_name(self.dst)
         if not self.chunks:
-            return f"{self.dst}: no virtual chunk: nothing to materialize"
-        return f"materialized {self.chunks} virtual chunks ({self.bytes} bytes) of {self.dst} in snapshot {self.snapshot}"
+            return f"{dst}: no virtual chunk: nothing to materialize"
+        return f"materialized {self.chunks} virtual chunks ({self.bytes} bytes) of {dst} in snapshot {self.snapshot}"
 
 
 def _chunk_coords(key: str) -> tuple[str, list[int]] | None:
@@ -724,7 +726,8 @@ def materialize(dst: str, storage_options: Mapping[str, Any] | None = None, *,
     if not done.chunks:
         return done
     _record_materialized(inner)
-    done.snapshot = inner.commit(message or f"sharding-store: {done.chunks} virtual chunks of {dst} materialized")
+    done.snapshot = inner.commit(message or f"sharding-store: {done.chunks} virtual chunks of {escape_name(dst)} "
+                                            "materialized")
     return done
 
 

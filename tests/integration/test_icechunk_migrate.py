@@ -256,3 +256,20 @@ def test_an_xarray_dataset_reads_through_the_readme_lines(tmp_path, virtual):
     sub = xr.open_zarr(repository.readonly_session("main").store, group="sub", consolidated=False)
     xr.testing.assert_identical(ds.load(), xr.open_dataset(src, engine="sharding_store").load())
     xr.testing.assert_identical(sub.load(), xr.open_dataset(src, engine="sharding_store", group="sub").load())
+
+
+def test_materialize_of_a_repository_whose_path_is_no_utf8_text(tmp_path, capsys):
+    """A repository at a path with a byte 0xff (Linux allows it): its commit message and the
+    summary name it escaped; it commits (exit 0), never an encoding error (exit 70)."""
+    src = tmp_path / "src"
+    values = make_hierarchy(src)
+    repo = os.fsdecode(os.fsencode(tmp_path) + b"/re\xffpo")
+    assert main(["migrate", str(src), repo, "--virtual=icechunk", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["materialize", repo]) == 0
+    out = capsys.readouterr().out
+    assert "re\\udcffpo" in out and "\udcff" not in out
+    repository = ic.Repository.open(ic.local_filesystem_storage(repo))
+    assert "re\\udcffpo" in next(iter(repository.ancestry(branch="main"))).message
+    for path, value in values.items():
+        same(read(tip(repo), path), value)
