@@ -409,7 +409,7 @@ class ReferenceFileSink(BaseInner):
     holds that file's content (a migration then finds DST not empty; ``--overwrite``
     empties this, and the commit replaces the file). ``read_only``: for verify and readers
     (no commit). ``within``: the URL prefix of the source's objects (verify): a reference
-    to anything else is refused before it is read (:meth:`Guard.read`)."""
+    to anything else is refused when the file is opened, and before it is read (:meth:`Guard.read`)."""
 
     def __init__(self, path: str, storage_options: Mapping[str, Any] | None = None, *, read_only: bool = False,
                  source: str = "", source_options: Mapping[str, Any] | None = None, within: str | None = None) -> None:
@@ -452,6 +452,7 @@ class ReferenceFileSink(BaseInner):
                 raise StoreNotFoundError(f"{self.path}: no such reference file", key=self.path)
             return
         objects = recorded_objects(doc, self.path)
+        within = self._reader.within is not None
         block = doc.get(REFERENCE_KEY)
         self.source = self.source or (block.get("source", "") if isinstance(block, dict) else "")
         for key, value in doc["refs"].items():
@@ -460,6 +461,8 @@ class ReferenceFileSink(BaseInner):
                 self.docs[key] = document
                 continue
             url, offset, length = checked_reference(self.path, key, value)
+            if within:  # verify: refused at once, not as the first chunk read there (taken for the source's damage)
+                self._reader.refuse_outside(url)
             if url not in objects:
                 self._unrecorded.add(url)  # read as the guarded reader reads it: refused (:func:`unrecorded`)
             self._add(key, url, offset, length, objects.get(url, (offset + length, None, None)))
@@ -758,14 +761,29 @@ class Guard:
         self.storage_options = dict(storage_options or {})
         self.within = within
         self._stores: dict[str, Inner] = {}
-        #: ``within``'s local directory (``/abs/dir/``), else None; its directories' answers
+        #: ``within``'s local directory (``/abs/dir/``), else None; the answers by directory
+        #: (URL and resolved path: a dictionary look-up a reference once its directory is known)
         self._root = within[len("file://"):] if within is not None and within.startswith("file://") else None
+        self._heads: dict[str, bool] = {}
         self._dirs: dict[str, bool] = {}
 
-    def read(self, url: str, start: int, end: int) -> bytes:
-        if self.within is not None and (not _below(url, self.within) or (
-                self._root is not None and not resolves_below(url[len("file://"):], self._root, self._dirs))):
+    def refuse_outside(self, url: str) -> None:
+        """:class:`LinkOutsideStoreError` for a URL outside ``within`` (nothing without it)."""
+        if self.within is None:
+            return
+        head, _, name = url.rpartition("/")
+        inside = self._heads.get(head)
+        if inside is None:
+            inside = _below(head + "/", self.within) and (
+                self._root is None or resolves_below(url[len("file://"):], self._root, self._dirs))
+            if len(self._heads) >= 4096:
+                self._heads.clear()
+            self._heads[head] = inside
+        if not inside or name in ("", ".", ".."):
             raise LinkOutsideStoreError(f"{url}: a reference leading outside the source {self.within}", key=url)
+
+    def read(self, url: str, start: int, end: int) -> bytes:
+        self.refuse_outside(url)
         info = self.objects.get(url)
         if info is None:
             raise unrecorded(url)
@@ -797,9 +815,11 @@ class Guard:
         return got
 
 
-def _below(url: str, prefix: str) -> bool:
-    """Whether ``url`` names an object below ``prefix`` (no empty, ``.`` or ``..`` segment)."""
-    return url.startswith(prefix) and all(part not in ("", ".", "..") for part in url[len(prefix):].split("/"))
+def _below(directory: str, prefix: str) -> bool:
+    """Whether ``directory`` (a URL ending in ``/``) is ``prefix`` or a directory below it (no
+    empty, ``.`` or ``..`` segment)."""
+    return directory.startswith(prefix) and all(
+        part not in ("", ".", "..") for part in directory[len(prefix):].split("/")[:-1])
 
 
 def unrecorded(url: str) -> SourceChangedError:

@@ -431,9 +431,10 @@ def test_a_damaged_record_is_refused_naming_its_object(info):
 
 def test_verify_never_reads_a_reference_leading_out_of_the_source(migrated, capsys):
     """A reference file naming an object of another store (an identical copy of the source,
-    recorded as it is: every reader's check passes) or climbing out with ``..``: ``verify SRC
-    DST`` refuses it before opening it (exit 13, naming the URL), never calls DST identical
-    to SRC while it reads another store."""
+    recorded as it is: every reader's check passes), climbing out with ``..``, or through a
+    directory link of the source that leads out of it (below the source's prefix as text):
+    ``verify SRC DST`` refuses it before opening it (exit 13, naming the URL; not as the
+    source array's damage), never calls DST identical to SRC while it reads another store."""
     import shutil
 
     from sharding_store import verify
@@ -444,7 +445,9 @@ def test_verify_never_reads_a_reference_leading_out_of_the_source(migrated, caps
     src = path.parent / "src"
     shutil.copytree(src, path.parent / "src2")  # copy2: the same sizes and modification times
     other = path.parent / "src2" / shard.relative_to(src)
-    for url in (f"file://{other}", f"file://{src}/../src2/{shard.relative_to(src)}"):
+    (src / "link").symlink_to(path.parent / "src2")
+    for url in (f"file://{other}", f"file://{src}/../src2/{shard.relative_to(src)}",
+                f"file://{src}/link/{shard.relative_to(src)}"):
         doc = json.loads(path.read_text())
         key = next(k for k, v in doc["refs"].items() if isinstance(v, list) and v[0] == f"file://{shard}")
         doc["refs"][key][0] = url
@@ -456,37 +459,7 @@ def test_verify_never_reads_a_reference_leading_out_of_the_source(migrated, caps
             verify(str(src), str(edited))
         code = main(["verify", str(src), str(edited), "--no-progress"])
         err = capsys.readouterr().err.strip().splitlines()
-        assert (code, len(err)) == (13, 1) and url in err[0], err
-
-
-def test_verify_never_follows_a_link_in_the_source_leading_out_of_it(migrated, capsys):
-    """A reference file naming an object through a directory link of the source that leads
-    out of it (``src/link -> ../src2``, an identical copy, recorded as it is): the URL lies
-    below the source's prefix as text, but ``verify SRC DST`` refuses it before reading it
-    (exit 13, naming the URL), as the source's own store refuses such a link."""
-    import shutil
-
-    from sharding_store import verify
-    from sharding_store.cli import main
-    from sharding_store.errors import LinkOutsideStoreError
-
-    path, _, shard = migrated
-    src = path.parent / "src"
-    shutil.copytree(src, path.parent / "src2")
-    (src / "link").symlink_to(path.parent / "src2")
-    url = f"file://{src}/link/{shard.relative_to(src)}"
-    doc = json.loads(path.read_text())
-    key = next(k for k, v in doc["refs"].items() if isinstance(v, list) and v[0] == f"file://{shard}")
-    doc["refs"][key][0] = url
-    st = (path.parent / "src2" / shard.relative_to(src)).stat()
-    doc[REFERENCE_KEY]["objects"][url] = {"size": st.st_size, "modified_ns": st.st_mtime_ns}
-    edited = path.parent / "edited.json"
-    edited.write_text(json.dumps(doc))
-    with pytest.raises(LinkOutsideStoreError, match=re.escape(f"{url}: a reference leading outside the source")):
-        verify(str(src), str(edited))
-    code = main(["verify", str(src), str(edited), "--no-progress"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert (code, len(err)) == (13, 1) and url in err[0], err
+        assert (code, len(err)) == (13, 1) and url in err[0] and "damaged" not in err[0], err
 
 
 def test_a_source_file_replaced_by_a_fifo_is_refused_not_waited_on(migrated):
@@ -504,3 +477,24 @@ def test_a_source_file_replaced_by_a_fifo_is_refused_not_waited_on(migrated):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20,
                           env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert f"file://{shard}: no longer a regular file" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("url, inside", [
+    ("file:///s/a", True), ("file:///s/a/b/c", True), ("file:///s2/a", False), ("file:///s", False),
+    ("file:///s/", False), ("file:///s/a/", False), ("file:///s/.", False), ("file:///s/..", False),
+    ("file:///s/a/..", False), ("file:///s/../s/a", False), ("file:///s/./a", False), ("file:///s//a", False),
+    ("file:///s/a/../../t", False), ("s3://s/a", False), ("file:///t/s/a", False),
+])
+def test_the_guard_of_verify_takes_only_urls_below_the_source(url, inside):
+    """Guard.refuse_outside answers by directory once, then by name: the same answers as
+    segment by segment (no empty, ``.`` or ``..`` segment, below the prefix), asked twice."""
+    from sharding_store.errors import LinkOutsideStoreError
+    from sharding_store.stores.references import Guard
+
+    guard = Guard({}, within="file:///s/")
+    for _ in range(2):
+        if inside:
+            guard.refuse_outside(url)
+        else:
+            with pytest.raises(LinkOutsideStoreError, match="a reference leading outside the source file:///s/"):
+                guard.refuse_outside(url)
