@@ -700,16 +700,24 @@ def _upgrade_instead(src: Any, dst: Any, options: Any, run: RunOptions | None, s
 
 def _check_addressable(src: Inner, name: str) -> None:
     """A virtual migration refers to the source's objects by URL: a source without URLs (a
-    mapping, a memory store), or whose path is no UTF-8 text (a reference file, a commit
-    message hold it as text), is refused (:class:`UsageError`) before anything is written."""
+    mapping, a memory store), whose path is no UTF-8 text (a reference file, a commit
+    message hold it as text), or whose objects' URLs lie outside the prefix its location
+    spells (an S3 prefix with ``//`` or ``/./``: checks and Icechunk's container go by that
+    prefix) is refused (:class:`UsageError`) before anything is written."""
     key = dm.ENTRY_POINT_KEY
-    if src.reference_to(key, 0, 0) is None and src.exists(key):
+    ref = src.reference_to(key, 0, 0)
+    if ref is None and src.exists(key):
         raise UsageError(f"{name}: --virtual needs a source another process can read by URL (a local directory or "
                          "s3://); this store has no URL for its objects", key=name)
-    if not all(_is_text(text) for text in (name, objects_url_prefix(src.location()) or "")):
+    prefix = objects_url_prefix(src.location()) or ""
+    if not all(_is_text(text) for text in (name, prefix)):
         raise UsageError(f"{dm.escape_name(name)}: --virtual names the source and its objects by URL, as text, and "
                          "this path (as given or resolved) is no UTF-8 text; rename it, or migrate with a copy "
                          "instead", key=name)
+    if ref is not None and prefix and not ref.url.startswith(prefix):  # S3 keys may hold '//' and '/./' as such
+        raise UsageError(f"{name}: its objects' URLs ({ref.url}) lie outside the prefix the source's location "
+                         f"spells ({prefix}): a prefix with an empty or '.' segment; the references could not be "
+                         "checked, nor Icechunk find them; migrate with a copy instead", key=name)
 
 
 def _is_text(text: str) -> bool:

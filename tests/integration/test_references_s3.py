@@ -9,6 +9,7 @@ truncated or deleted since (``If-Match`` on the recorded ETag); plain fsspec rea
 from __future__ import annotations
 
 import json
+import re
 
 import fsspec
 import numpy as np
@@ -128,3 +129,29 @@ def test_verify_never_reads_a_reference_into_another_bucket_or_prefix(source, tm
     with pytest.raises(LinkOutsideStoreError, match=f"{url}: a reference leading outside the source s3://src/store/"):
         verify(SRC, str(out), stores=StoreOptions(src=s3.storage_options))
     assert not [r for r in s3.requests() if f"/{copy}/" in r["url"]]
+
+
+@pytest.mark.parametrize("prefix", ["a//b", "a/./b"])
+@pytest.mark.parametrize("dst", ["out.json", "repo"])
+def test_a_source_prefix_with_an_empty_or_dot_segment_is_refused_before_anything_is_written(s3, tmp_path, prefix,  # noqa: F811
+                                                                                           dst):
+    """S3 keys may hold ``//`` or ``/./`` (literal characters), but a source's location spells
+    its prefix without them: references to ``s3://src/a//b/...`` then lie under no URL the
+    check, ``verify`` or an Icechunk container derive from ``s3://src/a//b`` (every virtual
+    migration failed its verification, exit 9). Refused first (exit 2), DST not created; a
+    copy of it migrates."""
+    from sharding_store import UsageError
+
+    if dst == "repo":
+        pytest.importorskip("icechunk")
+    make_big_array(tmp_path / "local", shards=2)
+    s3.make_bucket("src")
+    for path in (tmp_path / "local").rglob("*"):
+        if path.is_file():
+            s3.fs.call_s3("put_object", Bucket="src", Key=f"{prefix}/{path.relative_to(tmp_path / 'local')}",
+                          Body=path.read_bytes())
+    with pytest.raises(UsageError, match=re.escape(f"s3://src/{prefix}") + ".*empty or '.' segment"):
+        migrate(f"s3://src/{prefix}", str(tmp_path / dst), MigrateOptions(virtual=True),
+                stores=StoreOptions(src=s3.storage_options), progress=False)
+    assert not (tmp_path / dst).exists()
+    migrate(f"s3://src/{prefix}", str(tmp_path / "copy"), stores=StoreOptions(src=s3.storage_options), progress=False)
