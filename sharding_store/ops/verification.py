@@ -505,14 +505,16 @@ def verify(
     started = time.perf_counter()
     src_ref, dst_ref = StoreRef.of(src, stores.src), StoreRef.of(dst, stores.dst)
     src_inner = src_ref.open()
-    back = None
+    back, h = None, None
     if options.references_only:  # DST read back from where it was committed; no chunk is read
         from .reference_check import read_back
 
         back = read_back(dst, stores, src_inner)
         dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options, back.documents)
     elif (target := resolve_target(dst, None, False, stores.dst or {})) != "zarr":
-        # a reference file, an Icechunk repository: read through what it is
+        # a reference file, an Icechunk repository: read through what it is, refusing at once what leads
+        # out of the source (so a SRC that is no draft hierarchy is first said to be that)
+        h = _source_model(src_inner, src_ref)
         opened = open_destination(dst, target, False, stores, src_inner, read_only=True)
         dst_ref = StoreRef(dst_ref.url, dst_ref.storage_options, opened)
         if target == "icechunk":  # Icechunk follows links: a chunk through one out of the source is not read
@@ -529,14 +531,19 @@ def verify(
     report = VerifyReport(src_ref.describe(), dst_ref.describe(), check=UnitCheck(keep=options.max_differences))
     if back is not None:
         report.references = (back.kind, back.describe())
-    root_raw = src_inner.get(dm.ENTRY_POINT_KEY)
-    h = node_model(src_inner, root_raw, location=src_ref.describe())
+    if h is None:
+        h = _source_model(src_inner, src_ref)
     _check_arrays(h, src_ref, dst_ref, dst_inner, report, options, replace(run, jobs=jobs), back, listed)
     report.check.problems.sort()  # units finish in any order: report the first keys in key order
     report.seconds = time.perf_counter() - started
     if options.raise_on_error and not report.ok:
         raise report.error()
     return report
+
+
+def _source_model(src: Inner, ref: StoreRef) -> DraftHierarchy:
+    """The source's hierarchy (:class:`StoreNotFoundError` when there is none)."""
+    return node_model(src, src.get(dm.ENTRY_POINT_KEY), location=ref.describe())
 
 
 def _check_arrays(h: DraftHierarchy, src_ref: StoreRef, dst_ref: StoreRef, dst_inner: Inner, report: VerifyReport,

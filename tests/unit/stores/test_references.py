@@ -460,6 +460,9 @@ def test_verify_never_reads_a_reference_leading_out_of_the_source(migrated, caps
         code = main(["verify", str(src), str(edited), "--no-progress"])
         err = capsys.readouterr().err.strip().splitlines()
         assert (code, len(err)) == (13, 1) and url in err[0] and "damaged" not in err[0], err
+    (path.parent / "nothing").mkdir()  # a SRC that is no draft hierarchy is said to be that first (exit 7)
+    with pytest.raises(StoreNotFoundError, match="no draft-era hierarchy here"):
+        verify(str(path.parent / "nothing"), str(edited))
 
 
 def test_a_source_file_replaced_by_a_fifo_is_refused_not_waited_on(migrated):
