@@ -68,6 +68,7 @@ __all__ = [
     "portability_problems",
     "portable_target",
     "v3_chunk_key",
+    "v3_chunk_key_head",
     "same_json",
     "document_difference",
 ]
@@ -759,9 +760,16 @@ def is_portable(meta: DraftArrayMeta) -> bool:
 
 def v3_chunk_key(coords: tuple[int, ...], separator: str) -> str:
     """Default v3 chunk key: ``c/1/0`` or ``c.1.0``; a 0-d array's only chunk is ``c``."""
+    return f"{v3_chunk_key_head(separator)}{separator.join(map(str, coords))}" if coords else "c"  # (no list built)
+
+
+def v3_chunk_key_head(separator: str) -> str:
+    """What every default v3 chunk key of coordinates (not a 0-d array's ``c``) starts
+    with: :func:`v3_chunk_key` is this followed by the coordinates joined by ``separator``
+    (for a caller that spells many keys of one array without a call each)."""
     if separator not in ("/", "."):
         raise UsageError(f"chunk key separator must be '/' or '.', got {separator!r}")
-    return f"c{separator}{separator.join(map(str, coords))}" if coords else "c"  # (one a shard: no list built)
+    return f"c{separator}"
 
 
 # --------------------------------------------------------------------------- comparing documents

@@ -43,6 +43,8 @@ import stat
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import is_not
 from typing import Any, NamedTuple
 
 from ..errors import ShardCorruptError, SourceChangedError, StoreNotFoundError, UsageError
@@ -135,12 +137,34 @@ class SourceObjects:
         return Now(url, ref.object_size, etag=ref.etag)
 
     def _real_dir(self, directory: str) -> str:
+        """``os.path.realpath`` of the store's ``directory`` (cached). Below a resolved parent,
+        a name (not ``.`` or ``..``) that is no link resolves to itself (``realpath`` takes
+        a component that is no link as it is, and one it cannot ``lstat`` too): one
+        ``lstat`` instead of one for every component from ``/``; a link, ``realpath``."""
         real = self._dirs.get(directory)
         if real is None:
+            parent, _, name = directory.rpartition("/")
+            if directory and name not in ("", ".", ".."):
+                real = f"{self._real_dir(parent).rstrip('/')}/{name}"
+                try:
+                    link = stat.S_ISLNK(os.lstat(real).st_mode)
+                except OSError:
+                    link = False
+                if link:
+                    real = os.path.realpath(real)
+            else:
+                real = os.path.realpath(os.path.join(self.root, directory))
             if len(self._dirs) >= MAX_DIRS:
                 self._dirs.clear()
-            real = self._dirs[directory] = os.path.realpath(os.path.join(self.root, directory))
+            self._dirs[directory] = real
         return real
+
+    def plain_dir(self, directory: str) -> str | None:
+        """``<resolved directory>/`` of the store's ``directory`` where it lies inside the
+        store (every object named there, if no link, is ``file://`` and this and its name:
+        what :meth:`now` finds for it), else None."""
+        real = (self._dirs.get(directory) or self._real_dir(directory)) + "/"
+        return real if real.startswith(self.inside) else None
 
     def _local(self, key: str, listed: int | None = None) -> Now:
         """``listed`` is not needed locally (the ``lstat`` tells the size now)."""
@@ -201,14 +225,14 @@ class ReferenceFileBack:
         doc = read_reference_file(path, storage_options)
         if doc is None:
             raise StoreNotFoundError(f"{path}: no such reference file", key=path)
+        refs: dict[str, Any] = doc["refs"]  # the parse's own: its documents taken out, the references stay
         docs: dict[str, bytes] = {}
-        refs: dict[str, Any] = {}
-        for key, value in doc["refs"].items():
-            data = None if type(value) is list else document_bytes(value)  # a reference (most): no call
-            if data is None:
-                refs[key] = value
-            else:
+        # the keys of values that are no list (documents, few), found in C: no Python step a reference
+        for key in list(compress(refs, map(is_not, map(type, refs.values()), repeat(list)))):
+            data = document_bytes(refs[key])
+            if data is not None:
                 docs[key] = data
+                del refs[key]
         return cls(path, as_inner(docs), refs, recorded_objects(doc, path))
 
     def check(self, job: ArrayJob, entries: list[Entry], src: Inner, problem: Problem) -> tuple[int, int]:
@@ -234,6 +258,64 @@ class ReferenceFileBack:
             else:
                 good, nbytes = good + 1, nbytes + (size or 0)
         return good, nbytes
+
+    def check_local(self, job: ArrayJob, units: Iterable[Unit], objects: SourceObjects, src: Inner,
+                    problem: Problem) -> Iterator[tuple[int, int]]:
+        """:func:`check_references` of a local source: per :data:`BATCH` units ``(target
+        objects, bytes of the references found right)``.
+
+        The usual unit, a shard of one source object that is a regular file (no link) in a
+        directory resolving inside the store, is accepted here in one pass: its URL is
+        ``file://``, the resolved directory and its name (what :meth:`SourceObjects.now`
+        finds for a file that is no link), its state the same one ``lstat``, and it is
+        right exactly when :meth:`check`'s quick acceptance holds: the reference is
+        ``[that URL, 0, its size]`` (ints) and the file records the object as ``(its size,
+        no ETag, its st_mtime_ns)``. The same facts, compared the same way, without an
+        :class:`Entry` and :class:`Now` built a shard. Every other unit (a link, not a
+        regular file, gone, outside the store, unsharded, or a reference or record not
+        right) is an :class:`Entry` checked by :meth:`check`, which says what is wrong."""
+        pop, refs, recorded, now, key = self.refs.pop, self.refs, self.objects.get, objects.now_of, job.dst_key
+        lstat, regular, kind = os.lstat, stat.S_IFREG, stat.S_IFMT
+        head, separator = job.dst_key_head, job.separator
+        directory, base = None, None  # the last source directory and its plain_dir
+        count = nbytes = 0
+        slow: list[Entry] = []
+        for unit in units:
+            sources, target = unit[0], unit[1]
+            if target is None:
+                slow += [Entry(key(s[0]), s[1], now(s[1], s[2]), False) for s in sources]
+                count += len(sources)
+            else:
+                count += 1
+                _, src_key, listed = sources[0]
+                at, _, name = src_key.rpartition("/")
+                if at != directory:
+                    directory, base = at, objects.plain_dir(at)
+                dst = head + separator.join(map(str, target)) if head is not None and target else key(target)
+                if base is not None:
+                    try:
+                        st = lstat(base + name)
+                    except OSError:
+                        st = None
+                    if st is not None and kind(st.st_mode) == regular:
+                        size, url, ref = st.st_size, f"file://{base}{name}", pop(dst, None)
+                        if (type(ref) is list and ref == [url, 0, size] and type(ref[1]) is int
+                                and type(ref[2]) is int and recorded(url) == (size, None, st.st_mtime_ns)):
+                            nbytes += size
+                            continue
+                        if ref is not None:
+                            refs[dst] = ref  # back, for check to diagnose
+                slow.append(tuple.__new__(Entry, (dst, src_key, now(src_key, listed), True)))
+            if count >= BATCH:
+                if slow:
+                    nbytes += self.check(job, slow, src, problem)[1]
+                    slow = []
+                yield count, nbytes
+                count = nbytes = 0
+        if slow:
+            nbytes += self.check(job, slow, src, problem)[1]
+        if count:
+            yield count, nbytes
 
     def _wrong(self, ref: Any, now: Now) -> str | None:
         """What is wrong with ``ref`` (None: it names ``now``'s object whole, as recorded)."""
@@ -452,6 +534,9 @@ def check_references(back: Back, job: ArrayJob, units: Iterable[Unit], objects: 
     objects, bytes of the references found right)`` (for the progress bar and the report)."""
     if isinstance(back, IcechunkBack):
         back.present = set(back.inner.chunk_keys(job.path))
+    elif objects.kind == "file":
+        yield from back.check_local(job, units, objects, src, problem)
+        return
     for batch in _entries(job, units, objects):
         _, nbytes = back.check(job, batch, src, problem)
         yield len(batch), nbytes

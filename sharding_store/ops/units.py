@@ -62,6 +62,7 @@ from ..formats.v3_documents import (
     portable_target,
     v3_array_document,
     v3_chunk_key,
+    v3_chunk_key_head,
 )
 from ..formats.v3_layout import KeyEncoding, V3ArrayMeta, decided, final_document
 from ..stores import ChunkRef, Inner, Tail
@@ -208,6 +209,15 @@ class ArrayJob:
         if self.dst_encoding == "default":
             return self.dst_prefix + v3_chunk_key(coords, self.separator)
         return self.dst_prefix + format_key_suffix(coords, self.dst_encoding, self.separator)
+
+    @cached_property
+    def dst_key_head(self) -> str | None:
+        """What :meth:`dst_key` of non-empty coordinates is followed by the coordinates
+        joined by :attr:`separator` (None: keys spelled in the source's own encoding);
+        computed once, for a caller spelling one key a shard."""
+        if self.dst_encoding != "default":
+            return None
+        return self.dst_prefix + v3_chunk_key_head(self.separator)
 
     def is_dst_key(self, rest: str) -> bool:
         """Whether ``rest`` (a key relative to :attr:`dst_prefix`) spells a target chunk or shard."""
@@ -437,7 +447,7 @@ class UnitLog:
         self._file = tempfile.TemporaryFile()
         self._spans: dict[str, tuple[int, int]] = {}
         self._start = 0
-        self._batch: list[tuple[Any, ...]] = []  # plain tuples (:meth:`add`)
+        self._batch: list[Unit] = []  # as planned, until written (:meth:`_flush`)
 
     def begin(self, path: str) -> None:
         """The units of the array at ``path`` follow."""
@@ -446,12 +456,9 @@ class UnitLog:
         self._start = self._file.tell()
 
     def add(self, unit: Unit) -> None:
-        """Log ``unit``, as plain tuples: pickle writes a named tuple through a Python-level
-        ``__getnewargs__`` call per object (half the log's cost), a plain one in C."""
+        """Log ``unit`` (held until its batch is written: one list append a unit)."""
         batch = self._batch
-        sources = unit[0]
-        plain = (tuple(sources[0]),) if len(sources) == 1 else tuple([tuple(s) for s in sources])
-        batch.append((plain, unit[1], unit[2], unit[3]))
+        batch.append(unit)
         if len(batch) >= LOG_BATCH:
             self._flush()
 
@@ -465,7 +472,7 @@ class UnitLog:
             import pickle
 
             self._file.seek(0, 2)
-            pickle.dump(self._batch, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(_log_columns(self._batch), self._file, protocol=pickle.HIGHEST_PROTOCOL)
             self._batch = []
 
     def units(self, path: str) -> Iterator[Unit] | None:
@@ -482,12 +489,32 @@ class UnitLog:
             self._file.seek(start)
             batch = pickle.load(self._file)  # noqa: S301 - this process's own file, unlinked: no one else writes it
             start = self._file.tell()
-            for sources, target, dst_size, dst_sizes in batch:  # named tuples again, without their Python __new__
-                yield new(Unit, ((new(Source, sources[0]),) if len(sources) == 1
-                                 else tuple([new(Source, s) for s in sources]), target, dst_size, dst_sizes))
+            if batch[0]:  # columns: the named tuples made again by map and zip (C), none by a Python step
+                _, sources, targets, dst_size, dst_sizes = batch
+                yield from map(new, itertools.repeat(Unit), zip(zip(map(new, itertools.repeat(Source), sources)),
+                                                                targets, dst_size, dst_sizes))
+                continue
+            for sources, target, size, sizes in batch[1]:  # named tuples again, without their Python __new__
+                yield new(Unit, (tuple([new(Source, s) for s in sources]), target, size, sizes))
 
     def close(self) -> None:
         self._file.close()
+
+
+def _log_columns(units: list[Unit]) -> tuple[Any, ...]:
+    """A batch of :class:`UnitLog` as pickle takes it cheaply: plain tuples (pickle writes a
+    named tuple through a Python-level ``__getnewargs__`` call per object). Units of one
+    source each (a shard of one source object: the usual) as ``(True, sources, targets,
+    dst sizes, dst sizes per source)``, columns taken apart by ``map`` (C) with no Python
+    step a unit; any other batch ``(False, rows)``, one plain row a unit."""
+    from operator import itemgetter
+
+    first = itemgetter(0)
+    every = list(map(first, units))
+    if set(map(len, every)) == {1}:
+        return (True, list(map(tuple, map(first, every))), list(map(itemgetter(1), units)),
+                list(map(itemgetter(2), units)), list(map(itemgetter(3), units)))
+    return (False, [(tuple([tuple(s) for s in u[0]]), u[1], u[2], u[3]) for u in units])
 
 
 class Present:

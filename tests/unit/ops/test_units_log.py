@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+
 from sharding_store.ops.jobs import Source
 from sharding_store.ops.units import LOG_BATCH, Unit, UnitLog
 
@@ -20,8 +22,25 @@ def _units(n: int) -> list[Unit]:
     return out
 
 
-def test_the_log_gives_back_the_units_it_took_as_named_tuples():
-    units = _units(2 * LOG_BATCH + 5)
+def _shards(n: int) -> list[Unit]:
+    """Units of one source object each (a shard of a sharded array: the usual)."""
+    return [Unit((Source((i, 1), f"data/root/a/c{i}/1", 100 + i),), (i, 1), 5 if i % 2 else None,
+                 (None,) if i % 5 == 0 else None) for i in range(n)]
+
+
+def _plain_only(value: object) -> bool:
+    """Whether ``value`` holds no tuple but plain ones (no named tuple), at any depth."""
+    if isinstance(value, tuple):
+        return type(value) is tuple and all(map(_plain_only, value))
+    if isinstance(value, list):
+        return all(map(_plain_only, value))
+    return True
+
+
+@pytest.mark.parametrize("make", [_units, _shards, lambda n: _shards(n // 2) + _units(n - n // 2)],
+                         ids=["mixed", "one-source-each", "batches-of-both-kinds"])
+def test_the_log_gives_back_the_units_it_took_as_named_tuples(make):
+    units = make(2 * LOG_BATCH + 5)
     log = UnitLog()
     log.begin("a")
     for unit in units:
@@ -40,18 +59,20 @@ def test_the_log_gives_back_the_units_it_took_as_named_tuples():
         log.close()
 
 
-def test_the_log_pickles_plain_tuples():
+@pytest.mark.parametrize("make", [_units, _shards], ids=["rows", "columns"])
+def test_the_log_pickles_plain_tuples(make):
     """A named tuple is pickled through a Python-level call per object (its
-    ``__getnewargs__``): half the log's cost. The file holds plain tuples only."""
+    ``__getnewargs__``): half the log's cost. The file holds plain tuples only, a batch of
+    one-source units as columns (taken apart without a Python step a unit)."""
     log = UnitLog()
     log.begin("a")
-    for unit in _units(10):
+    for unit in make(10):
         log.add(unit)
     log.end("a")
     try:
         log._file.seek(0)
         batch = pickle.load(log._file)  # noqa: S301 - the test's own file
-        assert len(batch) == 10
-        assert all(type(u) is tuple and all(type(s) is tuple for s in u[0]) for u in batch), batch[:2]
+        assert _plain_only(batch), batch
+        assert batch[0] is (make is _shards) and len(batch[1]) == 10
     finally:
         log.close()
