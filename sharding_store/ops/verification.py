@@ -502,6 +502,17 @@ def verify(
     :class:`MigrationError` when the source has an unfinished in-place reshard.
     """
     options, run, stores = legacy_options("verify", options or VerifyOptions(), legacy, run, stores)
+    if not options.references_only:
+        return _verify(src, dst, options, run, stores, listed)
+    from .reference_check import collections_paused
+
+    with collections_paused():
+        return _verify(src, dst, options, run, stores, listed)
+
+
+def _verify(src: Any, dst: Any, options: VerifyOptions, run: RunOptions, stores: StoreOptions,
+            listed: UnitLog | None) -> VerifyReport:
+    """:func:`verify`, its options made."""
     started = time.perf_counter()
     src_ref, dst_ref = StoreRef.of(src, stores.src), StoreRef.of(dst, stores.dst)
     src_inner = src_ref.open()

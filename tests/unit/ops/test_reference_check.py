@@ -109,6 +109,100 @@ def test_a_hand_edited_reference_is_one_problem_naming_its_key(big, tmp_path, ed
         assert len(problems) == 1, problems
 
 
+def _url(d: dict, key: str) -> str:
+    return d["refs"][key][0]
+
+
+@pytest.mark.parametrize("edit, key, words", [
+    (lambda d: d["refs"]["big/c/1/0"].__setitem__(2, d["refs"]["big/c/1/0"][2] + 8), "big/c/1/0",
+     "not the whole object"),
+    (lambda d: d["refs"]["big/c/2/0"].__setitem__(1, 8), "big/c/2/0", "names bytes [8, "),
+    (lambda d: d["sharding-store"]["objects"][_url(d, "big/c/3/0")].__setitem__(
+        "modified_ns", d["sharding-store"]["objects"][_url(d, "big/c/3/0")]["modified_ns"] + 1), "big/c/3/0",
+     "modified since (st_mtime_ns"),
+    (lambda d: d["sharding-store"]["objects"][_url(d, "big/c/4/0")].__setitem__(
+        "size", d["sharding-store"]["objects"][_url(d, "big/c/4/0")]["size"] + 1), "big/c/4/0", "bytes, was "),
+    (lambda d: d["sharding-store"]["objects"][_url(d, "big/c/5/0")].pop("modified_ns"), "big/c/5/0", None),
+    (lambda d: d["sharding-store"]["objects"][_url(d, "big/c/6/0")].__setitem__("etag", None), "big/c/6/0", None),
+], ids=["past-its-end", "offset-past-its-end", "recorded-mtime", "recorded-size", "no-mtime-recorded",
+        "etag-null"])
+def test_a_reference_outside_its_object_or_a_wrong_record_is_one_problem(big, tmp_path, edit, key, words):
+    """A reference reaching past its object's end, and a record of the object (the guard a
+    reader checks) that is not the object as it is: each one problem naming its key. A
+    record without ``modified_ns`` (nothing to compare) or with ``"etag": null`` is what
+    it was before the quick acceptance: no problem."""
+    out = tmp_path / "out.json"
+    migrate(str(big), str(out), MigrateOptions(verify=False), progress=False)
+    _edit(out, edit)
+    problems = _problems(big, out)
+    if words is None:
+        assert problems == {}, problems
+    else:
+        assert list(problems) == [key] and words in problems[key], problems
+
+
+def test_the_check_after_a_migration_reads_the_written_file_back(big, tmp_path, monkeypatch):
+    """What the migration wrote, not what it meant to write: a reference changed in the file
+    after its commit (as a writer's bug would leave it) fails the migration's own check."""
+    from sharding_store.errors import VerificationError
+    from sharding_store.stores import references
+
+    real = references.ReferenceFileSink.commit
+
+    def commit_then_damage(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        name = real(self, *args, **kwargs)
+        _edit(Path(self.path), lambda d: d["refs"]["big/c/6/0"].__setitem__(1, 1))
+        return name
+
+    monkeypatch.setattr(references.ReferenceFileSink, "commit", commit_then_damage)
+    with pytest.raises(VerificationError) as raised:
+        migrate(str(big), str(tmp_path / "out.json"), progress=False)
+    assert raised.value.key == "big/c/6/0" and "names bytes [1, " in str(raised.value)
+
+
+def test_a_source_shard_reached_through_links_inside_the_store_checks(big, tmp_path):
+    """A shard that is a link to a file inside the store, and a directory that is a link
+    inside it: the reference names the resolved file (as a reader resolves it), and the
+    check, which takes those the long way, finds every reference right; a link made after
+    the migration to another file of the same store is a problem."""
+    import shutil
+
+    spare = big / "spare"
+    spare.mkdir()
+    shutil.move(_shard(big, 1), spare / "one")
+    _shard(big, 1).symlink_to(spare / "one")
+    shutil.move(big / "data/root/big/c2", spare / "c2")
+    (big / "data/root/big/c2").symlink_to(spare / "c2")
+    out = tmp_path / "out.json"
+    report = migrate(str(big), str(out), progress=False)
+    assert report.verification.ok and report.verification.check.objects == SHARDS
+    refs = json.loads(out.read_bytes())["refs"]
+    assert refs["big/c/1/0"][0] == f"file://{os.path.realpath(spare / 'one')}"
+    assert refs["big/c/2/0"][0] == f"file://{os.path.realpath(spare / 'c2' / '0')}"
+    _shard(big, 1).unlink()
+    _shard(big, 1).symlink_to(_shard(big, 3))
+    problems = _problems(big, out)
+    assert list(problems) == ["big/c/1/0"] and "names file://" in problems["big/c/1/0"], problems
+
+
+def test_the_check_leaves_the_garbage_collector_as_it_found_it(big, tmp_path):
+    import gc
+
+    out = tmp_path / "out.json"
+    migrate(str(big), str(out), MigrateOptions(verify=False), progress=False)
+    assert gc.isenabled()
+    assert _problems(big, out) == {} and gc.isenabled()
+    gc.disable()
+    try:
+        assert _problems(big, out) == {} and not gc.isenabled()
+    finally:
+        gc.enable()
+    _edit(out, lambda d: d["refs"].pop("big/c/3/0"))
+    with pytest.raises(Exception, match="missing"):
+        verify(str(big), str(out), VerifyOptions(references_only=True), progress=False)
+    assert gc.isenabled()
+
+
 def _rewrite(shard: Path) -> None:
     shard.write_bytes(shard.read_bytes())  # the same size and bytes, a new modification time
     st = shard.stat()

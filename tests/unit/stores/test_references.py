@@ -17,6 +17,8 @@ import fsspec
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from sharding_store import SourceChangedError, migrate, open_references
 from sharding_store.errors import DestinationExistsError, ObjectChangedError, StoreNotFoundError
@@ -414,8 +416,10 @@ def test_a_damaged_reference_is_refused_by_every_reader_naming_it(migrated, caps
 
 
 @pytest.mark.parametrize("info", [{"size": -1}, {"size": 1.0}, {"size": 4, "etag": 5}, {"size": 4, "modified_ns": 1.5},
-                                  {"etag": "x"}, ["size", 4]],
-                         ids=["size-negative", "size-float", "etag-number", "mtime-float", "no-size", "a-list"])
+                                  {"etag": "x"}, ["size", 4], {"size": True}, {"size": 4, "modified_ns": False},
+                                  {"size": 4, "etag": ["e"]}, "size", {"size": None}],
+                         ids=["size-negative", "size-float", "etag-number", "mtime-float", "no-size", "a-list",
+                              "size-bool", "mtime-bool", "etag-list", "a-string", "size-null"])
 def test_a_damaged_record_is_refused_naming_its_object(info):
     """``recorded_objects`` takes the usual entry in one expression; every other one is
     refused as before, naming the object's URL."""
@@ -427,6 +431,38 @@ def test_a_damaged_record_is_refused_naming_its_object(info):
         recorded_objects(doc, "x.json")
     assert recorded_objects({REFERENCE_KEY: {"objects": {"file:///s/a": good, "u": {"size": 0, "etag": "e"}}}},
                             "x.json") == {"file:///s/a": (4, None, 7), "u": (0, "e", None)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(hs.dictionaries(hs.text(max_size=8), hs.one_of(
+    hs.dictionaries(hs.sampled_from(["size", "etag", "modified_ns", "other"]),
+                    hs.one_of(hs.none(), hs.booleans(), hs.integers(-3, 2**70), hs.floats(allow_nan=False),
+                              hs.text(max_size=3)), max_size=4),
+    hs.integers(), hs.text(max_size=3), hs.lists(hs.integers(), max_size=2)), max_size=6))
+def test_recorded_objects_in_c_passes_are_the_loops(objects):
+    """The quick reading of an ``objects`` block (C passes over all of it) gives what the
+    entry-by-entry loop gives, and refuses (by leaving it to the loop) what the loop refuses."""
+    from sharding_store.stores import references
+
+    def loop_only(doc: dict) -> object:
+        real = references._usual_objects
+        references._usual_objects = lambda objects: None
+        try:
+            return references.recorded_objects(doc, "x.json")
+        except StoreNotFoundError as e:
+            return str(e)
+        finally:
+            references._usual_objects = real
+
+    doc = {REFERENCE_KEY: {"objects": objects}}
+    try:
+        got: object = references.recorded_objects(doc, "x.json")
+    except StoreNotFoundError as e:
+        got = str(e)
+    want = loop_only(doc)
+    assert got == want and type(got) is type(want)
+    if isinstance(got, dict):
+        assert all(type(a) is type(b) for u in got for a, b in zip(got[u], want[u]))
 
 
 def test_verify_never_reads_a_reference_leading_out_of_the_source(migrated, capsys):
