@@ -64,7 +64,7 @@ from ..stores.references import (
 from .destination import extra_node_key, open_destination, read_record, resolve_target
 from .jobs import StoreRef
 from .options import StoreOptions
-from .units import ArrayJob, ArrayPlan, Unit
+from .units import ArrayJob, ArrayPlan, Unit, UnitRow
 
 __all__ = ["IcechunkBack", "ReferenceFileBack", "SourceObjects", "check_references", "collections_paused", "read_back"]
 
@@ -281,7 +281,7 @@ class ReferenceFileBack:
                 good, nbytes = good + 1, nbytes + (size or 0)
         return good, nbytes
 
-    def check_local(self, job: ArrayJob, units: Iterable[Unit], objects: SourceObjects, src: Inner,
+    def check_local(self, job: ArrayJob, units: Iterable[Unit | UnitRow], objects: SourceObjects, src: Inner,
                     problem: Problem) -> Iterator[tuple[int, int]]:
         """:func:`check_references` of a local source: per :data:`BATCH` units ``(target
         objects, bytes of the references found right)``.
@@ -531,17 +531,18 @@ def read_back(dst: Any, stores: StoreOptions, src: Inner) -> Back:
                      key=str(name))
 
 
-def _entries(job: ArrayJob, units: Iterable[Unit], objects: SourceObjects) -> Iterator[list[Entry]]:
+def _entries(job: ArrayJob, units: Iterable[Unit | UnitRow], objects: SourceObjects) -> Iterator[list[Entry]]:
     """The units' target keys with their source objects now, :data:`BATCH` units at a time."""
     batch: list[Entry] = []
     n = 0
     now, key, new = objects.now_of, job.dst_key, tuple.__new__
     for unit in units:
-        if unit.target is not None:
-            _, src_key, listed = unit.sources[0]
-            batch.append(new(Entry, (key(unit.target), src_key, now(src_key, listed), True)))  # Entry(...), cheaper
+        sources, target = unit[0], unit[1]  # by index: a Unit, or a plain row of the unit log
+        if target is not None:
+            _, src_key, listed = sources[0]
+            batch.append(new(Entry, (key(target), src_key, now(src_key, listed), True)))  # Entry(...), cheaper
         else:
-            batch += [Entry(key(s.coords), s.key, now(s.key, s.size), False) for s in unit.sources]
+            batch += [Entry(key(s[0]), s[1], now(s[1], s[2]), False) for s in sources]
         n += 1
         if n == BATCH:
             yield batch
@@ -550,7 +551,7 @@ def _entries(job: ArrayJob, units: Iterable[Unit], objects: SourceObjects) -> It
         yield batch
 
 
-def check_references(back: Back, job: ArrayJob, units: Iterable[Unit], objects: SourceObjects, src: Inner,
+def check_references(back: Back, job: ArrayJob, units: Iterable[Unit | UnitRow], objects: SourceObjects, src: Inner,
                      problem: Problem) -> Iterator[tuple[int, int]]:
     """One array's references checked, a batch of units at a time: per batch ``(target
     objects, bytes of the references found right)`` (for the progress bar and the report)."""

@@ -437,9 +437,15 @@ class UnitLog:
     """The units a migration planned, array by array, for the reference check that follows
     a virtual migration: it takes them instead of listing the source a second time
     (:func:`~sharding_store.ops.verification.verify`'s ``listed``). Kept in an unlinked
-    temporary file, :data:`LOG_BATCH` units pickled at a time, so memory stays flat in their
+    temporary file, :data:`LOG_BATCH` units at a time, so memory stays flat in their
     number; only this process writes and reads it. An array is there once its listing ran
-    out (:meth:`end`): every unit of it, those of a damaged array too."""
+    out (:meth:`end`): every unit of it, those of a damaged array too.
+
+    A batch is written with ``marshal`` (built in: no module to import, no memo of every
+    object as pickle keeps; this process's own file, read back by the same interpreter),
+    as plain tuples, lists, strings and numbers (:func:`_log_columns`); one holding
+    anything else (marshal refuses it) with ``pickle``. Each is a tag byte and its length
+    before it: ``marshal.load`` of a file reads it a few bytes a call."""
 
     def __init__(self) -> None:
         import tempfile
@@ -469,36 +475,52 @@ class UnitLog:
 
     def _flush(self) -> None:
         if self._batch:
-            import pickle
+            import marshal
 
+            batch = _log_columns(self._batch)
+            try:
+                tag, data = b"m", marshal.dumps(batch, 4)
+            except ValueError:  # a value of another type (marshal takes built-in types only)
+                import pickle
+
+                tag, data = b"p", pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
             self._file.seek(0, 2)
-            pickle.dump(_log_columns(self._batch), self._file, protocol=pickle.HIGHEST_PROTOCOL)
+            self._file.write(tag + len(data).to_bytes(8, "little") + data)
             self._batch = []
 
-    def units(self, path: str) -> Iterator[Unit] | None:
-        """The units of the array at ``path``, in the order planned; None when it was not
+    def units(self, path: str) -> Iterator[UnitRow] | None:
+        """The units of the array at ``path``, in the order planned, as plain tuples shaped
+        as :class:`Unit` and its :class:`Source` (read them by index); None when it was not
         listed whole here."""
         span = self._spans.get(path)
         return None if span is None else self._read(*span)
 
-    def _read(self, start: int, end: int) -> Iterator[Unit]:
-        import pickle
+    def _read(self, start: int, end: int) -> Iterator[UnitRow]:
+        import marshal
 
-        new = tuple.__new__
         while start < end:
             self._file.seek(start)
-            batch = pickle.load(self._file)  # noqa: S301 - this process's own file, unlinked: no one else writes it
+            head = self._file.read(9)
+            data = self._file.read(int.from_bytes(head[1:], "little"))
             start = self._file.tell()
-            if batch[0]:  # columns: the named tuples made again by map and zip (C), none by a Python step
-                _, sources, targets, dst_size, dst_sizes = batch
-                yield from map(new, itertools.repeat(Unit), zip(zip(map(new, itertools.repeat(Source), sources)),
-                                                                targets, dst_size, dst_sizes))
-                continue
-            for sources, target, size, sizes in batch[1]:  # named tuples again, without their Python __new__
-                yield new(Unit, (tuple([new(Source, s) for s in sources]), target, size, sizes))
+            if head[:1] == b"m":
+                batch = marshal.loads(data)
+            else:
+                import pickle
+
+                batch = pickle.loads(data)  # noqa: S301 - this process's own file, unlinked: no one else writes it
+            if batch[0]:  # columns zipped again (a tuple a unit, which zip reuses once its reader let go)
+                yield from zip(zip(batch[1]), *batch[2:])
+            else:
+                yield from batch[1]
 
     def close(self) -> None:
         self._file.close()
+
+
+#: a :class:`Unit` as :class:`UnitLog` gives it back: a plain tuple of the same fields (its
+#: sources plain ``(coords, key, size)`` tuples), read by index
+UnitRow = tuple[Any, ...]
 
 
 def _log_columns(units: list[Unit]) -> tuple[Any, ...]:
