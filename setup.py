@@ -2,7 +2,8 @@
 
 ``sharding_store/codec/_loops.c`` is a plain shared library (no Python API) that
 ``sharding_store/codec/_native.py`` loads with ctypes: it decodes a whole shard's chunks in one
-call, so the GIL is released once per shard. It is optional: without a C compiler the
+call, so the GIL is released once per shard, and reads a local store's index tails of a
+run of shards in one call (a virtual migration). It is optional: without a C compiler the
 build goes on without it and reads take the per-chunk path (same bytes, slower on many
 small chunks).
 

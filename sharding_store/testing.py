@@ -87,7 +87,15 @@ class CountingInner:
         return out
 
     def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
-        out = self.inner.get_tails(requests)
+        return self._counted_tails(self.inner.get_tails, requests)
+
+    def tails_to_refer(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        """Counted as :meth:`get_tails` (the same reads; a local store's ``lstat`` with them)."""
+        return self._counted_tails(self.inner.tails_to_refer, requests)
+
+    def _counted_tails(self, read: Callable[[Sequence[tuple[str, int]]], list[Tail | None]],
+                       requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        out = read(requests)
         self._count("get_ranges", [(k, -n, None) for k, n in requests],
                     sum(len(t[0]) for t in out if t is not None), ranges=len(requests))
         return out

@@ -17,6 +17,9 @@
  * failed[i] is set to 1 for a chunk not decoded (the caller's reference path then decides
  * and names the error), 0 otherwise; the return value counts the failures.
  *
+ * ss_read_tails (POSIX, at the end) reads the index tails of a run of files in one directory for
+ * a virtual migration: open, fstat, pread, close and the reference path's lstat per file.
+ *
  * Built by setup.py as an optional extension (a plain shared library, no module init);
  * without it, _native.loops() is None and the per-chunk ctypes path is used.
  */
@@ -32,7 +35,7 @@
 #endif
 
 /* the interface generation; _native.py refuses a library that reports another */
-#define SS_LOOPS_ABI 2
+#define SS_LOOPS_ABI 3
 
 typedef int (*blosc_decompress_ctx_t)(const void *src, void *dest, size_t destsize, int nthreads);
 typedef unsigned long long (*zstd_content_size_t)(const void *src, size_t size);
@@ -266,3 +269,94 @@ SS_EXPORT int64_t ss_shard_scatter(int64_t codec, void *const *fns, void *dctx, 
     }
     return 0;
 }
+
+/* --------------------------------------------------------------------------------------------
+ * The tails of a run of files in one directory (stores/local.py's get_tails, batched).
+ */
+#if !defined(_WIN32)
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(__APPLE__)
+#define st_mtim st_mtimespec
+#endif
+#ifndef O_NOFOLLOW
+#define O_NOFOLLOW 0
+#endif
+#ifndef O_CLOEXEC
+#define O_CLOEXEC 0
+#endif
+
+/* what meta[SS_META * i] holds for a file the caller must read its own way */
+#define SS_TAIL_OTHER UINT64_MAX
+#define SS_META 6
+
+static int64_t mtime_ns(const struct stat *st) {
+    return (int64_t)st->st_mtim.tv_sec * 1000000000 + (int64_t)st->st_mtim.tv_nsec;
+}
+
+/*
+ * For each of the `n` NUL-terminated names back to back at `names`, in the directory open as
+ * `dir_fd`: openat(O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC), fstat, pread of its last
+ * min(size, tail_nbytes) bytes into tails + i * tail_nbytes, close -- what LocalInner._tails
+ * does per key. meta[6 i .. 6 i + 5] = (bytes read, size, st_dev, st_ino, st_mtime_ns,
+ * vouched). Anything unusual leaves meta[6 i] = SS_TAIL_OTHER for the caller's own path to
+ * decide and name: the open fails (missing, a link, no permission), not a regular file (a
+ * FIFO, a directory), a read fails or comes short, an mtime before 1970.
+ *
+ * `real_dir` (may be NULL): the directory's resolved path. Then each file read is also
+ * lstat'ed at real_dir/name, the path a reference names: vouched = 1 when that is a regular
+ * file (no link) with the descriptor's device, inode, mtime and size, else 0 (the caller's
+ * reference path then checks it its own way). Returns the number of files read.
+ */
+SS_EXPORT int64_t ss_read_tails(int dir_fd, const char *names, int64_t n, int64_t tail_nbytes,
+                                const char *real_dir, uint8_t *tails, uint64_t *meta) {
+    char path[PATH_MAX];
+    size_t dir_len = real_dir != NULL ? strlen(real_dir) : 0;
+    int64_t done = 0;
+    const char *name = names;
+    for (int64_t i = 0; i < n; i++) {
+        size_t name_len = strlen(name);
+        uint64_t *m = meta + SS_META * i;
+        m[0] = SS_TAIL_OTHER;
+        m[5] = 0;
+        int fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0) {
+            struct stat st;
+            if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 0 && mtime_ns(&st) >= 0) {
+                int64_t size = (int64_t)st.st_size;
+                int64_t want = size < tail_nbytes ? size : tail_nbytes, got = 0;
+                uint8_t *dst = tails + i * tail_nbytes;
+                while (got < want) {
+                    ssize_t r = pread(fd, dst + got, (size_t)(want - got), (off_t)(size - want + got));
+                    if (r < 0 && errno == EINTR) continue;
+                    if (r <= 0) break;
+                    got += r;
+                }
+                if (got == want) {
+                    m[0] = (uint64_t)got;
+                    m[1] = (uint64_t)size;
+                    m[2] = (uint64_t)st.st_dev;
+                    m[3] = (uint64_t)st.st_ino;
+                    m[4] = (uint64_t)mtime_ns(&st);
+                    done++;
+                    struct stat at;
+                    if (real_dir != NULL && dir_len + 1 + name_len < sizeof(path)) {
+                        memcpy(path, real_dir, dir_len);
+                        path[dir_len] = '/';
+                        memcpy(path + dir_len + 1, name, name_len + 1);
+                        m[5] = lstat(path, &at) == 0 && S_ISREG(at.st_mode) && at.st_dev == st.st_dev &&
+                               at.st_ino == st.st_ino && at.st_size == st.st_size && mtime_ns(&at) == mtime_ns(&st);
+                    }
+                }
+            }
+            close(fd);
+        }
+        name += name_len + 1;
+    }
+    return done;
+}
+#endif

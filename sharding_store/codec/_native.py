@@ -26,7 +26,10 @@ is missing is decided in one place:
   decoded chunk straight to its place in the output array: ``ss_shard_scatter``) (neither
   c-blosc 1 nor libzstd has a call over many independent
   buffers; see benchmarks/profile_notes.md). Optional: without a C compiler at install
-  time it is absent and callers take the per-chunk path.
+  time it is absent and callers take the per-chunk path. The same library reads the index
+  tails of a run of files in one directory for the local store (``ss_read_tails``:
+  :func:`read_tails`; open, ``fstat``, ``pread``, close and the reference path's ``lstat`` per
+  file, the GIL released once a run), bound on its own (:func:`tail_reader`: no numcodecs).
 
 Each binding is made once, on first use (importing this module loads nothing of numcodecs),
 and checked: the library's version must be the one
@@ -67,6 +70,8 @@ __all__ = [
     "memcmp",
     "memmove",
     "pointer_table",
+    "read_tails",
+    "tail_reader",
     "rename_exchange",
     "report",
     "row_at",
@@ -179,7 +184,7 @@ def _bind_blosc() -> Library | None:
 
 
 #: the interface generation of _loops.c this module was written for (``ss_loops_abi()``)
-LOOPS_ABI = 2
+LOOPS_ABI = 3
 
 
 @dataclass(frozen=True)
@@ -320,6 +325,62 @@ def _bound() -> _Bound:
                 zstd, blosc = _try(_bind_zstd), _try(_bind_blosc)
                 bound = _BOUND = _Bound(zstd, blosc, _try(lambda: _bind_loops(zstd, blosc)))
     return bound
+
+
+class TailReader(NamedTuple):
+    """``ss_read_tails`` of our loops' library (see :func:`read_tails`)."""
+
+    path: str
+    fn: Any
+
+
+#: what ``ss_read_tails`` leaves in a file's first meta slot for the caller's own path
+TAIL_OTHER = 2**64 - 1
+#: meta slots per file: bytes read, size, st_dev, st_ino, st_mtime_ns, vouched
+TAIL_META = 6
+_TAIL_READER: list[TailReader | None] = []
+
+
+def _bind_tail_reader() -> TailReader | None:
+    path = _loops_path()
+    if path is None or os.name != "posix":
+        return None
+    lib = ctypes.CDLL(path)  # the GIL released for the run's system calls
+    lib.ss_loops_abi.restype, lib.ss_loops_abi.argtypes = ctypes.c_int, []
+    if lib.ss_loops_abi() != LOOPS_ABI:
+        return None
+    fn = lib.ss_read_tails
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.restype, fn.argtypes = i64, [ctypes.c_int, ctypes.c_char_p, i64, i64, ctypes.c_char_p, vp, vp]
+    return TailReader(path, fn)
+
+
+def tail_reader() -> TailReader | None:
+    """``ss_read_tails`` (bound on first use, without numcodecs), or None: not built, another
+    interface generation, not POSIX, or switched off (:func:`set_enabled`, :func:`using_loops`)."""
+    if not (_enabled and _loops_enabled):
+        return None
+    if not _TAIL_READER:
+        with _BIND_LOCK:
+            if not _TAIL_READER:
+                _TAIL_READER.append(_try(_bind_tail_reader))
+    return _TAIL_READER[0]
+
+
+def read_tails(reader: TailReader, dir_fd: int, names: bytes, count: int, tail_nbytes: int,
+               real_dir: bytes | None) -> tuple[bytes, Any]:
+    """The last ``min(size, tail_nbytes)`` bytes of each of ``count`` files of the directory
+    open as ``dir_fd``, named by ``names`` (NUL-terminated, back to back), opened
+    ``O_NOFOLLOW``: ``(tails, meta)``, file ``i``'s bytes at ``tails[i * tail_nbytes:]`` and
+    its :data:`TAIL_META` slots at ``meta[TAIL_META * i:]``: bytes read (:data:`TAIL_OTHER`:
+    not read, the caller's own path decides: missing, a link, no regular file, a failed or
+    short read), size, ``st_dev``, ``st_ino``, ``st_mtime_ns``, and 1 when ``lstat`` of
+    ``real_dir/name`` (given) found that very regular file, no link. See ``_loops.c``."""
+    tails = bytearray(count * tail_nbytes)
+    meta = _array("Q", bytes(8 * TAIL_META * count))
+    address = _addressof(ctypes.c_char.from_buffer(tails)) if tails else None
+    reader.fn(dir_fd, names, count, tail_nbytes, real_dir, address, meta.buffer_info()[0])
+    return bytes(tails), meta
 
 
 def loops_path() -> str | None:

@@ -1001,7 +1001,7 @@ def _prefetchable(job: ArrayJob, unit: Unit) -> bool:
 
 def refer_units(items: Sequence[tuple[Any, ...]]) -> list[tuple[bool, Any]]:
     """The units of a virtual migration (``(job, unit, attempts, delay)`` items), a batch
-    at a time in this thread: the index tails of its shards read with one ``get_tails`` per
+    at a time in this thread: the index tails of its shards read with one ``tails_to_refer`` per
     source store (retried as a unit is), each unit's reference made from its tail, then the
     references of each array put with one ``put_references`` (:func:`_put_batch`). A unit
     that fails here on a transient error runs again alone (``run_unit``, retried), so each
@@ -1067,7 +1067,7 @@ def _refer_checked(job: ArrayJob, unit: Unit, src: Inner, tail: Tail, live: int,
 
 def _batch_tails(items: Sequence[tuple[Any, ...]], stores: Mapping[int, tuple[Inner, Inner]]) -> dict[int, Any]:
     """The index tails of the batch's prefetchable units (item number -> tail), one
-    ``get_tails`` per source store, retried as a unit is; a store's read that fails leaves
+    ``tails_to_refer`` per source store (their references are taken next), retried as a unit is; a store's read that fails leaves
     its units to read (and fail) alone."""
     wanted: dict[int, tuple[Inner, list[int], list[tuple[str, int]]]] = {}  # per store: items, requests
     for i, (job, unit, _, _) in enumerate(items):
@@ -1081,7 +1081,7 @@ def _batch_tails(items: Sequence[tuple[Any, ...]], stores: Mapping[int, tuple[In
     for src, at, requests in wanted.values():
         _, _, attempts, delay = items[at[0]]
         try:
-            got = with_retries(src.get_tails, requests, attempts=attempts, base_delay=delay)
+            got = with_retries(src.tails_to_refer, requests, attempts=attempts, base_delay=delay)
         except Exception:  # noqa: BLE001 - each unit then reads (and fails) alone
             continue
         tails.update(zip(at, got))

@@ -110,6 +110,8 @@ def local_root(path: str) -> str:
 RECENT_NS = 10 * 10**9
 #: the tail of a whole-object read whose CRC a recent file's version carries (an index)
 TAIL_CHECK = 1 << 16
+#: vouched references (:meth:`LocalInner._scanned`) kept at most: more are tails nobody referred to
+VOUCHED_MAX = 1 << 12
 
 
 def _version(st: os.stat_result, tail: Any = None, floor: int | None = None) -> Version:
@@ -144,6 +146,9 @@ class LocalInner(BaseInner):
         self._real_root: str | None = None
         self._dirs = DirFds(self.root)
         self._real_dirs: dict[str, str] = {}  # directory key -> its resolved path (reference_to)
+        #: key -> (version, resolved path) of files whose tail :meth:`_scanned` read and whose
+        #: resolved path it found to be that very file (taken by :meth:`reference_to`)
+        self._vouched: dict[str, tuple[Version, str]] = {}
 
     def __repr__(self) -> str:
         return f"LocalInner({self.root!r})"
@@ -158,6 +163,7 @@ class LocalInner(BaseInner):
     def close(self) -> None:
         """Close the cached directory descriptors (opened again when needed)."""
         self._dirs.close()
+        self._vouched.clear()
 
     # ------------------------------------------------------------------ paths and links
     def _path(self, key: str) -> str:
@@ -362,8 +368,90 @@ class LocalInner(BaseInner):
     def get_tails(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
         """The last bytes of each object, one ``pread`` each, with its size and version. A run
         of keys in one cached directory holds its descriptor once (one ``openat`` a key);
-        anything else (a miss, a link, ``..``) goes :meth:`_open`'s way, which decides."""
-        return self._tails(requests)
+        anything else (a miss, a link, ``..``) goes :meth:`_open`'s way, which decides. With
+        our loops' library, each run is read by one C call (:meth:`_scanned`)."""
+        reader = _native.tail_reader()
+        if reader is None or len(requests) < 2:
+            return self._tails(requests)
+        return self._scanned(requests, reader, False)
+
+    def tails_to_refer(self, requests: Sequence[tuple[str, int]]) -> list[Tail | None]:
+        """:meth:`get_tails`, and with our loops' library the ``lstat`` of each file's resolved
+        path that :meth:`reference_to` would do next, in the same C call (see :meth:`_scanned`)."""
+        reader = _native.tail_reader()
+        if reader is None or len(requests) < 2:
+            return self._tails(requests)
+        return self._scanned(requests, reader, True)
+
+    def _scanned(self, requests: Sequence[tuple[str, int]], reader: Any, refer: bool) -> list[Tail | None]:
+        """:meth:`get_tails` a run at a time (keys in one directory, one tail length), each run
+        read by ``ss_read_tails`` (:func:`_native.read_tails`): the same ``openat(O_NOFOLLOW)``,
+        ``fstat``, ``pread``, close as :meth:`_tails` per key. ``refer``: also the ``lstat``
+        that :meth:`_reference_by_stat` would do next, right after the ``fstat``; a file whose
+        resolved path is that very file (no link, same device, inode, mtime and size) is
+        kept in ``_vouched`` for :meth:`reference_to` (its reference then names the version
+        read, checked where the index was read). A file the call did not read (missing, a
+        link, no regular file, a short read) is read by :meth:`_tails` alone, which decides
+        as without the library."""
+        out: list[Tail | None] = []
+        if len(self._vouched) > VOUCHED_MAX:
+            self._vouched.clear()  # references of tails nobody referred to (empty shards)
+        start, total = 0, len(requests)
+        while start < total:
+            key, n = requests[start]
+            directory = key.rpartition("/")[0]
+            stop = start + 1
+            while stop < total and requests[stop][1] == n and requests[stop][0].rpartition("/")[0] == directory:
+                stop += 1
+            out.extend(self._scan_run(reader, requests[start:stop], directory, n, refer))
+            start = stop
+        return out
+
+    def _scan_run(self, reader: Any, run: Sequence[tuple[str, int]], directory: str, n: int,
+                  refer: bool) -> list[Tail | None]:
+        """:meth:`_scanned`'s read of one run of keys in ``directory``, tails of ``n`` bytes."""
+        d = self._dirs.acquire(directory)
+        first: list[Tail | None] = []
+        if d is None:  # not cached yet: the first key walks to it (and caches it) as without the library
+            first, run = self._tails(run[:1]), run[1:]
+            d = self._dirs.acquire(directory) if run else None
+            if d is None:
+                return first + self._tails(run)
+        names = [k.rpartition("/")[2] for k, _ in run]
+        joined = "\0".join(names) + "\0"
+        try:
+            if n < 0 or joined.count("\0") != len(names):  # a NUL in a key: no such file, :meth:`_tails` says so
+                return first + self._tails(run)
+            top = (self._real_dirs.get(directory) or self._real_dir(directory)) if refer else None
+            real = None if top is None else os.fsencode("" if top == "/" else top)
+            tails, meta = _native.read_tails(reader, d.fd, os.fsencode(joined), len(names), n, real)
+        finally:
+            self._dirs.release(d)
+        return first + self._scan_results(run, names, tails, meta, n, top)
+
+    def _scan_results(self, run: Sequence[tuple[str, int]], names: list[str], tails: bytes, meta: Any, n: int,
+                      top: str | None) -> list[Tail | None]:
+        """The tails of one run read by ``ss_read_tails`` (see :meth:`_scan_run`)."""
+        out: list[Tail | None] = []
+        floor = time.time_ns() - RECENT_NS
+        vouched, other = self._vouched, _native.TAIL_OTHER
+        lead = "/" if top == "/" else f"{top}/"
+        for i, (key, _) in enumerate(run):
+            m = _native.TAIL_META * i
+            got = meta[m]
+            if got == other:
+                out.append(self._tails(((key, n),))[0])
+                continue
+            size, mtime = meta[m + 1], meta[m + 4]
+            data = tails[i * n : i * n + got]
+            if mtime > floor:  # recent: the tail's CRC in its version, as :func:`_version` makes it
+                version: Version = (meta[m + 2], meta[m + 3], mtime, size, got, zlib.crc32(data))
+            else:
+                version = (meta[m + 2], meta[m + 3], mtime, size)
+                if meta[m + 5]:  # its resolved path leads to this very file: no ``lstat`` again to refer to it
+                    vouched[key] = (version, lead + names[i])
+            out.append(_Tail((data, size, version)))
+        return out
 
     def _tails(
         self, requests: Sequence[tuple[str, int]], held: dict[str, tuple[int, os.stat_result]] | None = None,
@@ -1128,6 +1216,9 @@ class LocalInner(BaseInner):
         ``version``: from :meth:`get_tails`, else :class:`ObjectChangedError`. None: missing.
         Given a version, one ``lstat`` of the resolved path usually does (:meth:`_reference_by_stat`)."""
         if type(version) is tuple and len(version) == 4:
+            vouched = self._vouched.pop(key, None) if self._vouched else None
+            if vouched is not None and vouched[0] == version:  # checked as the tail was read
+                return _reference(vouched[1], offset, length, version[3], version[2])
             fast = self._reference_by_stat(key, offset, length, version)
             if fast is not None:
                 return fast
@@ -1151,7 +1242,7 @@ class LocalInner(BaseInner):
             now = None
         if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             raise ObjectChangedError(f"{key}: the file was replaced while a reference to it was taken", key=key)
-        return _reference(real, offset, length, st)
+        return _reference(real, offset, length, st.st_size, st.st_mtime_ns)
 
     def _real_dir(self, directory: str) -> str | None:
         """The resolved path of the store's ``directory`` (cached), None when it leads out of
@@ -1194,7 +1285,7 @@ class LocalInner(BaseInner):
             return None
         if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) != version:
             return None
-        return _reference(real, offset, length, st)
+        return _reference(real, offset, length, st.st_size, st.st_mtime_ns)
 
     def describe(self) -> str:
         return self.root
@@ -1204,12 +1295,12 @@ class LocalInner(BaseInner):
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _reference(real: str, offset: int, length: int, st: os.stat_result) -> ChunkRef:
-    """``ChunkRef(url, offset, length, size, modified=..., modified_ns=...)`` of the file at
-    ``real``, made without keyword parsing (one per shard of a virtual migration)."""
-    ns = st.st_mtime_ns
+def _reference(real: str, offset: int, length: int, size: int, ns: int) -> ChunkRef:
+    """``ChunkRef(url, offset, length, size, modified=..., modified_ns=ns)`` of the file at
+    ``real`` (``ns``: its ``st_mtime_ns``), made without keyword parsing (one per shard of a
+    virtual migration)."""
     modified = _EPOCH + timedelta(0, 0, ns // 1000)  # to the microsecond, truncated (floor)
-    return tuple.__new__(ChunkRef, (f"file://{real}", offset, length, st.st_size, None, modified, ns))
+    return tuple.__new__(ChunkRef, (f"file://{real}", offset, length, size, None, modified, ns))
 
 
 def _resolved(fd: int, path: str) -> str:

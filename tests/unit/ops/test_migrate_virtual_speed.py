@@ -206,8 +206,12 @@ def test_a_batch_of_indices_is_checked_at_once_and_a_bad_one_alone(monkeypatch, 
 
 def _system_calls(monkeypatch) -> dict[str, int]:
     """Calls of the ``os`` functions a local store makes per object, counted (``scandir``:
-    one per directory listed)."""
+    one per directory listed), and those our loops' tail reader makes for it (per file
+    handed to ``_native.read_tails``: one ``open``, ``fstat``, ``pread``, and an ``lstat``
+    when given the directory's resolved path)."""
     import collections
+
+    from sharding_store.codec import _native
 
     counts: dict[str, int] = collections.Counter()
     for name in ("open", "fstat", "lstat", "stat", "pread", "scandir"):
@@ -218,6 +222,14 @@ def _system_calls(monkeypatch) -> dict[str, int]:
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(os, name, counted)
+    real_tails = _native.read_tails
+
+    def read_tails(reader, dir_fd, names, count, tail_nbytes, real_dir):  # noqa: ANN001, ANN202
+        for name in ("open", "fstat", "pread") + (("lstat",) if real_dir is not None else ()):
+            counts[name] += count
+        return real_tails(reader, dir_fd, names, count, tail_nbytes, real_dir)
+
+    monkeypatch.setattr(_native, "read_tails", read_tails)
     return counts
 
 
