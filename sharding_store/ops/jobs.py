@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import itertools
 import json
 import math
@@ -39,7 +40,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Generator, Hashable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Executor, Future, ThreadPoolExecutor, wait
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -572,7 +573,28 @@ def install_fault_hook(hook: FaultHook | None) -> FaultHook | None:
     return previous
 
 
+@contextmanager
+def collections_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector held off for a block (then on again, unless the
+    caller had turned it off): a virtual migration's units and the check of its
+    destination after it. Both keep their own objects alive to the end (the reference
+    file's parse, the unit log's batches, the sink's pending references) and make no
+    reference cycles per shard (a 4096-shard migration leaves some 50 objects in cycles:
+    the JSON encoder's closures, the stores at the end), so every collection meanwhile finds
+    nothing to free and only traverses them again (~3.5k instructions a shard in the check,
+    7 %; ~7k in the migration, 5 %). What another thread leaves meanwhile is collected once
+    the block ends. Memory: what the block holds anyway."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 __all__ = [
+    "collections_paused",
     "MAX_BATCH",
     "FaultHook",
     "Group",

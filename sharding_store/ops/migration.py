@@ -79,6 +79,7 @@ from .jobs import (
     StoreRef,
     check_apart,
     check_picklable,
+    collections_paused,
     copy_words,
     damage_error,
     default_jobs,
@@ -494,9 +495,10 @@ class _Driver:
         (:func:`~sharding_store.ops.units.refer_units`: one tail read per batch), each unit's
         outcome taken as :meth:`run` takes it, the bar advanced once a batch (a reference
         unit is a few microseconds: a generator hop and an outcome object per unit cost a
-        visible share of it)."""
+        visible share of it). The garbage collector is held off meanwhile
+        (:func:`~sharding_store.ops.jobs.collections_paused`: nothing per shard to collect)."""
         items = self.items()
-        with self.bar, closing(items):  # closed: no further unit planned, on error or interruption
+        with self.bar, closing(items), collections_paused():  # closed: no further unit planned, on error or interruption
             while batch := list(itertools.islice(items, INLINE_BATCH)):
                 objects = nbytes = 0
                 for (job, unit, _, _), (ok, result) in zip(batch, refer_units(batch)):

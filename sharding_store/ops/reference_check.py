@@ -37,13 +37,11 @@ chunk payload is read from the source.
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import stat
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import is_not
@@ -62,7 +60,7 @@ from ..stores.references import (
     unrecorded,
 )
 from .destination import extra_node_key, open_destination, read_record, resolve_target
-from .jobs import StoreRef
+from .jobs import StoreRef, collections_paused
 from .options import StoreOptions
 from .units import ArrayJob, ArrayPlan, Unit, UnitRow
 
@@ -187,24 +185,6 @@ class SourceObjects:
             return Now(f"file://{path}", None, why="no longer a regular file")
         # Now(url, size, modified_ns=...) without its Python-level __new__ (one a source object)
         return tuple.__new__(Now, (f"file://{path}", st.st_size, None, st.st_mtime_ns, ""))
-
-
-@contextmanager
-def collections_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector held off while a virtual destination is read back
-    and checked (then on again, unless the caller had turned it off). The parse of a
-    reference file leaves a list and a dict a reference alive until the check ends, and the
-    unit log's batches come in a thousand tuples at a time: every collection meanwhile
-    finds nothing to free and only traverses them again (~3.5k instructions a shard at 4096
-    shards, 7 % of the check). The check makes no reference cycles of its own; what another
-    thread leaves meanwhile is collected once it ends. Memory: what the check holds anyway."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def holds_chunks(job: ArrayJob, src: Inner, key: str) -> bool:
