@@ -439,7 +439,8 @@ class ReferenceFileSink(BaseInner):
     holds that file's content (a migration then finds DST not empty; ``--overwrite``
     empties this, and the commit replaces the file). ``read_only``: for verify and readers
     (no commit). ``within``: the URL prefix of the source's objects (verify): a reference
-    to anything else is refused when the file is opened, and before it is read (:meth:`Guard.read`)."""
+    to anything else is refused when the file is opened, and before it is read (:meth:`Guard.read`);
+    the temporary table is never put inside the source's tree (a file kept there)."""
 
     def __init__(self, path: str, storage_options: Mapping[str, Any] | None = None, *, read_only: bool = False,
                  source: str = "", source_options: Mapping[str, Any] | None = None, within: str | None = None) -> None:
@@ -455,7 +456,11 @@ class ReferenceFileSink(BaseInner):
         self.source_options = dict(source_options if source_options is not None else self.storage_options)
         self._lock = threading.Lock()
         where = self.parent.location()
-        self._table = _Front(where.path if where.kind == "file" and os.path.isdir(where.path) else None)
+        beside = where.path if where.kind == "file" and os.path.isdir(where.path) else None
+        root = within[len("file://"):] if within is not None and within.startswith("file://") else None
+        if beside is not None and root is not None and (beside.rstrip("/") + "/").startswith(root):
+            beside = None  # verify of a file kept inside its source: no file of ours there, not even for a moment
+        self._table = _Front(beside)
         #: referenced URLs the file records nothing of (each read of them is refused)
         self._unrecorded: set[str] = set()
         self._reader = Guard(_Objects(self), self.source_options, within=within)

@@ -537,3 +537,26 @@ def test_the_guard_of_verify_takes_only_urls_below_the_source(url, inside):
         else:
             with pytest.raises(LinkOutsideStoreError, match="a reference leading outside the source file:///s/"):
                 guard.refuse_outside(url)
+
+
+def test_verify_of_a_reference_file_kept_inside_its_source_writes_nothing_there(migrated, monkeypatch):
+    """The references of a file verify opens go into a temporary table beside it once they
+    are many; a file kept inside its source's tree puts that table elsewhere: verify creates
+    (and unlinks) nothing in the source, whose directory stays as it was."""
+    import tempfile
+
+    from sharding_store import verify
+    from sharding_store.stores import references
+
+    path, _, _ = migrated
+    src = path.parent / "src"
+    inside = src / "out.json"
+    path.rename(inside)
+    monkeypatch.setattr(references, "IN_MEMORY", 1)  # the table from the second reference on
+    made = []
+    mkstemp = tempfile.mkstemp
+    monkeypatch.setattr(tempfile, "mkstemp", lambda *a, **k: made.append(k.get("dir")) or mkstemp(*a, **k))
+    before = src.stat().st_mtime_ns
+    assert verify(str(src), str(inside), progress=False).ok
+    assert made and not [d for d in made if d is not None and os.path.realpath(d).startswith(str(src))], made
+    assert src.stat().st_mtime_ns == before
