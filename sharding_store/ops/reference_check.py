@@ -11,14 +11,14 @@ migration's code (:class:`SourceObjects`):
 
 * the source object by the URL a reader resolves: locally ``file://`` and its path with
   every directory resolved (a link inside the store: its target; one out of it is never
-  followed), on S3 ``s3://bucket/key``; what it is now: its size and ``st_mtime_ns`` (one
-  ``lstat``), on S3 the size and ETag its listing gave;
+  followed), on S3 ``s3://bucket/key``; what it is now: its size, ``st_mtime_ns`` and
+  ``st_ino`` (one ``lstat``), on S3 the size and ETag its listing gave;
 * the whole object: offset 0 and its current length;
 * a source shard without a reference must hold no live chunk (only then is its index read).
 
 **A reference file** (:class:`ReferenceFileBack`) is parsed as written: each reference's
 URL, offset and length, and what its ``"sharding-store"`` block recorded of the object
-(size, ``st_mtime_ns`` or ETag) against the object now; any other reference, and any
+(size, ``st_mtime_ns`` and inode or ETag) against the object now; any other reference, and any
 document of no source node, is extra.
 
 **An Icechunk repository** (:class:`IcechunkBack`): Icechunk 1.1's Python API tells no
@@ -51,6 +51,7 @@ from ..errors import ShardCorruptError, SourceChangedError, StoreNotFoundError, 
 from ..formats.shard_index import live_entries
 from ..stores import Inner, as_inner
 from ..stores.references import (
+    ObjectInfo,
     ReferenceFileSink,
     describe_change,
     document_bytes,
@@ -85,6 +86,8 @@ class Now(NamedTuple):
     etag: str | None = None
     modified_ns: int | None = None
     why: str = ""
+    #: local: its ``st_ino`` (a file replaced by another of the same size and mtime)
+    inode: int | None = None
 
 
 class Entry(NamedTuple):
@@ -183,8 +186,8 @@ class SourceObjects:
             return Now(f"file://{path}", None, why=f"leads out of the store ({key} resolves to {path})")
         if not stat.S_ISREG(st.st_mode):
             return Now(f"file://{path}", None, why="no longer a regular file")
-        # Now(url, size, modified_ns=...) without its Python-level __new__ (one a source object)
-        return tuple.__new__(Now, (f"file://{path}", st.st_size, None, st.st_mtime_ns, ""))
+        # Now(url, size, modified_ns=..., inode=...) without its Python-level __new__ (one a source object)
+        return tuple.__new__(Now, (f"file://{path}", st.st_size, None, st.st_mtime_ns, "", st.st_ino))
 
 
 def holds_chunks(job: ArrayJob, src: Inner, key: str) -> bool:
@@ -219,7 +222,7 @@ class ReferenceFileBack:
     path: str
     documents: Inner
     refs: dict[str, Any]
-    objects: Mapping[str, tuple[int, str | None, int | None]]
+    objects: Mapping[str, ObjectInfo]
     kind: str = "reference file"
 
     @classmethod
@@ -247,11 +250,11 @@ class ReferenceFileBack:
             if ref is None:
                 _missing(job, entry, src, problem)
                 continue
-            url, size, etag, modified_ns, why = now = entry.now
+            url, size, etag, modified_ns, why, inode = now = entry.now
             # the usual case at C speed: [its URL, 0, its size] (ints, not floats or bools), recorded as it is
             # now; it implies what :meth:`_wrong` finds right, which says what is wrong with any other
             if (type(ref) is list and ref == [url, 0, size] and type(ref[1]) is int and type(ref[2]) is int
-                    and not why and objects.get(url) == (size, etag, modified_ns)):
+                    and not why and objects.get(url) == (size, etag, modified_ns, inode)):
                 good, nbytes = good + 1, nbytes + ref[2]
                 continue
             what = self._wrong(ref, now)
@@ -332,7 +335,7 @@ class ReferenceFileBack:
         info = self.objects.get(url)
         if info is None:
             return str(unrecorded(url))
-        change = describe_change(info, now.size, now.etag, now.modified_ns)
+        change = describe_change(info, now.size, now.etag, now.modified_ns, now.inode)
         if change is not None:
             return f"{url}: {change}"
         if offset != 0 or length != now.size:
@@ -350,7 +353,7 @@ class ReferenceFileBack:
                 continue
             url = ref[0] if isinstance(ref, list) and ref and isinstance(ref[0], str) else ""
             if url and objects.gone(url):
-                problem(key, f"{key}: {url}: {describe_change((0, None, None), None)}")
+                problem(key, f"{key}: {url}: {describe_change((0, None, None, None), None)}")
             else:
                 problem(key, f"{key}: unexpected reference (the source has no chunk there)")
         for plan in plans:
@@ -365,7 +368,7 @@ class ReferenceFileBack:
         """Nothing left to compare for a reference file."""
 
     def describe(self) -> str:
-        return "name their source objects whole and unchanged (size and st_mtime_ns or ETag as recorded)"
+        return "name their source objects whole and unchanged (size, st_mtime_ns and inode or ETag as recorded)"
 
 
 @dataclass
@@ -464,7 +467,7 @@ class IcechunkBack:
             a, e = actual[url], self.expected[url]
             chunks = f"named by {a} virtual chunk{'s' * (a != 1)} of the repository"
             if a != e and objects.gone(url):
-                problem(url, f"{url}: {chunks}, {describe_change((0, None, None), None)}")
+                problem(url, f"{url}: {chunks}, {describe_change((0, None, None, None), None)}")
             elif a != e:
                 problem(url, f"{url}: {chunks}, by {e} of the migration (each source object once)")
 

@@ -99,6 +99,11 @@ class ChunkRef(NamedTuple):
     modified: datetime | None = None
     #: local: the exact ``st_mtime_ns`` (``modified`` keeps microseconds only)
     modified_ns: int | None = None
+    #: local: the file's ``st_ino``: a file replaced by another (a rename over it, as ``rsync``
+    #: and ``mv`` do) is told apart even with the same size and mtime. Not ``st_dev`` (not
+    #: stable across a remount or reboot: NFS, btrfs, overlayfs number devices as mounted),
+    #: not ``st_ctime`` (a chmod/chown changes it: an archive made read-only stays readable)
+    inode: int | None = None
 
 
 @dataclass(frozen=True)

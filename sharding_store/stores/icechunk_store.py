@@ -260,11 +260,12 @@ def _url_path(url: str) -> str:
     return url[len("file://"):] if url.startswith("file://") else url
 
 
-def local_checksum(url: str, size: int, modified: datetime | int | None) -> str:
+def local_checksum(url: str, size: int, modified: datetime | int | None, inode: int | None = None) -> str:
     """Icechunk's checksum of a local file: the ETag Rust ``object_store`` gives it
     (``{inode:x}-{mtime in µs:x}-{size:x}``), which it compares on every read. Refuses
     (:class:`SourceChangedError`) a file whose size or modification time is no longer what the
-    reference was taken with (``modified``: a datetime to the microsecond, or ``st_mtime_ns``)."""
+    reference was taken with (``modified``: a datetime to the microsecond, or ``st_mtime_ns``),
+    or, where ``inode`` is given, another file put in its place."""
     path = _url_path(url)
     try:
         st = os.stat(path)
@@ -275,6 +276,9 @@ def local_checksum(url: str, size: int, modified: datetime | int | None) -> str:
     if st.st_size != size or (expected is not None and expected != mtime_us):
         raise SourceChangedError(f"{url}: changed since its reference was taken (size {st.st_size}, was {size})",
                                  key=url)
+    if inode is not None and st.st_ino != inode:
+        raise SourceChangedError(f"{url}: replaced by another file since its reference was taken (inode {st.st_ino}, "
+                                 f"was {inode})", key=url)
     return f"{st.st_ino:x}-{mtime_us:x}-{st.st_size:x}"
 
 
@@ -612,7 +616,7 @@ class IcechunkInner(ZarrStoreInner):
                              "'#', '?' or non-ASCII characters; migrate with a copy (--icechunk) instead", key=key)
         if scheme == "file":
             when = ref.modified_ns if ref.modified_ns is not None else ref.modified
-            return local_checksum(ref.url, ref.object_size, when)
+            return local_checksum(ref.url, ref.object_size, when, ref.inode)
         if ref.etag is not None:
             return ref.etag
         # a last-modified date Icechunk keeps to the second and checks as "not modified since" only

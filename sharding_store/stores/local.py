@@ -1218,7 +1218,7 @@ class LocalInner(BaseInner):
         if type(version) is tuple and len(version) == 4:
             vouched = self._vouched.pop(key, None) if self._vouched else None
             if vouched is not None and vouched[0] == version:  # checked as the tail was read
-                return _reference(vouched[1], offset, length, version[3], version[2])
+                return _reference(vouched[1], offset, length, version[3], version[2], version[1])
             fast = self._reference_by_stat(key, offset, length, version)
             if fast is not None:
                 return fast
@@ -1242,7 +1242,7 @@ class LocalInner(BaseInner):
             now = None
         if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             raise ObjectChangedError(f"{key}: the file was replaced while a reference to it was taken", key=key)
-        return _reference(real, offset, length, st.st_size, st.st_mtime_ns)
+        return _reference(real, offset, length, st.st_size, st.st_mtime_ns, st.st_ino)
 
     def _real_dir(self, directory: str) -> str | None:
         """The resolved path of the store's ``directory`` (cached), None when it leads out of
@@ -1285,7 +1285,7 @@ class LocalInner(BaseInner):
             return None
         if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size) != version:
             return None
-        return _reference(real, offset, length, st.st_size, st.st_mtime_ns)
+        return _reference(real, offset, length, st.st_size, st.st_mtime_ns, st.st_ino)
 
     def describe(self) -> str:
         return self.root
@@ -1295,12 +1295,12 @@ class LocalInner(BaseInner):
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _reference(real: str, offset: int, length: int, size: int, ns: int) -> ChunkRef:
-    """``ChunkRef(url, offset, length, size, modified=..., modified_ns=ns)`` of the file at
-    ``real`` (``ns``: its ``st_mtime_ns``), made without keyword parsing (one per shard of a
-    virtual migration)."""
+def _reference(real: str, offset: int, length: int, size: int, ns: int, inode: int) -> ChunkRef:
+    """``ChunkRef(url, offset, length, size, modified=..., modified_ns=ns, inode=inode)`` of the
+    file at ``real`` (``ns``: its ``st_mtime_ns``, ``inode``: its ``st_ino``), made without
+    keyword parsing (one per shard of a virtual migration)."""
     modified = _EPOCH + timedelta(0, 0, ns // 1000)  # to the microsecond, truncated (floor)
-    return tuple.__new__(ChunkRef, (f"file://{real}", offset, length, size, None, modified, ns))
+    return tuple.__new__(ChunkRef, (f"file://{real}", offset, length, size, None, modified, ns, inode))
 
 
 def _resolved(fd: int, path: str) -> str:

@@ -10,18 +10,25 @@ version 1::
      "refs": {"zarr.json": "<the document as JSON text>",
               "a/c/0/0": ["file:///data/src/a/0.0", 0, 5120], ...},
      "sharding-store": {"schema": 1, "source": "<SRC as given>", "message": "...",
-                        "objects": {"file:///data/src/a/0.0": {"size": 5120, "modified_ns": ...},
+                        "objects": {"file:///data/src/a/0.0": {"size": 5120, "modified_ns": ...,
+                                                               "inode": ...},
                                     "s3://bucket/src/a/0.0": {"size": 5120, "etag": "\\"...\\""}}}}
 
 fsspec ignores the ``"sharding-store"`` key: ``fsspec.filesystem("reference", fo=...)``
 reads the file with no other dependency, but nothing there notices a source object that
 changed since. :func:`open_references` is the guarded way: a zarr-python 3 store over the
 same ``ReferenceFileSystem`` whose target filesystem checks, before and after every read,
-that the object is what the file recorded (locally its size and ``st_mtime_ns`` from
-``fstat`` of the descriptor read; on S3 a ranged GET with ``If-Match`` on the recorded
-ETag), else :class:`~sharding_store.errors.SourceChangedError` naming the URL and what
-changed. A rewrite that keeps both the size and the modification time (``cp -p``/``rsync -t``
-of other bytes) cannot be told locally.
+that the object is what the file recorded (locally its size, ``st_mtime_ns`` and
+``st_ino`` from ``fstat`` of the descriptor read; on S3 a ranged GET with ``If-Match`` on
+the recorded ETag), else :class:`~sharding_store.errors.SourceChangedError` naming the URL
+and what changed. The inode tells a file *replaced* by another of the same size and mtime
+(``rsync -t`` or ``mv`` renaming a new file over it); a file written by an earlier version
+records none and is checked without it. Neither ``st_dev`` (renumbered by a remount or a
+reboot on NFS, btrfs, overlayfs) nor ``st_ctime`` (changed by chmod/chown: making the
+archive read-only must not break its references) is recorded. What stays undetectable
+locally: the same inode rewritten in place with the same size and its mtime set back
+(``cp --preserve=timestamps new old`` onto an existing ``old`` truncates and rewrites it),
+and a file deleted and recreated that happens to get the freed inode number back.
 
 Memory: flat in the number of references. The first :data:`IN_MEMORY` of them and their
 source objects are held in dictionaries (a few MiB: a store of fewer shards never touches
@@ -71,8 +78,8 @@ __all__ = ["REFERENCE_KEY", "ReferenceFileSink", "describe_change", "document_by
 #: the top-level key of a reference file holding what sharding-store recorded
 REFERENCE_KEY = "sharding-store"
 SCHEMA = 1
-#: one recorded source object: (size, ETag or None, st_mtime_ns or None)
-ObjectInfo = tuple[int, "str | None", "int | None"]
+#: one recorded source object: (size, ETag or None, st_mtime_ns or None, st_ino or None)
+ObjectInfo = tuple[int, "str | None", "int | None", "int | None"]
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -138,26 +145,29 @@ def recorded_objects(doc: Mapping[str, Any], path: str) -> dict[str, ObjectInfo]
     out: dict[str, ObjectInfo] = {}
     for url, info in objects.items():
         if type(info) is dict:  # the usual entry, its types checked in one expression
-            size, etag, modified_ns = info.get("size"), info.get("etag"), info.get("modified_ns")
+            size, etag, modified_ns, inode = info.get("size"), info.get("etag"), info.get("modified_ns"), \
+                info.get("inode")  # an earlier version's file: no inode (None: not compared)
             if (type(size) is int and size >= 0 and (etag is None or type(etag) is str)
-                    and (modified_ns is None or type(modified_ns) is int)):
-                out[url] = (size, etag, modified_ns)
+                    and (modified_ns is None or type(modified_ns) is int) and (inode is None or _count(inode))):
+                out[url] = (size, etag, modified_ns, inode)
                 continue
         if not isinstance(info, dict) or not _count(info.get("size")):
             raise StoreNotFoundError(f"{path}: {REFERENCE_KEY}.objects[{url!r}] has no size (a whole number >= 0)",
                                      key=path)
-        etag, modified_ns = info.get("etag"), info.get("modified_ns")
-        if not (etag is None or type(etag) is str) or not (modified_ns is None or type(modified_ns) is int):
+        etag, modified_ns, inode = info.get("etag"), info.get("modified_ns"), info.get("inode")
+        if (not (etag is None or type(etag) is str) or not (modified_ns is None or type(modified_ns) is int)
+                or not (inode is None or _count(inode))):
             raise StoreNotFoundError(f"{path}: {REFERENCE_KEY}.objects[{url!r}]: etag must be a string, modified_ns "
-                                     "a whole number", key=path)
-        out[url] = (info["size"], etag, modified_ns)
+                                     "a whole number, inode a whole number >= 0", key=path)
+        out[url] = (info["size"], etag, modified_ns, inode)
     return out
 
 
 def _usual_objects(objects: dict[str, Any]) -> dict[str, ObjectInfo] | None:
     """:func:`recorded_objects` of an ``objects`` block whose every entry is the usual one (a
     JSON object, ``size`` a whole number >= 0, ``etag`` a string or absent/null,
-    ``modified_ns`` a whole number or absent/null: exactly what the loop there accepts), in
+    ``modified_ns`` a whole number or absent/null, ``inode`` a whole number >= 0 or
+    absent/null (an earlier version's file has none): exactly what the loop there accepts), in
     a few passes of C (``map``, ``zip``, a set of the values' types) instead of Python
     steps per object; None when any entry is not (the loop then names it). Exact types:
     ``bool`` and ``float`` are types of their own in the sets, so ``true`` or ``4.0`` is
@@ -167,12 +177,14 @@ def _usual_objects(objects: dict[str, Any]) -> dict[str, ObjectInfo] | None:
         sizes = list(map(dict.__getitem__, infos, repeat("size")))
         etags = list(map(dict.get, infos, repeat("etag")))
         times = list(map(dict.get, infos, repeat("modified_ns")))
+        inodes = list(map(dict.get, infos, repeat("inode")))
     except (KeyError, TypeError):
         return None
     if (not set(map(type, sizes)) <= _INT or min(sizes) < 0 or not set(map(type, etags)) <= _STR_OR_NONE
-            or not set(map(type, times)) <= _INT_OR_NONE):
+            or not set(map(type, times)) <= _INT_OR_NONE or not set(map(type, inodes)) <= _INT_OR_NONE
+            or min(filter(None, inodes), default=0) < 0):  # filter(None, ...): the inodes given (and 0s)
         return None
-    return dict(zip(objects, zip(sizes, etags, times)))
+    return dict(zip(objects, zip(sizes, etags, times, inodes)))
 
 
 _INT, _STR_OR_NONE, _INT_OR_NONE = frozenset({int}), frozenset({str, type(None)}), frozenset({int, type(None)})
@@ -209,7 +221,7 @@ class _Table:
         for pragma in ("journal_mode=OFF", "synchronous=OFF", "temp_store=FILE", "cache_size=-4096"):
             self.db.execute(f"PRAGMA {pragma}")
         self.db.execute("CREATE TABLE objects (id INTEGER PRIMARY KEY, url TEXT UNIQUE NOT NULL, size INTEGER NOT NULL,"
-                        " etag TEXT, modified_ns INTEGER)")
+                        " etag TEXT, modified_ns INTEGER, inode INTEGER)")
         self.db.execute("CREATE TABLE refs (key TEXT PRIMARY KEY, object INTEGER NOT NULL, offset INTEGER NOT NULL,"
                         " length INTEGER NOT NULL) WITHOUT ROWID")
         self.db.execute("BEGIN")  # one transaction for the sink's life: nothing is ever synced
@@ -221,11 +233,11 @@ class _Table:
     def add(self, key: str, url: str, offset: int, length: int, info: ObjectInfo) -> None:
         """``key`` -> bytes of ``url``; the object's ``info`` recorded once (a second
         reference to it with other ``info``: :class:`ObjectChangedError`)."""
-        got = self.db.execute("INSERT OR IGNORE INTO objects (url, size, etag, modified_ns) VALUES (?, ?, ?, ?)",
-                              (url, *info))
+        got = self.db.execute("INSERT OR IGNORE INTO objects (url, size, etag, modified_ns, inode) VALUES (?, ?, ?, ?, "
+                              "?)", (url, *info))
         number = got.lastrowid if got.rowcount == 1 else None
         if number is None:
-            number, *known = self.db.execute("SELECT id, size, etag, modified_ns FROM objects WHERE url = ?",
+            number, *known = self.db.execute("SELECT id, size, etag, modified_ns, inode FROM objects WHERE url = ?",
                                              (url,)).fetchone()
             if tuple(known) != info:
                 raise _changed_object(url, tuple(known), info)
@@ -243,7 +255,8 @@ class _Table:
         top = db.execute("SELECT max(id) FROM objects").fetchone()[0] or 0
         ids = {url: top + n for n, url in enumerate(first, 1)}  # what each new object gets
         before = db.total_changes
-        db.executemany("INSERT OR IGNORE INTO objects (id, url, size, etag, modified_ns) VALUES (?, ?, ?, ?, ?)",
+        db.executemany("INSERT OR IGNORE INTO objects (id, url, size, etag, modified_ns, inode) VALUES (?, ?, ?, ?, ?, "
+                       "?)",
                        [(ids[url], url, *info) for url, info in first.items()])
         if db.total_changes - before != len(first):  # some recorded already: their ids and infos read back
             known = self._known(list(first))
@@ -260,24 +273,24 @@ class _Table:
         known: dict[str, tuple[int, ObjectInfo]] = {}
         for at in range(0, len(urls), 500):  # well under SQLite's bound on a statement's parameters
             part = urls[at : at + 500]
-            for number, url, *info in self.db.execute(f"SELECT id, url, size, etag, modified_ns FROM objects WHERE "
-                                                      f"url IN ({','.join('?' * len(part))})", part):
-                known[url] = (number, tuple(info))  # three columns
+            for number, url, *info in self.db.execute(f"SELECT id, url, size, etag, modified_ns, inode FROM objects "
+                                                      f"WHERE url IN ({','.join('?' * len(part))})", part):
+                known[url] = (number, tuple(info))  # four columns
         return known
 
     def get(self, key: str) -> tuple[str, int, int, ObjectInfo] | None:
         """``(url, offset, length, info)`` of ``key`` (None: no reference)."""
-        row = self.db.execute("SELECT url, offset, length, size, etag, modified_ns FROM refs JOIN objects "
+        row = self.db.execute("SELECT url, offset, length, size, etag, modified_ns, inode FROM refs JOIN objects "
                               "ON objects.id = refs.object WHERE key = ?", (key,)).fetchone()
-        return None if row is None else (row[0], row[1], row[2], (row[3], row[4], row[5]))
+        return None if row is None else (row[0], row[1], row[2], (row[3], row[4], row[5], row[6]))
 
     def length(self, key: str) -> int | None:
         row = self.db.execute("SELECT length FROM refs WHERE key = ?", (key,)).fetchone()
         return None if row is None else int(row[0])
 
     def object(self, url: str) -> ObjectInfo | None:
-        row = self.db.execute("SELECT size, etag, modified_ns FROM objects WHERE url = ?", (url,)).fetchone()
-        return None if row is None else (row[0], row[1], row[2])
+        row = self.db.execute("SELECT size, etag, modified_ns, inode FROM objects WHERE url = ?", (url,)).fetchone()
+        return None if row is None else (row[0], row[1], row[2], row[3])
 
     def delete(self, key: str) -> None:
         self.db.execute("DELETE FROM refs WHERE key = ?", (key,))
@@ -295,14 +308,14 @@ class _Table:
         return self.db.execute(f"SELECT key, url, offset, length FROM refs JOIN objects ON objects.id = refs.object "
                                f"WHERE {where} ORDER BY key LIMIT ?", (arg, n)).fetchall()
 
-    def objects_after(self, after: int, n: int) -> list[tuple[int, str, int, str | None, int | None]]:
+    def objects_after(self, after: int, n: int) -> list[tuple[int, str, int, str | None, int | None, int | None]]:
         """Up to ``n`` recorded objects with ids past ``after``, in the order first referred to."""
-        return self.db.execute("SELECT id, url, size, etag, modified_ns FROM objects WHERE id > ? ORDER BY id "
+        return self.db.execute("SELECT id, url, size, etag, modified_ns, inode FROM objects WHERE id > ? ORDER BY id "
                                "LIMIT ?", (after, n)).fetchall()
 
 
 def _changed_object(url: str, was: ObjectInfo, now: ObjectInfo) -> ObjectChangedError:
-    """The refusal of a second reference to an object recorded with other (size, ETag, mtime)."""
+    """The refusal of a second reference to an object recorded with other (size, ETag, mtime, inode)."""
     return ObjectChangedError(f"{url}: changed between two references to it ({was} then {now})", key=url)
 
 
@@ -344,7 +357,8 @@ class _Front:
             table = _Table(self.where)
             ids = {url: n for n, url in enumerate(self.objects, 1)}
             if ids:
-                table.db.executemany("INSERT INTO objects (id, url, size, etag, modified_ns) VALUES (?, ?, ?, ?, ?)",
+                table.db.executemany("INSERT INTO objects (id, url, size, etag, modified_ns, inode) VALUES (?, ?, ?, ?, "
+                                     "?, ?)",
                                      [(ids[url], url, *info) for url, info in self.objects.items()])
             if self.refs:
                 table.db.executemany("INSERT INTO refs VALUES (?, ?, ?, ?)", [
@@ -422,7 +436,7 @@ class _Front:
         refs = self.refs
         return [(key, *refs[key]) for key in keys[at : at + n]]
 
-    def objects_after(self, after: int, n: int) -> list[tuple[int, str, int, str | None, int | None]]:
+    def objects_after(self, after: int, n: int) -> list[tuple[int, str, int, str | None, int | None, int | None]]:
         """:meth:`_Table.objects_after` (an object's id: its place in the order first referred to)."""
         if self.sql is not None:
             return self.sql.objects_after(after, n)
@@ -500,7 +514,7 @@ class ReferenceFileSink(BaseInner):
                 self._reader.refuse_outside(url)
             if url not in objects:
                 self._unrecorded.add(url)  # read as the guarded reader reads it: refused (:func:`unrecorded`)
-            self._add(key, url, offset, length, objects.get(url, (offset + length, None, None)))
+            self._add(key, url, offset, length, objects.get(url, (offset + length, None, None, None)))
 
     # ------------------------------------------------------------------ references
     def _add(self, key: str, url: str, offset: int, length: int, info: ObjectInfo) -> None:
@@ -513,22 +527,22 @@ class ReferenceFileSink(BaseInner):
 
     def put_reference(self, key: str, ref: ChunkRef) -> None:
         """``key`` reads bytes ``[offset, offset+length)`` of ``ref.url``; the object's size and
-        ETag or modification time are recorded for the guard. Put again, the last one holds."""
+        ETag or modification time and inode are recorded for the guard. Put again, the last one holds."""
         if ref.offset < 0 or ref.length < 0 or ref.offset + ref.length > ref.object_size:
             raise ObjectChangedError(f"{ref.url}: [{ref.offset}, {ref.offset + ref.length}) does not lie inside its "
                                      f"{ref.object_size} bytes", key=ref.url)
-        self._add(key, ref.url, ref.offset, ref.length, (ref.object_size, ref.etag, ref.modified_ns))
+        self._add(key, ref.url, ref.offset, ref.length, (ref.object_size, ref.etag, ref.modified_ns, ref.inode))
 
     def put_references(self, array: str, refs: Sequence[tuple[str, tuple[int, ...], ChunkRef]]) -> None:
         """:meth:`put_reference` of each ``(key, coordinates, ref)``, checked the same way, in one
         batch of the table (:meth:`_Table.add_many`: all or none)."""
         rows = []
         for key, _, ref in refs:
-            url, offset, length, size, etag, _, modified_ns = ref
+            url, offset, length, size, etag, _, modified_ns, inode = ref
             if offset < 0 or length < 0 or offset + length > size:
                 raise ObjectChangedError(f"{url}: [{offset}, {offset + length}) does not lie inside its {size} bytes",
                                          key=url)
-            rows.append((key, url, offset, length, (size, etag, modified_ns)))
+            rows.append((key, url, offset, length, (size, etag, modified_ns, inode)))
         with self._lock:
             self._table.add_many(rows)
             if self.docs:
@@ -541,8 +555,8 @@ class ReferenceFileSink(BaseInner):
             got = self._table.get(key)
         if got is None:
             return None
-        url, offset, length, (size, etag, modified_ns) = got
-        return ChunkRef(url, offset, length, size, etag=etag, modified_ns=modified_ns)
+        url, offset, length, (size, etag, modified_ns, inode) = got
+        return ChunkRef(url, offset, length, size, etag=etag, modified_ns=modified_ns, inode=inode)
 
     def _rows(self, prefix: str = "", batch: int = 4096) -> Iterator[tuple[str, str, int, int]]:
         """Every ``(key, url, offset, length)`` under ``prefix``, sorted by key, read a page
@@ -617,7 +631,8 @@ class ReferenceFileSink(BaseInner):
             if not rows:
                 break
             yield ("," if after else "").encode() + ",".join(
-                f"{quoted_url(url)}:{_info_json(size, etag, modified_ns)}" for _, url, size, etag, modified_ns in rows
+                f"{quoted_url(url)}:{_info_json(size, etag, modified_ns, inode)}"
+                for _, url, size, etag, modified_ns, inode in rows
             ).encode()
             after = rows[-1][0]
         yield b"}}}"
@@ -737,14 +752,16 @@ def _doc_entry(key: str, value: bytes) -> str:
     return f"{_json_string(key)}:{_dumps(text)}"
 
 
-def _info_json(size: int, etag: str | None, modified_ns: int | None) -> str:
-    """One source object's entry in the ``objects`` block (size, then the ETag and
-    ``st_mtime_ns`` where known), exactly as ``json`` writes it (compact separators)."""
+def _info_json(size: int, etag: str | None, modified_ns: int | None, inode: int | None = None) -> str:
+    """One source object's entry in the ``objects`` block (size, then the ETag,
+    ``st_mtime_ns`` and ``st_ino`` where known), exactly as ``json`` writes it (compact separators)."""
     out = f'{{"size":{int(size)}'
     if etag is not None:
         out += f',"etag":{_json_string(etag)}'
     if modified_ns is not None:
         out += f',"modified_ns":{int(modified_ns)}'
+    if inode is not None:
+        out += f',"inode":{int(inode)}'
     return out + "}"
 
 
@@ -783,7 +800,7 @@ class _Objects(Mapping[str, ObjectInfo]):
 
 class Guard:
     """Reads bytes of source objects by URL, each checked against what was recorded of it
-    (``objects``: URL -> (size, ETag, st_mtime_ns)) before and after the read:
+    (``objects``: URL -> (size, ETag, st_mtime_ns, st_ino)) before and after the read:
     :class:`SourceChangedError` naming the URL and what changed. ``within`` (verify): the URL
     prefix of the source's objects; a URL outside it, climbing out of it with ``..`` or
     leading out of it through a link of its directories, is
@@ -864,11 +881,12 @@ def unrecorded(url: str) -> SourceChangedError:
 
 
 def describe_change(info: ObjectInfo, size: int | None, etag: str | None = None,
-                    modified_ns: int | None = None) -> str | None:
+                    modified_ns: int | None = None, inode: int | None = None) -> str | None:
     """What differs between an object now (``size`` None: gone; its ``etag``, its
-    ``st_mtime_ns``) and what was recorded of it, in the guarded reader's words (None:
-    nothing); what was not recorded, or is not known now, is not compared."""
-    was, recorded_etag, recorded_ns = info
+    ``st_mtime_ns``, its ``st_ino``) and what was recorded of it, in the guarded reader's
+    words (None: nothing); what was not recorded (a file of an earlier version records no
+    inode), or is not known now, is not compared."""
+    was, recorded_etag, recorded_ns, recorded_inode = info
     if size is None:
         return "deleted since the references were taken"
     if size != was:
@@ -877,12 +895,15 @@ def describe_change(info: ObjectInfo, size: int | None, etag: str | None = None,
         return f"rewritten (ETag no longer {recorded_etag})"
     if recorded_ns is not None and modified_ns is not None and modified_ns != recorded_ns:
         return f"modified since (st_mtime_ns {modified_ns}, was {recorded_ns})"
+    if recorded_inode is not None and inode is not None and inode != recorded_inode:
+        return (f"replaced by another file of the same size and modification time (inode {inode}, was "
+                f"{recorded_inode})")
     return None
 
 
 def _changed(url: str, st: os.stat_result, info: ObjectInfo) -> str | None:
     """What differs between a file's ``fstat`` and what was recorded of it (None: nothing)."""
-    return describe_change(info, st.st_size, modified_ns=st.st_mtime_ns)
+    return describe_change(info, st.st_size, modified_ns=st.st_mtime_ns, inode=st.st_ino)
 
 
 def _read_local(url: str, path: str, start: int, end: int, info: ObjectInfo) -> bytes:

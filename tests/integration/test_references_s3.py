@@ -95,6 +95,25 @@ def test_a_changed_source_object_is_refused_by_the_guard(source, tmp_path, chang
         _guarded(s3, out)["big"][...]
 
 
+def test_a_same_size_rewrite_keeps_no_identity_but_its_etag_and_verify_refuses_it(source, tmp_path, capsys):
+    """On S3 what is recorded is the ETag (no inode, no mtime): an object rewritten with
+    the same size gets another ETag, and ``verify`` (every chunk read through the guard)
+    stops with exit 14 naming the URL."""
+    from sharding_store.cli import main
+
+    s3, _ = source
+    out = tmp_path / "out.json"
+    migrate(SRC, str(out), MigrateOptions(verify=False), stores=StoreOptions(src=s3.storage_options), progress=False)
+    key = "src/store/data/root/big/c0/0"
+    recorded = json.loads(out.read_bytes())["sharding-store"]["objects"][f"s3://{key}"]
+    assert sorted(recorded) == ["etag", "size"] and recorded["size"] == s3.fs.size(key)
+    change_object(s3.fs, key, "rewritten")
+    assert s3.fs.size(key) == recorded["size"]
+    options = json.dumps(s3.storage_options)
+    assert main(["verify", SRC, str(out), "--storage-options", options, "--no-progress"]) == 14
+    assert f"s3://{key}: rewritten (ETag no longer {recorded['etag']}" in capsys.readouterr().err
+
+
 def test_a_reference_file_on_s3_is_written_at_the_commit_and_read_back(source, tmp_path):
     s3, data = source
     s3.make_bucket("dst")

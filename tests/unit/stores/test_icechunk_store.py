@@ -146,6 +146,9 @@ def test_local_checksum_is_object_stores_etag(tmp_path):
     assert local_checksum(f"file://{obj}", 3, None) == f"{st.st_ino:x}-{st.st_mtime_ns // 1000:x}-3"
     with pytest.raises(SourceChangedError):
         local_checksum(f"file://{obj}", 4, None)
+    assert local_checksum(f"file://{obj}", 3, st.st_mtime_ns, st.st_ino).startswith(f"{st.st_ino:x}-")
+    with pytest.raises(SourceChangedError, match="replaced by another file"):  # the reference's file, not another
+        local_checksum(f"file://{obj}", 3, st.st_mtime_ns, st.st_ino + 1)
 
 
 def test_materialised_writes_are_invisible_until_the_commit(tmp_path):

@@ -115,6 +115,70 @@ def test_a_shard_rewritten_with_the_same_size_is_refused_by_the_guard(migrated):
         _guarded(out)["big"][...]
 
 
+def _replace_keeping_size_and_mtime(shard) -> None:
+    """Put a new file of other bytes in ``shard``'s place, as ``rsync -t`` does (a temporary
+    file renamed over it), with the same size and modification time to the nanosecond."""
+    st = shard.stat()
+    blob = shard.read_bytes()
+    new = shard.with_name(shard.name + ".tmp")
+    new.write_bytes(blob[:8][::-1] + blob[8:])
+    os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(new, shard)
+    now = shard.stat()
+    assert (now.st_size, now.st_mtime_ns) == (st.st_size, st.st_mtime_ns) and now.st_ino != st.st_ino
+
+
+def test_the_inode_is_recorded_and_a_replaced_shard_is_refused_by_every_reader(migrated, capsys):
+    """A shard replaced by a file of the same size and modification time (only its inode
+    differs): the guarded reader, ``verify`` (exit 14) and the reference check refuse it
+    naming the URL."""
+    from sharding_store.cli import main
+
+    out, _, shard = migrated
+    recorded = json.loads(out.read_bytes())[REFERENCE_KEY]["objects"][f"file://{shard}"]
+    assert recorded["inode"] == shard.stat().st_ino
+    inode = shard.stat().st_ino
+    _replace_keeping_size_and_mtime(shard)
+    words = rf"file://{shard}: replaced by another file of the same size and modification time \(inode \d+, was {inode}\)"
+    with pytest.raises(SourceChangedError, match=words):
+        _guarded(out)["big"][...]
+    assert main(["verify", str(out.parent / "src"), str(out), "--no-progress"]) == 14
+    assert re.search(words, capsys.readouterr().err)
+    assert main(["verify", str(out.parent / "src"), str(out), "--references-only", "--no-progress"]) == 9
+    assert re.search(words, capsys.readouterr().out + capsys.readouterr().err)
+
+
+def test_a_source_made_read_only_still_reads(migrated):
+    """chmod changes a file's ctime, never its inode or mtime: an archive made read-only
+    keeps its references (ctime is deliberately not recorded)."""
+    from sharding_store import verify
+
+    out, data, _ = migrated
+    for path in (out.parent / "src").rglob("*"):
+        if path.is_file():
+            os.chmod(path, 0o444)
+    np.testing.assert_array_equal(_guarded(out)["big"][...], data)
+    assert verify(str(out.parent / "src"), str(out)).ok
+
+
+def test_a_reference_file_of_an_earlier_version_without_inodes_still_reads(migrated):
+    """A file written before inodes were recorded is read and verified as before: size and
+    mtime checked, the inode not (a replacement keeping both is not seen there)."""
+    from sharding_store import verify
+
+    out, data, shard = migrated
+    doc = json.loads(out.read_bytes())
+    for info in doc[REFERENCE_KEY]["objects"].values():
+        del info["inode"]
+    out.write_text(json.dumps(doc))
+    np.testing.assert_array_equal(_guarded(out)["big"][...], data)
+    assert verify(str(out.parent / "src"), str(out)).ok
+    size = shard.stat().st_size
+    os.truncate(shard, size - 10)  # still checked: the size
+    with pytest.raises(SourceChangedError, match=rf"now {size - 10} bytes, was {size}"):
+        _guarded(out)["big"][...]
+
+
 def test_a_truncated_shard_is_refused_by_the_guard_naming_both_sizes(migrated):
     out, _, shard = migrated
     size = shard.stat().st_size
@@ -417,9 +481,11 @@ def test_a_damaged_reference_is_refused_by_every_reader_naming_it(migrated, caps
 
 @pytest.mark.parametrize("info", [{"size": -1}, {"size": 1.0}, {"size": 4, "etag": 5}, {"size": 4, "modified_ns": 1.5},
                                   {"etag": "x"}, ["size", 4], {"size": True}, {"size": 4, "modified_ns": False},
-                                  {"size": 4, "etag": ["e"]}, "size", {"size": None}],
+                                  {"size": 4, "etag": ["e"]}, "size", {"size": None}, {"size": 4, "inode": "12"},
+                                  {"size": 4, "inode": -1}, {"size": 4, "inode": True}],
                          ids=["size-negative", "size-float", "etag-number", "mtime-float", "no-size", "a-list",
-                              "size-bool", "mtime-bool", "etag-list", "a-string", "size-null"])
+                              "size-bool", "mtime-bool", "etag-list", "a-string", "size-null", "inode-text",
+                              "inode-negative", "inode-bool"])
 def test_a_damaged_record_is_refused_naming_its_object(info):
     """``recorded_objects`` takes the usual entry in one expression; every other one is
     refused as before, naming the object's URL."""
@@ -430,14 +496,16 @@ def test_a_damaged_record_is_refused_naming_its_object(info):
     with pytest.raises(StoreNotFoundError, match=re.escape("objects['file:///s/b']")):
         recorded_objects(doc, "x.json")
     assert recorded_objects({REFERENCE_KEY: {"objects": {"file:///s/a": good, "u": {"size": 0, "etag": "e"}}}},
-                            "x.json") == {"file:///s/a": (4, None, 7), "u": (0, "e", None)}
+                            "x.json") == {"file:///s/a": (4, None, 7, None), "u": (0, "e", None, None)}
+    assert recorded_objects({REFERENCE_KEY: {"objects": {"f": {"size": 4, "modified_ns": 7, "inode": 9}}}},
+                            "x.json") == {"f": (4, None, 7, 9)}
 
 
 @settings(max_examples=300, deadline=None)
 @given(hs.dictionaries(hs.text(max_size=8), hs.one_of(
-    hs.dictionaries(hs.sampled_from(["size", "etag", "modified_ns", "other"]),
+    hs.dictionaries(hs.sampled_from(["size", "etag", "modified_ns", "inode", "other"]),
                     hs.one_of(hs.none(), hs.booleans(), hs.integers(-3, 2**70), hs.floats(allow_nan=False),
-                              hs.text(max_size=3)), max_size=4),
+                              hs.text(max_size=3)), max_size=5),
     hs.integers(), hs.text(max_size=3), hs.lists(hs.integers(), max_size=2)), max_size=6))
 def test_recorded_objects_in_c_passes_are_the_loops(objects):
     """The quick reading of an ``objects`` block (C passes over all of it) gives what the
