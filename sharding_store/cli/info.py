@@ -19,6 +19,12 @@ run left with no journal accounting for it (temporary files next to node documen
 under ``__reshard__/``, staged objects) is listed as ``leftover:`` (``--json``:
 ``leftovers``) and ``info --strict`` exits 10 naming the first. A wrong
 ``--assume-chunks-per-shard`` guess is refused (exit 3) with the evidence against it.
+
+A destination's lock (``.sharding-store-lock.json``, in DST or beside a reference file
+or an Icechunk repository) is reported (``lock:``; ``--json``: ``lock``): who holds it,
+whether the holder still runs (when on this host) and what to do, in ``migrate``'s words
+when it refuses (exit 8); a DST holding nothing else yet (a run just started, or killed
+before it wrote) is reported as that, not as "no draft hierarchy".
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ if TYPE_CHECKING:  # the machinery loads when a command runs (numpy and numcodec
     from ..api.evidence import ArrayStats
     from ..api.hierarchy import DraftHierarchy, Node
     from ..formats.reshard_journal import Journal
+    from ..ops.destination import LockState
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
@@ -298,7 +305,7 @@ def _info_upgrade(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool
     return True
 
 
-def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None) -> bool:
+def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None, lock: LockState | None = None) -> bool:
     """``info`` of a migration's destination (a copy, a reference file, an Icechunk repository,
     local or remote): which kind it is, what it was migrated from, its nodes and objects
     (issue 24). False when ``args.store`` is none of them."""
@@ -322,7 +329,7 @@ def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None) -> 
         elif not key.startswith(".sharding-store"):
             objects += 1
     doc = {"destination": args.store, "destination_kind": kind, "virtual": virtual, "source": source,
-           "arrays": arrays, "groups": groups, "objects": objects}
+           "arrays": arrays, "groups": groups, "objects": objects, "lock": None if lock is None else lock.to_json()}
     if args.json:
         print_json(args.command, doc)
         return True
@@ -330,7 +337,20 @@ def _info_destination(args: argparse.Namespace, opts: dict[str, Any] | None) -> 
     print(f"{escape_name(args.store)}: {kind} (Zarr v3, migrated by sharding-store)")
     origin = escape_name(source) if source else "an unrecorded source"
     print(f"  {plural(arrays, 'array')}, {plural(groups, 'group')}: {objects} {what} {origin}")
+    if lock is not None:
+        print(f"  {escape_name(lock.text())}")
     return True
+
+
+def _info_lock_only(args: argparse.Namespace, lock: LockState) -> None:
+    """``info`` of a destination that holds nothing but a run's lock (yet): that run, and what to do."""
+    from ..formats.draft_metadata import escape_name
+
+    if args.json:
+        print_json(args.command, {"destination": args.store, "destination_kind": None, "lock": lock.to_json()})
+        return
+    print(f"{escape_name(args.store)}: a destination a run of sharding-store holds (nothing else there yet)")
+    print(f"  {escape_name(lock.text())}")
 
 
 def _open_model(args: argparse.Namespace, opts: dict[str, Any] | None, assume: Any) -> DraftHierarchy:
@@ -475,24 +495,35 @@ def node_changes(h: DraftHierarchy, node: Node, stats: ArrayStats | None = None)
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from ..formats.draft_metadata import normalize_path
+    from ..errors import StoreNotFoundError
+    from ..formats.draft_metadata import escape_name, normalize_path
     from ..formats.reshard_journal import interrupted_error, resume_command
+    from ..ops.destination import find_lock
 
     opts = storage_options(args.storage_options)
     assume = assumed(args)
-    if _info_destination(args, opts):
+    lock = find_lock(args.store, opts)
+    try:
+        if _info_destination(args, opts, lock):
+            return 0
+        if _info_upgrade(args, opts):
+            return 0
+        h = _open_model(args, opts, assume)
+    except StoreNotFoundError:
+        if lock is None:
+            raise
+        _info_lock_only(args, lock)  # a run that just began, or was killed before it wrote
         return 0
-    if _info_upgrade(args, opts):
-        return 0
-    h = _open_model(args, opts, assume)
     found = _scan(args, h, normalize_path(args.path), assume)
     if args.json:
         doc = info_document(args.store, h, found.nodes, found.stats, found.root, found.reshards,
                             found.unreadable_journals)
         doc["leftovers"] = found.leftovers
+        doc["lock"] = None if lock is None else lock.to_json()
         print_result(args, doc, "")
     else:
-        print_result(args, {}, _info_text(args.store, h, found))
+        text = _info_text(args.store, h, found)
+        print_result(args, {}, text if lock is None else f"{text}\n{escape_name(lock.text())}")
     problems = [*found.unreadable_journals, *found.damaged.values(),
                 *(s.damage for s in found.stats if s.damage is not None)]
     if found.reshards:  # a hidden array outweighs any other problem

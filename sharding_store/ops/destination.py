@@ -277,18 +277,90 @@ def _holder(raw: bytes | None) -> Claim | None:
         return None
 
 
-def _held(name: str, where: str, holder: Claim | None, remove: str) -> DestinationExistsError:
+def lock_advice(where: str, holder: Claim | None, alive: bool | None) -> tuple[str, str]:
+    """``(state, what to do)`` of the lock at ``where`` held by ``holder`` (None: a lock this
+    tool cannot read), ``alive`` its :meth:`~Claim.alive`: the words of ``migrate``'s refusal
+    (exit 8) and of ``info``, one place."""
+    remove = f"remove {where} (only when no run of sharding-store writes there)"
+    if holder is None:
+        return "not one this run can read", f"wait for it to end, or {remove}"
+    if alive:
+        return "still running", "wait for it to end"
+    if alive is None:
+        return ("on another host: this host cannot tell whether it still runs",
+                f"wait for it to end, or if it is dead {remove}")
+    return ("no longer running (killed, or its host rebooted)",
+            "nothing to remove: the next migrate or reshard into this destination takes the lock over "
+            "(`migrate --resume` continues a migration)")
+
+
+def _held(name: str, where: str, holder: Claim | None) -> DestinationExistsError:
     """Exit 8, one line: who holds the destination, and how to recover when it is dead."""
+    state, advice = lock_advice(where, holder, None if holder is None else holder.alive())
     if holder is None:
         return DestinationExistsError(
-            f"{name}: another migration or reshard is writing into this destination (its lock {where} is not one "
-            f"this run can read); nothing was changed by this run; wait for it to end, or {remove}", key=where)
-    alive = holder.alive()
-    state = "still running" if alive else "on another host: this host cannot tell whether it still runs"
+            f"{name}: another migration or reshard is writing into this destination (its lock {where} is {state}); "
+            f"nothing was changed by this run; {advice}", key=where)
     return DestinationExistsError(
         f"{name}: another migration or reshard is writing into this destination: its lock {where} is held by "
-        f"{holder.describe()}, {state}; nothing was changed by this run; wait for it to end"
-        f"{'' if alive else f', or if it is dead {remove}'}", key=where)
+        f"{holder.describe()}, {state}; nothing was changed by this run; {advice}", key=where)
+
+
+@dataclass(frozen=True)
+class LockState:
+    """A destination's lock as ``info`` finds it: the object, who holds it (None: not a lock
+    this tool can read), whether the holder still runs (None: this host cannot tell)."""
+
+    where: str
+    holder: Claim | None
+    alive: bool | None
+
+    def advice(self) -> tuple[str, str]:
+        """:func:`lock_advice` of this lock."""
+        return lock_advice(self.where, self.holder, self.alive)
+
+    def to_json(self) -> dict[str, Any]:
+        state, advice = self.advice()
+        holder = self.holder
+        return {"object": self.where, "held_by": None if holder is None else holder.describe(),
+                "action": None if holder is None else holder.action, "pid": None if holder is None else holder.pid,
+                "host": None if holder is None else holder.host, "since": None if holder is None else holder.since,
+                "running": self.alive, "state": state, "advice": advice}
+
+    def text(self) -> str:
+        """One line: the object, its holder, its state and what to do."""
+        state, advice = self.advice()
+        if self.holder is None:
+            return f"lock: {self.where} is {state}; {advice}"
+        return f"lock: {self.where} held by {self.holder.describe()}: {state}; {advice}"
+
+
+def find_lock(dst: str, storage_options: Mapping[str, Any] | None) -> LockState | None:
+    """The lock of the destination spelled ``dst`` (None: none), wherever a run of any kind
+    would have put it (:func:`lock_site`): inside a directory or store, or beside a
+    reference file or an Icechunk repository (what DST is while a run writes it cannot
+    always be told: a reference file or a new repository may not exist yet), one read each."""
+    from ..stores import as_inner
+
+    name = dst.rstrip("/")
+    sites: list[tuple[str, str]] = []
+    local = _local_path(name)
+    if not name.endswith(".json"):
+        sites.append((os.path.abspath(local) if local else name, LOCK_KEY))
+    beside = _beside(name)
+    if beside is not None:
+        sites.append(beside)
+    for where, key in sites:
+        try:
+            store = as_inner(where, storage_options=storage_options)
+            raw = store.get(key)
+        except (ShardingStoreError, OSError, ValueError):
+            continue  # nothing there to be read: no lock there
+        if raw is not None:
+            holder = _holder(raw)
+            return LockState(f"{store.describe().rstrip('/')}/{key}", holder,
+                             None if holder is None else holder.alive())
+    return None
 
 
 @contextlib.contextmanager
@@ -332,8 +404,7 @@ def _take_over(store: Inner, key: str, name: str, where: str, mine: bytes, retri
     if raw is not None and holder is not None and holder.alive() is False \
             and retried(lambda _: store.put_if_unchanged(key, mine, raw), where):
         return
-    raise _held(name, where, None if raw is None else holder,
-                f"remove {where} (only when no run of sharding-store writes there)")
+    raise _held(name, where, None if raw is None else holder)
 
 
 def _release(store: Inner, key: str, mine: bytes, attempts: int = 8) -> None:
@@ -361,13 +432,21 @@ def lock_site(dst: Any, opened: Inner, target: str, stores: StoreOptions) -> tup
     if target == "icechunk" and isinstance(dst, (str, os.PathLike)):
         from .jobs import StoreRef
 
-        spelled = os.fspath(dst).rstrip("/")
-        local = _local_path(spelled)
-        head, _, name = (os.path.abspath(local) if local else spelled).rpartition("/")
-        if not local and head.endswith(":/"):
+        beside = _beside(os.fspath(dst).rstrip("/"))
+        if beside is None:
             return None
-        return StoreRef.of(head or "/", stores.dst).open(), name + LOCK_KEY
+        return StoreRef.of(beside[0], stores.dst).open(), beside[1]
     return opened, LOCK_KEY
+
+
+def _beside(spelled: str) -> tuple[str, str] | None:
+    """``(directory, key)`` of the lock beside the object ``spelled`` names (its name and
+    :data:`LOCK_KEY` in its parent); None at a bucket's root (no parent to put it in)."""
+    local = _local_path(spelled)
+    head, _, name = (os.path.abspath(local) if local else spelled).rpartition("/")
+    if not local and head.endswith(":/"):
+        return None
+    return head or "/", name + LOCK_KEY
 
 
 #: what reports call each kind of destination, by (target, virtual)
@@ -513,7 +592,8 @@ def extra_node_key(key: str, prefix: str, nodes: Container[str]) -> bool:
 
 __all__ = [
     "DESTINATION_KINDS", "ICECHUNK_HINT", "LOCK_KEY", "MARKER_KEY", "RECORD_KEY", "Removal", "check_overwrite",
-    "check_resume", "contents", "copied_by_us", "destination_lock", "extra_node_key", "extra_nodes", "lock_site",
+    "check_resume", "contents", "copied_by_us", "destination_lock", "extra_node_key", "extra_nodes", "find_lock",
+    "lock_advice", "lock_site", "LockState",
     "open_destination", "prepare", "prepare_plain", "read_record", "record", "recorded_dimension_names",
     "resolve_target",
 ]

@@ -160,3 +160,28 @@ def test_a_killed_holder_does_not_block_the_next_run(sources, tmp_path, command)
     assert not (dst / LOCK_KEY).exists() and not (dst / MARKER_KEY).exists()
     if command == "migrate":
         check_winner(dst, sources, "one")
+
+
+@pytest.mark.parametrize("dst_name", ["dst", "refs.json"])
+def test_info_reports_the_lock_a_killed_run_left(sources, tmp_path, dst_name):
+    """A run SIGKILLed mid-copy leaves its lock (beside a reference file not yet written):
+    ``info DST`` names it, its holder (pid, host, start), "no longer running" and that the
+    next run takes it over; the next run does."""
+    import socket
+
+    dst = tmp_path / dst_name
+    args = ["migrate", str(sources["one"][0]), str(dst), "--no-verify", "--jobs", "1"]
+    kill_at("unit:2", *args)
+    lock = dst / LOCK_KEY if dst_name == "dst" else tmp_path / (dst_name + LOCK_KEY)
+    holder = json.loads(lock.read_bytes())["owner"]
+    info = subprocess.run([sys.executable, "-m", "sharding_store.cli", "info", str(dst)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert info.returncode == 0, info.stderr
+    assert f"lock: {lock} held by a migrate run (pid {holder['pid']} on host {socket.gethostname()}, since " \
+        in info.stdout, info.stdout
+    assert "no longer running" in info.stdout and "takes the lock over" in info.stdout
+    done = subprocess.run([sys.executable, "-m", "sharding_store.cli", *args, *(["--resume"] if dst_name == "dst"
+                                                                                 else [])],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not lock.exists()

@@ -245,3 +245,87 @@ def test_where_the_lock_of_an_icechunk_repository_lives(tmp_path):
         places.add((site[0].location(), site[1]))
     assert len(places) == 1 and next(iter(places))[1] == "repo" + LOCK_KEY
     assert lock_site("s3://bucket", None, "icechunk", StoreOptions()) is None  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- `info DST` reports the lock
+
+
+def _info(capsys, *args: str) -> tuple[int, str]:
+    code = main(["info", *args])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["copy", "references", "icechunk-virtual"])
+def test_info_reports_a_live_lock_of_a_running_migration(sources, tmp_path, capsys, kind):
+    """``info DST`` while a migration writes it (here: at its third unit): the lock, its holder
+    (this process), "still running" and migrate's advice, in text and JSON; a reference file
+    not written yet is reported as a destination holding only the lock, not as no hierarchy."""
+    if kind.startswith("icechunk"):
+        pytest.importorskip("icechunk")
+    dst = tmp_path / {"copy": "dst", "references": "refs.json", "icechunk-virtual": "repo"}[kind]
+    options = {"target": "icechunk", "virtual": True} if kind.startswith("icechunk") else {}
+    seen: dict[str, object] = {}
+
+    def hook(phase: str) -> None:
+        if phase == "unit" and "text" not in seen:
+            seen["text"] = _info(capsys, str(dst))
+            seen["json"] = _info(capsys, str(dst), "--json")
+
+    with fault_hook(hook):
+        migrate(sources["one"][0], str(dst), progress=False, jobs=1, verify=False, **options)
+    code, text = seen["text"]  # type: ignore[misc]
+    where = dst / LOCK_KEY if kind == "copy" else dst.parent / (dst.name + LOCK_KEY)
+    assert code == 0 and f"lock: {where} held by a migrate run (pid {os.getpid()} on host {socket.gethostname()}" in text
+    assert ": still running; wait for it to end" in text, text
+    code, out = seen["json"]  # type: ignore[misc]
+    lock = json.loads(out)["lock"]
+    assert code == 0 and lock["object"] == str(where) and lock["pid"] == os.getpid() and lock["running"] is True
+    assert lock["advice"] == "wait for it to end" and lock["action"] == "migrate"
+    code, text = _info(capsys, str(dst))  # the run ended: its lock is gone, and so is the line
+    assert code == 0 and "lock:" not in text
+
+
+def test_info_reports_a_lock_of_another_host_in_migrates_words(sources, tmp_path, capsys):
+    """A holder this host cannot check: "cannot tell" and the object to remove once that run
+    is gone, the words ``migrate`` refuses with (exit 8)."""
+    dst = tmp_path / "dst"
+    a_migration_of(sources, dst, "two")
+    foreign_lock(dst)
+    assert main(["migrate", str(sources["one"][0]), str(dst), "--overwrite", "--no-verify"]) == 8
+    (refusal,) = capsys.readouterr().err.strip().splitlines()
+    code, text = _info(capsys, str(dst))
+    (line,) = [x.strip() for x in text.splitlines() if x.strip().startswith("lock:")]
+    advice = line.rpartition("; ")[2]
+    assert code == 0 and "host elsewhere.example" in line and "this host cannot tell whether it still runs" in line
+    assert advice == f"wait for it to end, or if it is dead remove {dst / LOCK_KEY} (only when no run of " \
+        "sharding-store writes there)" and refusal.endswith(advice)
+    assert json.loads(_info(capsys, str(dst), "--json")[1])["lock"]["running"] is None
+
+
+@pytest.mark.parametrize("where", ["copy", "references"])
+def test_info_reports_a_lock_left_by_a_dead_run(sources, tmp_path, capsys, where):
+    """A lock naming a process of this host that no longer exists: "no longer running" and
+    that the next run takes it over (nothing to remove); a DST holding only that lock (a run
+    killed before it wrote) is reported as such, exit 0, not "no draft hierarchy" (exit 7)."""
+    dead = {"host": socket.gethostname(), "pid": 2**22 + 12345}
+    if where == "copy":
+        dst, lock = tmp_path / "dst", tmp_path / "dst" / LOCK_KEY
+        foreign_lock(dst, **dead)
+    else:
+        dst, lock = tmp_path / "refs.json", tmp_path / ("refs.json" + LOCK_KEY)
+        foreign_lock(tmp_path, **dead)
+        (tmp_path / LOCK_KEY).rename(lock)
+    code, text = _info(capsys, str(dst))
+    assert code == 0 and "nothing else there yet" in text, text
+    assert f"lock: {lock} held by a migrate run (pid {dead['pid']}" in text
+    assert "no longer running" in text and "the next migrate or reshard into this destination takes the lock over" in text
+    assert json.loads(_info(capsys, str(dst), "--json")[1])["lock"]["running"] is False
+    migrate(sources["one"][0], str(dst), progress=False, verify=False)  # taken over, as info said
+    assert not lock.exists()
+
+
+def test_info_reports_an_unreadable_lock(tmp_path, capsys):
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / LOCK_KEY).write_bytes(b"not json")
+    code, text = _info(capsys, str(tmp_path / "dst"))
+    assert code == 0 and f"lock: {tmp_path / 'dst' / LOCK_KEY} is not one this run can read; wait for it" in text
