@@ -348,9 +348,7 @@ def find_lock(dst: str, storage_options: Mapping[str, Any] | None) -> LockState 
     if not name.endswith(".json"):
         sites.append((os.path.abspath(local) if local else name, LOCK_KEY))
     beside = _beside(name)
-    if beside is not None:
-        sites.append(beside)
-    for where, key in sites:
+    for where, key in sites + [beside] if beside not in sites else sites:
         try:
             store = as_inner(where, storage_options=storage_options)
             raw = store.get(key)
@@ -418,34 +416,35 @@ def _release(store: Inner, key: str, mine: bytes, attempts: int = 8) -> None:
             continue
 
 
-def lock_site(dst: Any, opened: Inner, target: str, stores: StoreOptions) -> tuple[Inner, str] | None:
+def lock_site(dst: Any, opened: Inner, target: str, stores: StoreOptions) -> tuple[Inner, str]:
     """Where the lock of DST (as spelled; ``opened``: the store it names, or the reference file
     it is) lives: in a Zarr store itself; beside a reference file or an Icechunk repository
     (their name and :data:`LOCK_KEY`: a reference file is written whole at the end, and what
     an Icechunk session writes no other run sees before it commits, nor may a repository be
     created where a file already is). Every spelling of one DST (``file://``, ``~``, ``..``)
-    names one place, so one lock. None: an Icechunk repository at a bucket's root has no place
-    beside it (Icechunk's commit then refuses the second of two runs, as before)."""
+    names one place, so one lock. An Icechunk repository at a bucket's root has nothing beside
+    it: its lock is :data:`LOCK_KEY` at the root, inside (no key Icechunk uses: it keeps its
+    objects under ``refs/``, ``snapshots/``, ... and ``config.yaml``; the same object a copy
+    into that bucket's root locks: one destination, one lock)."""
     parent, name = getattr(opened, "parent", None), getattr(opened, "name", None)
     if target == "references" and parent is not None and isinstance(name, str):
         return parent, name + LOCK_KEY
     if target == "icechunk" and isinstance(dst, (str, os.PathLike)):
         from .jobs import StoreRef
 
-        beside = _beside(os.fspath(dst).rstrip("/"))
-        if beside is None:
-            return None
-        return StoreRef.of(beside[0], stores.dst).open(), beside[1]
+        where, key = _beside(os.fspath(dst).rstrip("/"))
+        return StoreRef.of(where, stores.dst).open(), key
     return opened, LOCK_KEY
 
 
-def _beside(spelled: str) -> tuple[str, str] | None:
+def _beside(spelled: str) -> tuple[str, str]:
     """``(directory, key)`` of the lock beside the object ``spelled`` names (its name and
-    :data:`LOCK_KEY` in its parent); None at a bucket's root (no parent to put it in)."""
+    :data:`LOCK_KEY` in its parent); at a bucket's root (no parent to put it in) the root
+    itself and :data:`LOCK_KEY`."""
     local = _local_path(spelled)
     head, _, name = (os.path.abspath(local) if local else spelled).rpartition("/")
     if not local and head.endswith(":/"):
-        return None
+        return spelled, LOCK_KEY
     return head or "/", name + LOCK_KEY
 
 

@@ -793,8 +793,7 @@ def _lock(dst: Any, dst_ref: StoreRef, target: str, stores: StoreOptions, run: R
     or written (the source checked and planned first: a refusal there leaves nothing) to the
     run's end, verification included."""
     site = lock_site(dst, dst_ref.open(), target, stores)
-    if site is not None:
-        held.enter_context(destination_lock(*site, dst_ref.describe(), "migrate", _retried(run)))
+    held.enter_context(destination_lock(*site, dst_ref.describe(), "migrate", _retried(run)))
 
 
 def _copy(src: Any, dst: Any, o: MigrateOptions, run: RunOptions, stores: StoreOptions) -> MigrationReport:

@@ -75,6 +75,10 @@ def test_a_lock_of_another_host_is_refused_until_removed(buckets):
     assert "host elsewhere.example" in err and f"remove {DST}/{LOCK_KEY}" in err
     s3.fs.invalidate_cache()
     assert {k: s3.fs.info(k)["ETag"] for k in s3.fs.find("dst/out")} == before  # nothing changed
+    info = subprocess.run([sys.executable, "-m", "sharding_store.cli", "info", DST, "--storage-options",
+                           json.dumps(s3.storage_options)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert info.returncode == 0 and f"lock: {DST}/{LOCK_KEY} held by a migrate run" in info.stdout, info
+    assert f"if it is dead remove {DST}/{LOCK_KEY}" in info.stdout and "cannot tell" in info.stdout
     s3.fs.rm(LOCK)  # the documented recovery, once that run is known to be gone
     code, err = finish(cli(s3, "migrate", "s3://src/one", DST, "--overwrite"))
     assert code == 0, err
@@ -87,6 +91,9 @@ def test_a_run_killed_on_this_host_is_taken_over_by_resume(buckets):
     assert killed.wait(timeout=300) == -9
     s3.fs.invalidate_cache()
     assert s3.fs.exists(LOCK) and s3.fs.exists(f"dst/out/{MARKER_KEY}")
+    info = subprocess.run([sys.executable, "-m", "sharding_store.cli", "info", DST, "--storage-options",
+                           json.dumps(s3.storage_options)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert info.returncode == 0 and "no longer running" in info.stdout and "takes the lock over" in info.stdout, info
     code, err = finish(cli(s3, "migrate", "s3://src/one", DST, "--resume"))
     assert code == 0, err
     s3.fs.invalidate_cache()

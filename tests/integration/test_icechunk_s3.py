@@ -174,3 +174,47 @@ def test_a_repository_that_cannot_be_reached_is_one_line_exit_12(s3, tmp_path, c
                  options])
     err = capsys.readouterr().err
     assert code == 12 and "s3://no-such-bucket/repo" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_repository_at_a_bucket_root_is_locked_too(s3, tmp_path):
+    """An Icechunk repository at a bucket's root has nothing beside it: its lock is
+    ``.sharding-store-lock.json`` inside the root (Icechunk uses no such key). A second
+    ``--overwrite`` arriving mid-run is refused (exit 8's class) naming that object and
+    changes nothing; the first run's repository verifies and its lock is gone."""
+    from sharding_store import DestinationExistsError, MigrateOptions, migrate, verify
+    from sharding_store.cli import main
+    from sharding_store.ops.destination import LOCK_KEY
+    from sharding_store.ops.options import StoreOptions
+    from sharding_store.testing import fault_hook
+    from tests.draft_factory import make_two_sources
+
+    sources = make_two_sources(tmp_path)
+    s3.make_bucket("root")
+    stores = StoreOptions.both(s3.storage_options)
+    options = MigrateOptions(target="icechunk", virtual=False)
+    seen: dict[str, object] = {}
+
+    def hook(phase: str) -> None:
+        if phase == "unit" and "result" not in seen:
+            seen["lock"] = s3.fs.cat_file(f"root/{LOCK_KEY}")
+            seen["info"] = main(["info", "s3://root", "--storage-options", json.dumps(s3.storage_options)])
+            before = sorted(s3.fs.find("root"))
+            try:
+                migrate(str(sources["two"][0]), "s3://root", MigrateOptions(target="icechunk", overwrite=True),
+                        stores=stores, progress=False)
+                seen["result"] = None
+            except DestinationExistsError as e:
+                seen["result"] = e
+            s3.fs.invalidate_cache()
+            seen["unchanged"] = sorted(s3.fs.find("root")) == before
+
+    with fault_hook(hook):
+        report = migrate(str(sources["one"][0]), "s3://root", options, stores=stores, progress=False)
+    error = seen["result"]
+    assert isinstance(error, DestinationExistsError) and f"s3://root/{LOCK_KEY} is held by a migrate run" in str(error)
+    assert seen["unchanged"] and json.loads(seen["lock"])["owner"]["action"] == "migrate"  # type: ignore[arg-type]
+    assert seen["info"] == 0
+    assert report.verification is not None and report.verification.ok
+    assert verify(str(sources["one"][0]), "s3://root", stores=stores).ok
+    s3.fs.invalidate_cache()
+    assert not s3.fs.exists(f"root/{LOCK_KEY}")

@@ -233,8 +233,8 @@ def test_other_destinations_hold_the_lock_too(sources, tmp_path, kind):
 
 
 def test_where_the_lock_of_an_icechunk_repository_lives(tmp_path):
-    """Beside the repository, one place for every spelling of it; none for a bucket's root
-    (nothing is beside it: Icechunk's commit then refuses the second of two runs)."""
+    """Beside the repository, one place for every spelling of it; at a bucket's root (nothing
+    is beside it) inside the root, where a copy into that root locks too."""
     from sharding_store.ops.destination import lock_site
     from sharding_store.ops.options import StoreOptions
 
@@ -244,7 +244,9 @@ def test_where_the_lock_of_an_icechunk_repository_lives(tmp_path):
         assert site is not None
         places.add((site[0].location(), site[1]))
     assert len(places) == 1 and next(iter(places))[1] == "repo" + LOCK_KEY
-    assert lock_site("s3://bucket", None, "icechunk", StoreOptions()) is None  # type: ignore[arg-type]
+    for root in ("s3://bucket", "s3://bucket/"):
+        site, key = lock_site(root, None, "icechunk", StoreOptions())  # type: ignore[arg-type]
+        assert (site.location().path.rstrip("/"), key) == ("bucket", LOCK_KEY)
 
 
 # --------------------------------------------------------------------------- `info DST` reports the lock
