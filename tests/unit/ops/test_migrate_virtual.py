@@ -542,7 +542,7 @@ def test_cli_info_says_what_a_destination_is(source, tmp_path, capsys):
     code, text, _ = _cli(capsys, "info", str(out), "--json")
     assert json.loads(text) == {"schema": "sharding-store/1", "command": "info", "ok": True,
                                 "destination": str(out), "destination_kind": "reference file", "virtual": True,
-                                "source": str(source), "arrays": 5, "groups": 5, "objects": 30}
+                                "source": str(source), "arrays": 5, "groups": 5, "objects": 30, "lock": None}
 
 
 @pytest.mark.parametrize("spelling", ["path", "file-url"])
@@ -610,7 +610,7 @@ def test_cli_info_says_what_an_icechunk_repository_is(tmp_path, capsys, virtual)
     assert code == 0 and json.loads(text) == {
         "schema": "sharding-store/1", "command": "info", "ok": True,
         "destination": str(repo), "destination_kind": "Icechunk virtual" if virtual else "Icechunk materialised",
-        "virtual": virtual, "source": str(tmp_path / "src"), "arrays": 1, "groups": 1, "objects": 3}
+        "virtual": virtual, "source": str(tmp_path / "src"), "arrays": 1, "groups": 1, "objects": 3, "lock": None}
 
 
 # --------------------------------------------------------------------------- a shard whose index is at its start

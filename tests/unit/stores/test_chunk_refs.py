@@ -26,7 +26,7 @@ def test_a_local_reference_is_the_resolved_path_with_size_and_mtime(tmp_path):
     ref = inner.reference_to("a/obj", 2, 5)
     st = os.stat(store / "a" / "obj")
     assert ref == ChunkRef(f"file://{os.path.realpath(store / 'a' / 'obj')}", 2, 5, 10,
-                           modified=ref.modified, modified_ns=st.st_mtime_ns)
+                           modified=ref.modified, modified_ns=st.st_mtime_ns, inode=st.st_ino)
     assert ref.modified.tzinfo == UTC
     assert int(ref.modified.timestamp()) == st.st_mtime_ns // 10**9
     assert ref.modified.microsecond == st.st_mtime_ns % 10**9 // 1000
