@@ -345,10 +345,12 @@ def find_lock(dst: str, storage_options: Mapping[str, Any] | None) -> LockState 
     name = dst.rstrip("/")
     sites: list[tuple[str, str]] = []
     local = _local_path(name)
-    if not name.endswith(".json"):
+    if not name.endswith(".json") or (local and os.path.isdir(local)):  # a directory is no reference file
         sites.append((os.path.abspath(local) if local else name, LOCK_KEY))
     beside = _beside(name)
-    for where, key in sites + [beside] if beside not in sites else sites:
+    if beside not in sites:  # at a bucket's root the two are one
+        sites.append(beside)
+    for where, key in sites:
         try:
             store = as_inner(where, storage_options=storage_options)
             raw = store.get(key)

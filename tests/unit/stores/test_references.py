@@ -628,3 +628,31 @@ def test_verify_of_a_reference_file_kept_inside_its_source_writes_nothing_there(
     assert verify(str(src), str(inside), progress=False).ok
     assert made and not [d for d in made if d is not None and os.path.realpath(d).startswith(str(src))], made
     assert src.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize("spill", [False, True], ids=["in-memory", "sqlite"])
+def test_what_is_recorded_of_each_object_reads_back_as_written(tmp_path_factory, monkeypatch, spill):
+    """Property: any mix of (size, ETag, st_mtime_ns, inode), each of the last three present
+    or not, is written into the ``objects`` block and read back unchanged (an entry without an
+    inode is what an earlier version wrote), through the dictionaries or the SQLite table."""
+    from sharding_store.stores import references
+    from sharding_store.stores.references import recorded_objects
+
+    monkeypatch.setattr(references, "IN_MEMORY", 0 if spill else 8192)
+    info = hs.tuples(hs.integers(1, 2**40), hs.none() | hs.text(max_size=6), hs.none() | hs.integers(0, 2**62),
+                     hs.none() | hs.integers(0, 2**63 - 1))
+
+    @settings(max_examples=25, deadline=None)
+    @given(hs.dictionaries(hs.integers(0, 99), info, min_size=1, max_size=12))
+    def check(model: dict) -> None:
+        path = tmp_path_factory.mktemp("prop") / "out.json"
+        sink = ReferenceFileSink(str(path))
+        for n, (size, etag, modified_ns, inode) in model.items():
+            sink.put_reference(f"a/c/{n}", ChunkRef(f"file:///s/{n}", 0, 1, size, etag=etag, modified_ns=modified_ns,
+                                                    inode=inode))
+        sink.commit("")
+        doc = json.loads(path.read_bytes())
+        assert recorded_objects(doc, str(path)) == {f"file:///s/{n}": i for n, i in model.items()}
+        assert ReferenceFileSink(str(path), read_only=True).reference("a/c/0") == sink.reference("a/c/0")
+
+    check()
