@@ -275,7 +275,8 @@ class ReferenceFileBack:
         finds for a file that is no link), its state the same one ``lstat``, and it is
         right exactly when :meth:`check`'s quick acceptance holds: the reference is
         ``[that URL, 0, its size]`` (ints) and the file records the object as ``(its size,
-        no ETag, its st_mtime_ns)``. The same facts, compared the same way, without an
+        no ETag, its st_mtime_ns, its inode)`` (a file of an earlier version, no inode: by
+        :meth:`check`). The same facts, compared the same way, without an
         :class:`Entry` and :class:`Now` built a shard. Every other unit (a link, not a
         regular file, gone, outside the store, unsharded, or a reference or record not
         right) is an :class:`Entry` checked by :meth:`check`, which says what is wrong."""
@@ -305,7 +306,7 @@ class ReferenceFileBack:
                     if st is not None and st.st_mode & FILE_TYPE == regular:
                         size, url, ref = st.st_size, f"file://{base}{name}", pop(dst, None)
                         if (type(ref) is list and ref == [url, 0, size] and type(ref[1]) is int
-                                and type(ref[2]) is int and recorded(url) == (size, None, st.st_mtime_ns)):
+                                and type(ref[2]) is int and recorded(url) == (size, None, st.st_mtime_ns, st.st_ino)):
                             nbytes += size
                             continue
                         if ref is not None:
