@@ -396,3 +396,56 @@ def test_commands_scan_no_entry_points_and_codecs_resolve_as_before(tmp_path):
     lazy, eager = (_command_scans(["migrate", str(bad), str(tmp_path / f"b{e}")], tmp_path, site, e) for e in (False, True))
     assert lazy[0]["code"] == eager[0]["code"] == 3 and lazy[1:] == eager[1:]  # migrate refuses it
     assert "'attributes.filters[0]'" in lazy[2] and "codec not available: ''no-such-codec''" in lazy[2]
+
+
+#: what the virtual references path (migrate, verified or not) of a store of plain-typed sharded
+#: arrays does not use, and so must not import: the ctypes bindings (and ctypes), socket and
+#: uuid (with platform) that only named a lock's holder, and the codecs and numpy
+UNUSED_BY_REFERENCES = ("ctypes", "socket", "uuid", "platform", "numpy", "numcodecs", "sharding_store.codec._native",
+                        "sharding_store.api.evidence", "sharding_store.codec.chunk_codec")
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+def test_a_virtual_migration_loads_no_bindings_socket_or_uuid(tmp_path):
+    """``migrate --virtual=references`` (verified and ``--no-verify``) of the sample's
+    plain-typed sharded arrays loads none of :data:`UNUSED_BY_REFERENCES`, and its lock still
+    names this host and a version-4 token as socket and uuid would; the control: reading
+    an array's chunks (``open_draft``) loads the bindings."""
+    import os  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+    import uuid  # noqa: PLC0415
+
+    from sharding_store.formats.upgrade_journal import Claim  # noqa: PLC0415
+
+    plain = tmp_path / "plain"
+    shutil.copytree(SAMPLE, plain)
+    for path in ("tables/timestamps", "images/mean"):
+        (plain / "meta" / "root" / f"{path}.array.json").unlink()
+        shutil.rmtree(plain / "data" / "root" / path)
+    for extra in ([], ["--no-verify"]):
+        argv = ["migrate", str(plain), str(tmp_path / f"r{len(extra)}.json"), "--virtual=references", *extra]
+        assert _command_loads(argv, tmp_path, UNUSED_BY_REFERENCES) == {"code": 0, **dict.fromkeys(UNUSED_BY_REFERENCES, False)}
+    claim = Claim.mine("upgrade")
+    assert claim.host == socket.gethostname() and claim.alive() is True
+    token = uuid.UUID(hex=claim.token)
+    assert token.version == 4 and token.variant == uuid.RFC_4122 and token.hex == claim.token
+    assert len({Claim.mine("upgrade").token for _ in range(100)}) == 100
+    assert os.getpid() == claim.pid
+    probe = ("import sys\nfrom sharding_store import open_draft\n"
+             f"open_draft({str(plain)!r}, 'images/raw')[...]\n"
+             "print('sharding_store.codec._native' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.stdout.split()[-1:] == ["True"], out.stderr[-2000:]
+
+
+def test_the_package_and_its_public_names_import():
+    """``import sharding_store`` stays light (no driver, no bindings) and every public name
+    still resolves, from the package and by ``from sharding_store import X``."""
+    probe = ("import sys\nimport sharding_store\n"
+             "light = not any(m in sys.modules for m in ('sharding_store.ops.migration', 'sharding_store.codec._native', 'numpy'))\n"
+             "names = [getattr(sharding_store, n) for n in sharding_store.__all__]\n"
+             "from sharding_store import migrate, verify, MigrateOptions, open_references, ShardingStore\n"
+             "print(light, len(names) == len(sharding_store.__all__), migrate is sharding_store.migrate)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "True", "True"]

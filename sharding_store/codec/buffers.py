@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-from . import _native
-
 __all__ = ["PAGE", "io_buffer"]
 
 PAGE = mmap.PAGESIZE
@@ -28,6 +26,9 @@ PAGE = mmap.PAGESIZE
 def io_buffer(nbytes: int) -> np.ndarray:
     """A new, uninitialised ``uint8`` array of ``nbytes`` (at least 1) starting on a page boundary."""
     import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
+
+    from . import _native  # noqa: PLC0415 - ctypes and the bindings only where used (start-up)
+
     raw = np.empty(nbytes + PAGE, dtype=np.uint8)
     skip = _native.align_skip(raw, PAGE)
     return raw[skip : skip + nbytes]

@@ -59,7 +59,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 if TYPE_CHECKING:
     import numpy as np
 
-from ..codec import _native
 from ..codec.buffers import io_buffer
 from ..errors import ObjectChangedError, ShardCorruptError, UsageError
 from ..formats import draft_metadata as dm
@@ -914,6 +913,9 @@ class ShardEngine:
         caller that reads the entries from the tail itself (the native whole-shard scatter).
         """
         import numpy as np  # noqa: PLC0415 - numpy only where used (start-up)
+
+        from ..codec import _native  # noqa: PLC0415 - ctypes and the bindings only where used (start-up)
+
         keys = [self.layout.shard_key(s) for s in shards]
         if not keys:
             return

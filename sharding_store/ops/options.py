@@ -19,11 +19,13 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:  # a type only: concurrent.futures (with logging) loads with a pool, not with the options
+    from concurrent.futures import Executor
 
 IndexLocation = Literal["start", "end"]
 #: ``assume_chunks_per_shard``: array path -> chunks_per_shard its lost transformer had

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     pass
 
 from ..api.hierarchy import DraftHierarchy, Generation, Node, detect_generation, node_model, require_final_v3
-from ..codec import _native
 from ..codec.buffers import io_buffer
 from ..errors import (
     DraftMetadataError,
@@ -302,6 +301,8 @@ def _same_contents(fd_a: int, fd_b: int, nbytes: int) -> bool:
     per-thread buffers and compared with libc ``memcmp`` (:func:`_native.same_bytes`, which
     releases the GIL; a Python comparison without it). Fresh ``bytes`` per read cost page
     faults that double the time of a verify."""
+    from ..codec import _native  # noqa: PLC0415 - ctypes and the bindings only where used (start-up)
+
     bufs = getattr(_buffers, "pair", None)
     if bufs is None or len(bufs[0]) != BLOCK:
         a, b = io_buffer(BLOCK), io_buffer(BLOCK)

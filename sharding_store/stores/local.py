@@ -37,13 +37,11 @@ import os
 import random
 import stat
 import time
-import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
-from ..codec import _native
 from ..errors import LinkOutsideStoreError, MigrationError, ObjectChangedError
 from .base import (
     BaseInner,
@@ -1466,7 +1464,8 @@ def _create_excl_in_place(dir_fd: int, name: str, value: bytes) -> bool:
 
 TEMP_MARKER = ".sharding-store-tmp-"
 #: temporary names: pid, a per-process random token and a counter (O_EXCL catches clashes)
-_TOKEN = uuid.uuid4().hex[:8]
+#: (32 random bits, what ``uuid.uuid4().hex[:8]`` gave: importing uuid loads platform, ~3 ms of start-up)
+_TOKEN = os.urandom(4).hex()
 _COUNTER = itertools.count()
 
 
@@ -1523,6 +1522,8 @@ def _exchange(a: str, b: str, dir_fd: int | None = None) -> bool | None:
     """Swap the files ``a`` and ``b`` (names in the directory open as ``dir_fd``; paths
     without it) atomically (``renameat2(RENAME_EXCHANGE)``): True; False when one of them is
     missing; None when this system or filesystem cannot."""
+    from ..codec import _native  # noqa: PLC0415 - here: ctypes and the bindings load with an exchange, not at start-up
+
     err = _native.rename_exchange(os.fsencode(a), os.fsencode(b), dir_fd)
     if err is None:
         return None
