@@ -248,11 +248,13 @@ def test_info_of_a_zarr_store_loads_no_job_machinery(tmp_path):
     """``info`` asks whether its path is a migration's destination of another kind (a
     reference file, an Icechunk repository) before reading it as Zarr objects; for a directory
     of Zarr objects the answer needs none of the job machinery (thread pools, the options
-    classes). The control: ``info`` of a reference file opens it as a destination, and loads them."""
+    classes). The control: ``info`` of a reference file opens it as a destination, and loads
+    them (a thread pool's machinery, ``concurrent.futures``, only with a pool: none here)."""
     assert _command_loads(["info", str(SAMPLE)], tmp_path, JOBS) == {"code": 0, **dict.fromkeys(JOBS, False)}
     refs = tmp_path / "refs.json"
     assert _command_loads(["migrate", str(SAMPLE), str(refs), "--virtual=references", "--no-verify"], tmp_path, JOBS)["code"] == 0
-    assert _command_loads(["info", str(refs)], tmp_path, JOBS) == {"code": 0, **dict.fromkeys(JOBS, True)}
+    assert _command_loads(["info", str(refs)], tmp_path, JOBS) == {"code": 0, **dict.fromkeys(JOBS[:2], True),
+                                                                   "concurrent.futures": False}
 
 
 REFERENCES = ("sqlite3", "sharding_store.stores.references", "sharding_store.ops.reference_check")
@@ -400,17 +402,18 @@ def test_commands_scan_no_entry_points_and_codecs_resolve_as_before(tmp_path):
 
 #: what the virtual references path (migrate, verified or not) of a store of plain-typed sharded
 #: arrays does not use, and so must not import: the ctypes bindings (and ctypes), socket and
-#: uuid (with platform) that only named a lock's holder, and the codecs and numpy
-UNUSED_BY_REFERENCES = ("ctypes", "socket", "uuid", "platform", "numpy", "numcodecs", "sharding_store.codec._native",
-                        "sharding_store.api.evidence", "sharding_store.codec.chunk_codec")
+#: uuid (with platform) that only named a lock's holder, a thread pool's machinery (its units
+#: run inline; concurrent.futures imports logging), and the codecs and numpy
+UNUSED_BY_REFERENCES = ("ctypes", "socket", "uuid", "platform", "concurrent.futures", "logging", "numpy", "numcodecs",
+                        "sharding_store.codec._native", "sharding_store.api.evidence", "sharding_store.codec.chunk_codec")
 
 
 @pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
 def test_a_virtual_migration_loads_no_bindings_socket_or_uuid(tmp_path):
     """``migrate --virtual=references`` (verified and ``--no-verify``) of the sample's
     plain-typed sharded arrays loads none of :data:`UNUSED_BY_REFERENCES`, and its lock still
-    names this host and a version-4 token as socket and uuid would; the control: reading
-    an array's chunks (``open_draft``) loads the bindings."""
+    names this host and a version-4 token as socket and uuid would; the controls: reading
+    an array's chunks (``open_draft``) loads the bindings, a copy migration on two jobs its pool."""
     import os  # noqa: PLC0415
     import shutil  # noqa: PLC0415
     import socket  # noqa: PLC0415
@@ -437,6 +440,9 @@ def test_a_virtual_migration_loads_no_bindings_socket_or_uuid(tmp_path):
              "print('sharding_store.codec._native' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert out.stdout.split()[-1:] == ["True"], out.stderr[-2000:]
+    pool = ("concurrent.futures",)
+    assert _command_loads(["migrate", str(plain), str(tmp_path / "d"), "--jobs=2"], tmp_path, pool) == {
+        "code": 0, "concurrent.futures": True}
 
 
 def test_the_package_and_its_public_names_import():

@@ -50,7 +50,6 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cached_property
@@ -1059,6 +1058,8 @@ class ShardEngine:
             for skey, (shard, changes) in items:
                 self.rewrite_shard(shard, changes, key=skey)
             return
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - a pool's machinery only where used (start-up)
+
         with ThreadPoolExecutor(min(self.max_workers, len(items))) as pool:
             for f in [pool.submit(self.rewrite_shard, shard, changes, key=skey) for skey, (shard, changes) in items]:
                 f.result()

@@ -39,16 +39,18 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Generator, Hashable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, CancelledError, Executor, Future, ThreadPoolExecutor, wait
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from ..api.hierarchy import DraftHierarchy, Node
 from ..errors import DraftMetadataError, LinkOutsideStoreError, ShardingStoreError, UsageError
 from ..formats import draft_metadata as dm
 from ..formats.keys import Coords, parse_chunk_suffix
 from ..stores import Inner, as_inner, in_memory
+
+if TYPE_CHECKING:  # concurrent.futures (with logging, ~8 ms) loads where a pool or an executor is used
+    from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
 R = TypeVar("R")
 
@@ -416,6 +418,8 @@ def run_bounded(
     error, an interruption), the pending batches are cancelled and, on a thread pool, the
     running ones stop after their current item.
     """
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait  # noqa: PLC0415 - see the imports
+
     pending: dict[Future[list[tuple[bool, Any]]], list[tuple[Any, ...]]] = {}
     iterator = iter(items)
     exhausted = False
@@ -473,6 +477,8 @@ def _run_batch(fn: Callable[..., R], batch: list[tuple[Any, ...]],
     out: list[tuple[bool, Any]] = []
     for item in batch:
         if stop is not None and stop.is_set():
+            from concurrent.futures import CancelledError  # noqa: PLC0415 - see the imports
+
             out.append((False, CancelledError()))
             continue
         try:
@@ -507,6 +513,8 @@ def run_units(
     elif jobs <= 1:
         yield from run_inline(fn, items)
     else:
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - see the imports
+
         with cancelling(ThreadPoolExecutor(jobs, thread_name_prefix=name)) as pool:
             yield from run_bounded(pool, fn, items, window=2 * jobs)
 
@@ -525,6 +533,8 @@ def run_all(fn: Callable[[Any], Any], items: Iterable[Any], jobs: int,
             fn(item)
             on_done(item)
         return
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - see the imports
+
     with cancelling(ThreadPoolExecutor(jobs)) as pool, closing(
         run_bounded(pool, fn, ((item,) for item in items), window=2 * jobs, max_batch=1)
     ) as results:

@@ -41,7 +41,6 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
-from concurrent.futures import Executor
 from contextlib import closing
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -124,6 +123,8 @@ from .units import (
 )
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor  # a type only: concurrent.futures loads with a pool
+
     from .upgrade import InPlaceReport
 
 MiB = 1 << 20

@@ -30,13 +30,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Container, Iterator, Mapping
-from concurrent.futures import Executor
 from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    pass
+    from concurrent.futures import Executor  # a type only: concurrent.futures loads with a pool
 
 from ..api.hierarchy import DraftHierarchy, Generation, Node, detect_generation, node_model, require_final_v3
 from ..codec.buffers import io_buffer

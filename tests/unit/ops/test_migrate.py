@@ -222,21 +222,22 @@ def test_jobs_1_and_default_give_identical_output(hierarchy, tmp_path):
 def test_default_jobs_one_thread_per_core_between_local_paths_two_elsewhere(hierarchy, tmp_path, monkeypatch):
     """Local-to-local work is CPU-bound (more threads than cores only contend); remote
     stores wait on the network. The rule reaches both the copy and the verification."""
+    import concurrent.futures as cf
     import importlib
 
-    mm, jj = (importlib.import_module(f"sharding_store.{m}") for m in ("ops.migration", "ops.jobs"))
+    mm = importlib.import_module("sharding_store.ops.migration")
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert mm.default_jobs(local=True) == mm.default_jobs() == 8
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     assert (mm.default_jobs(local=True), mm.default_jobs()) == (3, 6)
     pools: list[tuple[str, int]] = []
 
-    class Counting(jj.ThreadPoolExecutor):  # both drivers run their units through jobs.run_units
+    class Counting(cf.ThreadPoolExecutor):  # both drivers run their units through jobs.run_units
         def __init__(self, n: int, **kw: str) -> None:
             pools.append((kw.get("thread_name_prefix", ""), n))
             super().__init__(n, **kw)
 
-    monkeypatch.setattr(jj, "ThreadPoolExecutor", Counting)
+    monkeypatch.setattr(cf, "ThreadPoolExecutor", Counting)  # jobs imports it where it makes a pool
     src, _ = hierarchy
     migrate(src, tmp_path / "out", progress=False)
     assert pools == [("migrate", 3), ("verify", 3)]
