@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
+from ..codec import _native
 from ..errors import LinkOutsideStoreError, MigrationError, ObjectChangedError
 from .base import (
     BaseInner,
@@ -1522,8 +1523,6 @@ def _exchange(a: str, b: str, dir_fd: int | None = None) -> bool | None:
     """Swap the files ``a`` and ``b`` (names in the directory open as ``dir_fd``; paths
     without it) atomically (``renameat2(RENAME_EXCHANGE)``): True; False when one of them is
     missing; None when this system or filesystem cannot."""
-    from ..codec import _native  # noqa: PLC0415 - here: ctypes and the bindings load with an exchange, not at start-up
-
     err = _native.rename_exchange(os.fsencode(a), os.fsencode(b), dir_fd)
     if err is None:
         return None
