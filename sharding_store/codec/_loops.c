@@ -279,6 +279,7 @@ SS_EXPORT int64_t ss_shard_scatter(int64_t codec, void *const *fns, void *dctx, 
 #include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <dirent.h>
 
 #if defined(__APPLE__)
 #define st_mtim st_mtimespec
@@ -358,5 +359,75 @@ SS_EXPORT int64_t ss_read_tails(int dir_fd, const char *names, int64_t n, int64_
         name += name_len + 1;
     }
     return done;
+}
+
+/*
+ * The entries of the directory open as `dir_fd` (read through a duplicate, from its offset, as
+ * os.scandir(fd) reads: the caller's own descriptor, moved to the end), "."
+ * and ".." left out, as stores/local_fd.scan_sized lists them: each name NUL-terminated into
+ * `names` (`names_cap` bytes; *names_used: how many were written), its kind into kinds[i] ('f' a regular file, 'd' a directory,
+ * 'l' a link, 'o' anything else; from d_type, else an fstatat that does not follow) and, for
+ * a regular file when `sizes`, its size (fstatat, not following) into sizes_out[i], else -1
+ * (also when it was removed meanwhile). Returns the number of entries; -1 when the
+ * directory could not be opened for reading (nothing read: the caller's own way may try);
+ * -3 when reading it failed part way (errno set: the caller raises); -2 when `names` or the `cap` entries are too small (the offset
+ * is put back where it was: the caller asks again with more room).
+ */
+SS_EXPORT int64_t ss_list_dir(int dir_fd, int sizes, char *names, int64_t names_cap, uint8_t *kinds,
+                              int64_t *sizes_out, int64_t cap, int64_t *names_used) {
+    int fd = dup(dir_fd);
+    if (fd < 0) return -1;
+    off_t start = lseek(fd, 0, SEEK_CUR);
+    DIR *dir = fdopendir(fd);
+    if (dir == NULL) {
+        close(fd);
+        return -1;
+    }
+    int64_t n = 0, used = 0, result = 0;
+    struct dirent *e;
+    errno = 0;
+    while ((e = readdir(dir)) != NULL) {
+        const char *name = e->d_name;
+        if (name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0))) continue;
+        size_t len = strlen(name);
+        if (n >= cap || used + (int64_t)len + 1 > names_cap) {
+            result = -2;
+            break;
+        }
+        struct stat st;
+        int have = 0;
+        uint8_t kind;
+        switch (e->d_type) {
+            case DT_REG: kind = 'f'; break;
+            case DT_DIR: kind = 'd'; break;
+            case DT_LNK: kind = 'l'; break;
+            case DT_UNKNOWN:
+                if (fstatat(dirfd(dir), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+                    kind = 'o';
+                    break;
+                }
+                have = 1;
+                kind = S_ISREG(st.st_mode) ? 'f' : S_ISDIR(st.st_mode) ? 'd' : S_ISLNK(st.st_mode) ? 'l' : 'o';
+                break;
+            default: kind = 'o';
+        }
+        int64_t size = -1;
+        if (kind == 'f' && sizes) {
+            if (have || fstatat(dirfd(dir), name, &st, AT_SYMLINK_NOFOLLOW) == 0) size = (int64_t)st.st_size;
+        }
+        memcpy(names + used, name, len + 1);
+        used += (int64_t)len + 1;
+        kinds[n] = kind;
+        sizes_out[n] = size;
+        n++;
+        errno = 0;
+    }
+    if (result == 0 && errno != 0) result = -3;
+    if (result == -2 && (start < 0 || lseek(dirfd(dir), start, SEEK_SET) < 0)) result = -3;  /* asked again from there */
+    *names_used = used;
+    int saved = errno;
+    closedir(dir);
+    errno = saved;
+    return result < 0 ? result : n;
 }
 #endif

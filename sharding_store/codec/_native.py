@@ -70,6 +70,7 @@ __all__ = [
     "memcmp",
     "memmove",
     "pointer_table",
+    "list_dir",
     "read_tails",
     "tail_reader",
     "rename_exchange",
@@ -328,10 +329,12 @@ def _bound() -> _Bound:
 
 
 class TailReader(NamedTuple):
-    """``ss_read_tails`` of our loops' library (see :func:`read_tails`)."""
+    """``ss_read_tails`` and ``ss_list_dir`` of our loops' library (see :func:`read_tails`,
+    :func:`list_dir`)."""
 
     path: str
     fn: Any
+    list_dir: Any
 
 
 #: what ``ss_read_tails`` leaves in a file's first meta slot for the caller's own path
@@ -345,14 +348,16 @@ def _bind_tail_reader() -> TailReader | None:
     path = _loops_path()
     if path is None or os.name != "posix":
         return None
-    lib = ctypes.CDLL(path)  # the GIL released for the run's system calls
+    lib = ctypes.CDLL(path, use_errno=True)  # the GIL released for the run's system calls
     lib.ss_loops_abi.restype, lib.ss_loops_abi.argtypes = ctypes.c_int, []
     if lib.ss_loops_abi() != LOOPS_ABI:
         return None
     fn = lib.ss_read_tails
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.restype, fn.argtypes = i64, [ctypes.c_int, ctypes.c_char_p, i64, i64, ctypes.c_char_p, vp, vp]
-    return TailReader(path, fn)
+    lister = lib.ss_list_dir
+    lister.restype, lister.argtypes = i64, [ctypes.c_int, ctypes.c_int, vp, i64, vp, vp, i64, vp]
+    return TailReader(path, fn, lister)
 
 
 def tail_reader() -> TailReader | None:
@@ -381,6 +386,38 @@ def read_tails(reader: TailReader, dir_fd: int, names: bytes, count: int, tail_n
     address = _addressof(ctypes.c_char.from_buffer(tails)) if tails else None
     reader.fn(dir_fd, names, count, tail_nbytes, real_dir, address, meta.buffer_info()[0])
     return bytes(tails), meta
+
+
+#: entries and name bytes :func:`list_dir` makes room for first (more when a directory holds more)
+LIST_ENTRIES, LIST_NAME_BYTES = 256, 8 * 1024
+
+
+def list_dir(reader: TailReader, dir_fd: int, sizes: bool) -> tuple[list[str], bytes, Any] | None:
+    """The entries of the directory open as ``dir_fd`` but ``.`` and ``..``: ``(names, kinds,
+    sizes)``, kind ``f``/``d``/``l``/``o`` (a regular file, a directory, a link, anything
+    else: ``d_type``, else ``fstatat`` not following), and with ``sizes`` each regular file's
+    size (-1: none asked, or removed meanwhile); None when it could not be opened for
+    reading (nothing read: the caller's own path then decides); ``OSError`` when reading it
+    failed part way, as ``os.scandir`` raises. Reading moves ``dir_fd``'s offset, as
+    ``os.scandir``'s does."""
+    cap, room = LIST_ENTRIES, LIST_NAME_BYTES
+    while True:
+        names = ctypes.create_string_buffer(room)
+        kinds = ctypes.create_string_buffer(cap)
+        out = _array("q", bytes(8 * (cap + 1)))  # the sizes, then the name bytes written
+        n = reader.list_dir(dir_fd, int(sizes), names, room, kinds, out.buffer_info()[0], cap,
+                            out.buffer_info()[0] + 8 * cap)
+        if n == -2:
+            cap, room = cap * 4, room * 4
+            continue
+        if n == -3:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot read the directory: {os.strerror(err)}")
+        if n < 0:
+            return None
+        if not n:
+            return [], b"", out[:0]
+        return os.fsdecode(ctypes.string_at(names, out[cap] - 1)).split("\0"), ctypes.string_at(kinds, n), out[:n]
 
 
 def loops_path() -> str | None:

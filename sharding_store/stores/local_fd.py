@@ -28,6 +28,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 
+from ..codec import _native
 from ..errors import LinkOutsideStoreError, ObjectChangedError
 from .base import renew_after_fork
 
@@ -305,6 +306,10 @@ def _removed(d: DirFd) -> bool:
         return True
 
 
+#: ``ss_list_dir``'s kind bytes as :func:`scan_sized` spells them
+_KINDS = {ord("f"): "f", ord("d"): "d", ord("l"): "l", ord("o"): "o"}
+
+
 def scan(fd: int) -> list[tuple[str, str]]:
     """``(name, kind)`` of every entry of the directory open as ``fd`` (a descriptor of the
     caller's own: reading it moves its offset): kind ``d`` a directory, ``l`` a link, ``f`` a
@@ -315,7 +320,14 @@ def scan(fd: int) -> list[tuple[str, str]]:
 def scan_sized(fd: int, *, sizes: bool = True) -> list[tuple[str, str, int | None]]:
     """:func:`scan` with each regular file's size (``fstatat`` of its name, not following a
     link: None when it was removed meanwhile) where ``sizes``, else None. A file is asked
-    first, the commonest entry (the kinds do not overlap: no ``follow_symlinks``)."""
+    first, the commonest entry (the kinds do not overlap: no ``follow_symlinks``). With our
+    loops' library, one C call lists the directory (:func:`_native.list_dir`); without it, or
+    when that call cannot read it, ``os.scandir`` does (and raises what it raises)."""
+    reader = _native.tail_reader()
+    got = None if reader is None else _native.list_dir(reader, fd, sizes)
+    if got is not None:  # one C call (``ss_list_dir``): no ``DirEntry`` or ``stat_result`` an entry
+        names, kinds, listed = got
+        return [(name, _KINDS[kind], None if size < 0 else size) for name, kind, size in zip(names, kinds, listed)]
     out: list[tuple[str, str, int | None]] = []
     with os.scandir(fd) as it:
         for e in it:

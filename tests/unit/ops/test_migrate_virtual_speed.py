@@ -208,7 +208,8 @@ def _system_calls(monkeypatch) -> dict[str, int]:
     """Calls of the ``os`` functions a local store makes per object, counted (``scandir``:
     one per directory listed), and those our loops' tail reader makes for it (per file
     handed to ``_native.read_tails``: one ``open``, ``fstat``, ``pread``, and an ``lstat``
-    when given the directory's resolved path)."""
+    when given the directory's resolved path; a directory listed by ``_native.list_dir``:
+    one ``scandir``)."""
     import collections
 
     from sharding_store.codec import _native
@@ -230,6 +231,13 @@ def _system_calls(monkeypatch) -> dict[str, int]:
         return real_tails(reader, dir_fd, names, count, tail_nbytes, real_dir)
 
     monkeypatch.setattr(_native, "read_tails", read_tails)
+    real_list = _native.list_dir
+
+    def list_dir(reader, dir_fd, sizes):  # noqa: ANN001, ANN202 - a directory listed in one C call
+        counts["scandir"] += 1
+        return real_list(reader, dir_fd, sizes)
+
+    monkeypatch.setattr(_native, "list_dir", list_dir)
     return counts
 
 
