@@ -57,7 +57,7 @@ from .location import endpoint_location, objects_url_prefix, resolves_below
 from .zarr_store import ZarrStoreInner
 
 __all__ = ["IcechunkInner", "Materialized", "container_prefix", "inside_source", "is_repository", "local_checksum",
-           "local_files_only", "materialize", "open_icechunk"]
+           "local_files_only", "materialize", "object_store_etag", "open_icechunk", "stand_in"]
 
 #: the snapshot metadata key holding what the session kept beside the hierarchy
 METADATA_KEY = "sharding-store"
@@ -279,7 +279,12 @@ def local_checksum(url: str, size: int, modified: datetime | int | None, inode: 
     if inode is not None and st.st_ino != inode:
         raise SourceChangedError(f"{url}: replaced by another file since its reference was taken (inode {st.st_ino}, "
                                  f"was {inode})", key=url)
-    return f"{st.st_ino:x}-{mtime_us:x}-{st.st_size:x}"
+    return object_store_etag(st)
+
+
+def object_store_etag(st: os.stat_result) -> str:
+    """The ETag Rust ``object_store`` gives a local file, from its ``stat``: the one place it is spelled."""
+    return f"{st.st_ino:x}-{st.st_mtime_ns // 1000:x}-{st.st_size:x}"
 
 
 def _micros(when: datetime) -> int:
@@ -302,6 +307,26 @@ def _first_line(error: BaseException) -> str:
     return type(error).__name__
 
 
+def stand_in(document: bytes) -> bytes | None:
+    """A short array document with ``document``'s shape, data type, chunk grid, chunk key
+    encoding, fill value and dimension names, and the one ``bytes`` codec, compact: what
+    Icechunk needs of an array to take references into its chunk grid
+    (:meth:`IcechunkInner.put_references`); None when ``document`` is no v3 array's or is no
+    longer than it."""
+    try:
+        doc = json.loads(document)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("zarr_format") != 3 or doc.get("node_type") != "array":
+        return None
+    keep = ("zarr_format", "node_type", "shape", "data_type", "chunk_grid", "chunk_key_encoding", "fill_value",
+            "dimension_names")
+    lean = {k: doc[k] for k in keep if k in doc}
+    lean["codecs"] = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    out = json.dumps(lean, separators=(",", ":")).encode()
+    return out if len(out) < len(document) else None
+
+
 # --------------------------------------------------------------------------- the store
 
 
@@ -316,6 +341,10 @@ class IcechunkInner(ZarrStoreInner):
         #: objects kept beside the session (None: deleted in this session)
         self._side: dict[str, bytes | None] = {}
         self._snapshot_objects: tuple[str, dict[str, str]] | None = None
+        #: array documents set in this session, by key (what :meth:`put_references` stands aside)
+        self._docs: dict[str, bytes] = {}
+        #: documents standing aside for their :func:`stand_in` now, by key (:meth:`_put_back`)
+        self._aside: dict[str, bytes] = {}
         #: the commit's message when :meth:`commit` is given none
         self.message = ""
 
@@ -405,6 +434,10 @@ class IcechunkInner(ZarrStoreInner):
             return self._side_get(key)
         if not ICECHUNK_KEY.fullmatch(key):
             return None
+        if key.endswith("zarr.json"):
+            with self._lock:
+                self._put_back()
+                return self._call(key, super().get, key, missing=None)
         return self._call(key, super().get, key, missing=None)
 
     def get_ranges(
@@ -415,6 +448,10 @@ class IcechunkInner(ZarrStoreInner):
             if is_side_key(key) or not ICECHUNK_KEY.fullmatch(key):
                 whole = self.get(key)
                 out.append(None if whole is None else (whole[start:end] if start >= 0 else whole[start:]))
+            elif key.endswith("zarr.json"):
+                with self._lock:
+                    self._put_back()
+                    out.append(self._call(key, super().get_ranges, [(key, start, end)], missing=[None])[0])
             else:
                 out.append(self._call(key, super().get_ranges, [(key, start, end)], missing=[None])[0])
         return out
@@ -436,13 +473,18 @@ class IcechunkInner(ZarrStoreInner):
                 self._side[key] = bytes(value)
             return
         self._check_key(key)
-        try:
-            self._call(key, super().set, key, value)
-        except StoreIOError as e:
-            if not (key.endswith("zarr.json") and "node already exists" in str(e.__cause__)):
-                raise
-            self.delete(key)  # a node of the other type (array <-> group) is replaced, as a file would be
-            self._call(key, super().set, key, value)
+        with self._lock:
+            self._put_back()
+            self._docs.pop(key, None)
+            try:
+                self._call(key, super().set, key, value)
+            except StoreIOError as e:
+                if not (key.endswith("zarr.json") and "node already exists" in str(e.__cause__)):
+                    raise
+                self.delete(key)  # a node of the other type (array <-> group) is replaced, as a file would be
+                self._call(key, super().set, key, value)
+            if self.virtual and key.endswith("zarr.json"):
+                self._docs[key] = bytes(value)
 
     def create_exclusive(self, key: str, value: bytes) -> bool:
         """Atomic within this process (one session); across processes Icechunk's commit refuses
@@ -459,11 +501,17 @@ class IcechunkInner(ZarrStoreInner):
                 self._side[key] = None
             return
         if ICECHUNK_KEY.fullmatch(key):
-            self._call(key, super().delete, key, missing=None)  # a chunk of a deleted node: gone with it
+            with self._lock:
+                self._put_back()
+                self._docs.pop(key, None)
+                self._call(key, super().delete, key, missing=None)  # a chunk of a deleted node: gone with it
 
     def delete_prefix(self, prefix: str) -> None:
         """Every node and chunk under ``prefix`` (Icechunk's ``delete_dir``), and the side objects there."""
-        self._call(prefix, self._sync, self.store.delete_dir(prefix), missing=None)
+        with self._lock:
+            self._put_back()
+            self._docs = {k: v for k, v in self._docs.items() if not k.startswith(prefix)}
+            self._call(prefix, self._sync, self.store.delete_dir(prefix), missing=None)
         for key in self._side_keys():
             if key.startswith(prefix):
                 self.delete(key)
@@ -512,9 +560,11 @@ class IcechunkInner(ZarrStoreInner):
         if is_side_key(key) or not ICECHUNK_KEY.fullmatch(key):
             value = self.get(key)
             return None if value is None else len(value)
-        if not self.exists(key):
-            return None
-        return int(self._call(key, lambda: self._sync(self.store.getsize(key))))
+        with self._lock:
+            self._put_back()
+            if not self.exists(key):
+                return None
+            return int(self._call(key, lambda: self._sync(self.store.getsize(key))))
 
     def location(self) -> Location:
         return self._location
@@ -590,19 +640,79 @@ class IcechunkInner(ZarrStoreInner):
     def put_references(self, array: str, refs: Sequence[tuple[str, tuple[int, ...], ChunkRef]]) -> None:
         """:meth:`put_reference` of each ``(key, chunk grid coordinates, ref)`` of the array at
         ``array``, checked the same way, with one ``set_virtual_refs`` (a reference whose URL
-        no container holds is refused naming its key, as alone)."""
+        no container holds is refused naming its key, as alone).
+
+        Icechunk 1.1 formats the array's node, its whole document included, into a tracing
+        span for every reference it sets (``Session::set_node_chunk_ref``; the log filter does
+        not switch it off): about half its cost a reference for a 1 KiB document. So while
+        the references are set, the array's document set in this session stands aside for
+        its :func:`stand_in` (the same shape and chunk grid: the references Icechunk checks
+        and keeps are the same), put back (once an array, not once a batch: a document set
+        costs ~40 references) by the first read or write of any document, or the commit, which
+        all take the lock this holds: no reader and no snapshot sees the stand-in."""
         if not refs:
             return
         spec = _icechunk().VirtualChunkSpec
-        specs = [spec(list(coords), ref.url, ref.offset, ref.length, etag_checksum=self._checksum(key, ref))
-                 for key, coords, ref in refs]
-        failed = self._call(refs[0][0], lambda: self.store.set_virtual_refs(f"/{array}", specs,
-                                                                            validate_containers=True))
+        specs = [spec(list(coords), ref.url, ref.offset, ref.length, checksum)  # positional: no keyword parsing
+                 for (_, coords, ref), checksum in zip(refs, self._checksums(refs))]
+        with self._lock:
+            self._stand_aside(f"{array}/zarr.json" if array else "zarr.json")
+            try:
+                failed = self._call(refs[0][0], lambda: self.store.set_virtual_refs(f"/{array}", specs,
+                                                                                    validate_containers=True))
+            except BaseException:
+                self._put_back()
+                raise
         if failed:
             at = {tuple(coords): key for key, coords, _ in refs}
             key = at.get(tuple(failed[0]), refs[0][0])
             raise UsageError(f"{key}: Icechunk cannot store this (invalid chunk location, no matching virtual chunk "
                              "container)", key=key)
+
+    def _stand_aside(self, key: str) -> None:
+        """The array document ``key`` set in this session replaced by its :func:`stand_in`
+        until :meth:`_put_back` (under the lock; nothing when there is none or Icechunk
+        refuses it: the references are set all the same)."""
+        real = self._docs.get(key)
+        lean = None if real is None or key in self._aside else stand_in(real)
+        if lean is None:
+            return
+        try:
+            self._call(key, ZarrStoreInner.set, self, key, lean)
+        except (StoreIOError, UsageError):
+            return  # Icechunk did not take it: the document as set stays
+        self._aside[key] = cast(bytes, real)
+
+    def _put_back(self) -> None:
+        """Every document standing aside set again as it was (under the lock): called by every
+        read or write of a document, and by :meth:`commit`, before anything else."""
+        while self._aside:
+            key, real = next(iter(self._aside.items()))
+            self._call(key, ZarrStoreInner.set, self, key, real)
+            del self._aside[key]
+
+    def _checksums(self, refs: Sequence[tuple[str, tuple[int, ...], ChunkRef]]) -> list[str]:
+        """:meth:`_checksum` of each reference, the usual one (a local file, its key and path
+        storable, its ``st_mtime_ns`` known) inline: the same checks, one ``stat`` and no
+        call a reference (a ``VirtualChunkSpec`` a shard: this is per-shard cost); any
+        other, or any that fails a check, goes through :meth:`_checksum` (which names what)."""
+        if not self.virtual:
+            raise NotImplementedError("a materialised Icechunk destination takes bytes, not references")
+        key_ok, url_ok, stat_, etag = ICECHUNK_KEY.fullmatch, URL_SAFE.fullmatch, os.stat, object_store_etag
+        out: list[str] = []
+        for key, _, ref in refs:
+            url, modified_ns = ref.url, ref.modified_ns
+            if url.startswith("file://") and modified_ns is not None and key_ok(key) and url_ok(url, 7):
+                try:
+                    st = stat_(url[7:])
+                except OSError:
+                    st = None
+                if (st is not None and st.st_size == ref.object_size and st.st_mtime_ns // 1000 == modified_ns // 1000
+                        and (ref.inode is None or st.st_ino == ref.inode)):
+                    out.append(etag(st))  # local_checksum's
+                    continue
+            out.append(self._checksum(key, ref))
+        return out
 
     def _checksum(self, key: str, ref: ChunkRef) -> str:
         """The checksum Icechunk keeps for ``ref``'s object (the ETag; locally
@@ -628,6 +738,11 @@ class IcechunkInner(ZarrStoreInner):
         go into its metadata. Another writer's commit on the branch since this session began
         is :class:`DestinationExistsError` (nothing of this session is committed). A session that
         changed nothing commits nothing (Icechunk has no empty commit): the tip's id is returned."""
+        with self._lock:
+            self._put_back()  # the snapshot holds the documents as set, never a stand-in
+            return self._commit(message)
+
+    def _commit(self, message: str) -> str:
         ic = _icechunk()
         objects = {k: v.decode("utf-8", "replace") for k in self._side_keys() if (v := self._side_get(k)) is not None}
         if not self.session.has_uncommitted_changes:  # Icechunk commits no empty snapshot

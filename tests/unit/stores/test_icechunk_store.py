@@ -11,20 +11,25 @@ import json
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
 
 ic = pytest.importorskip("icechunk")
 zarr = pytest.importorskip("zarr")
 
-from sharding_store.errors import DestinationExistsError, SourceChangedError, UsageError  # noqa: E402
+from sharding_store.errors import DestinationExistsError, SourceChangedError, StoreIOError, UsageError  # noqa: E402
 from sharding_store.stores.base import ChunkRef, Location  # noqa: E402
 from sharding_store.stores.icechunk_store import (  # noqa: E402
     is_repository,
     local_checksum,
     open_icechunk,
+    stand_in,
 )
+from sharding_store.stores.zarr_store import ZarrStoreInner  # noqa: E402
 
 MARKER, RECORD = ".sharding-store-migration.json", ".sharding-store-record.json"
 DATA = np.arange(16, dtype="u1")
@@ -356,3 +361,123 @@ def test_a_repository_created_by_another_run_meanwhile_is_opened(tmp_path, monke
     monkeypatch.setattr(module, "_exists", raced)
     second = open_icechunk(str(repo))
     assert second.get("zarr.json") == GROUP and len(seen) >= 2
+
+
+def _outcome(fn):
+    try:
+        return fn()
+    except (SourceChangedError, UsageError) as e:
+        return (type(e).__name__, str(e))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(hst.lists(hst.tuples(hst.sampled_from(["same", "grown", "touched", "gone", "bad key", "space", "datetime",
+                                              "replaced"]),
+                          hst.integers(1, 64)), min_size=1, max_size=6))
+def test_checksums_of_a_batch_are_each_references_own(tmp_path_factory, cases):
+    """``put_references``' inline checksums (the usual local reference) are exactly what
+    ``_checksum`` of each one gives (the model), and each changed, gone or unstorable
+    reference fails the batch as it fails alone."""
+    src = tmp_path_factory.mktemp("src")
+    dst = open_icechunk(str(src / "repo"), virtual=True, source=Location("file", "", str(src)))
+    refs = []
+    for i, (case, size) in enumerate(cases):
+        obj = src / (f"o {i}" if case == "space" else f"o{i}")
+        obj.write_bytes(bytes(size))
+        st_ = os.stat(obj)
+        ref = ChunkRef(f"file://{obj}", 0, size, size, modified_ns=st_.st_mtime_ns, inode=st_.st_ino)
+        if case == "datetime":
+            ref = ref_of(obj, 0, size)
+        elif case == "grown":  # its size alone differs
+            obj.write_bytes(bytes(size + 1))
+            os.utime(obj, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+        elif case == "touched":  # its modification time alone differs
+            os.utime(obj, ns=(st_.st_atime_ns, st_.st_mtime_ns + 1000))
+        elif case == "gone":
+            obj.unlink()
+        elif case == "replaced":  # another file of its size and time in its place: its inode alone differs
+            other = src / f"new{i}"
+            other.write_bytes(bytes(size))
+            os.utime(other, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+            os.replace(other, obj)
+        refs.append(("a/c-0" if case == "bad key" else f"a/c/{i}", (i,), ref))
+    model = []
+    for key, _, ref in refs:
+        model.append(_outcome(lambda k=key, r=ref: dst._checksum(k, r)))
+    first_error = next((m for m in model if isinstance(m, tuple)), None)
+    assert _outcome(lambda: dst._checksums(refs)) == (first_error or model)
+    if first_error is None:
+        assert model == [local_checksum(r.url, r.object_size, r.modified_ns or r.modified, r.inode)
+                         for _, _, r in refs]
+
+
+def test_stand_in_keeps_what_icechunk_needs_of_an_array():
+    doc = json.loads(array_doc((64, 32), (16, 8)))
+    doc["attributes"] = {"long": "x" * 500}
+    doc["dimension_names"] = ["y", "x"]
+    raw = json.dumps(doc, indent=2).encode()
+    lean = json.loads(stand_in(raw) or b"")
+    assert {k: lean[k] for k in ("shape", "data_type", "chunk_grid", "chunk_key_encoding", "fill_value",
+                                 "dimension_names")} == {k: doc[k] for k in ("shape", "data_type", "chunk_grid",
+                                                                             "chunk_key_encoding", "fill_value",
+                                                                             "dimension_names")}
+    assert "attributes" not in lean and lean["codecs"] == [{"name": "bytes", "configuration": {"endian": "little"}}]
+    assert stand_in(GROUP) is None and stand_in(b"not json") is None
+
+
+def _docs_repo(tmp_path: Path, chunks: int = 8) -> tuple[Any, list[tuple[str, tuple[int, ...], ChunkRef]]]:
+    src = tmp_path / "src"
+    src.mkdir()
+    dst = open_icechunk(str(tmp_path / "repo"), virtual=True, source=Location("file", "", str(src)))
+    dst.set("zarr.json", GROUP)
+    refs = []
+    for i in range(chunks):
+        obj = src / f"o{i}"
+        obj.write_bytes(bytes([i]) * 2)
+        refs.append((f"a/c/{i}", (i,), ChunkRef(f"file://{obj}", 0, 2, 2, modified_ns=os.stat(obj).st_mtime_ns)))
+    return dst, refs
+
+
+def _doc(tag: int) -> bytes:
+    doc = json.loads(array_doc((16,), (2,)))
+    doc["attributes"] = {"tag": tag, "pad": "p" * 300}
+    return json.dumps(doc, indent=2).encode()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(hst.lists(hst.one_of(hst.tuples(hst.just("refs"), hst.integers(0, 7)), hst.tuples(hst.just("get"), hst.just(0)),
+                            hst.tuples(hst.just("set"), hst.integers(1, 9)), hst.tuples(hst.just("size"), hst.just(0))),
+                 max_size=8))
+def test_no_read_and_no_snapshot_sees_a_stand_in(tmp_path_factory, steps):
+    """Against a model (the document last set; the references put): whatever reads or writes
+    come between ``put_references`` calls, each read gives the document as set, and the
+    snapshot holds it and every reference. While references are set the session holds the
+    stand-in (the cost it saves), and the first read puts the document back."""
+    dst, refs = _docs_repo(tmp_path_factory.mktemp("t"))
+    model, put = _doc(0), set()
+    dst.set("a/zarr.json", model)
+    for op, n in steps:
+        if op == "refs":
+            dst.put_references("a", refs[n:n + 1])
+            put.add(refs[n][0])
+            assert ZarrStoreInner.get(dst, "a/zarr.json") == stand_in(model)  # the session's, raw
+        elif op == "get":
+            assert dst.get("a/zarr.json") == model
+        elif op == "size":
+            assert dst.size("a/zarr.json") == len(model)
+        else:
+            model = _doc(n)
+            dst.set("a/zarr.json", model)
+        assert ZarrStoreInner.get(dst, "a/zarr.json") in (model, stand_in(model))
+    dst.commit("c")
+    again = open_icechunk(str(dst.url), create=False)
+    assert again.get("a/zarr.json") == model
+    assert again.chunk_keys("a") == sorted(put)
+
+
+def test_a_failed_put_references_leaves_the_document_as_set(tmp_path):
+    dst, refs = _docs_repo(tmp_path)
+    dst.set("a/zarr.json", _doc(1))
+    with pytest.raises(StoreIOError, match="invalid chunk index"):
+        dst.put_references("a", [("a/c/0", (99,), refs[0][2])])  # outside the chunk grid: Icechunk refuses it
+    assert ZarrStoreInner.get(dst, "a/zarr.json") == _doc(1)
