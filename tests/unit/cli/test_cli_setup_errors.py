@@ -81,6 +81,7 @@ def test_bad_storage_options_are_usage_errors(draft):
     one_line(*run("info", "s3://bucket/x", "--storage-options", options)[::2], 2, "nosuch_option")
 
 
+@pytest.mark.slow  # child processes waiting on refused connections (~4 s)
 def test_unreachable_endpoints_are_io_errors():
     port = closed_port()
     one_line(*run("info", f"http://127.0.0.1:{port}/store")[::2], 12, f"127.0.0.1:{port}")

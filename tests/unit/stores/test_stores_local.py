@@ -67,6 +67,7 @@ def _read_under_rewrites(store, key: str, seconds: float, size: int = 4096) -> d
     return counts
 
 
+@pytest.mark.slow  # a writer racing the reads (~3 s)
 def test_local_ranges_with_a_version_never_mix_two_versions_of_an_object(tmp_path):
     counts = _read_under_rewrites(LocalInner(tmp_path), "data/root/a/c0", 3.0)
     assert counts["mixed"] == 0, counts
