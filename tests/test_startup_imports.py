@@ -104,6 +104,7 @@ def _command_loads(argv: list[str], cwd: Path, modules: tuple[str, ...] = HEAVY)
 
 
 @pytest.mark.skipif(not SAMPLE.is_dir(), reason="samples/zarr-2.18-sharded.zr3 is not in this checkout")
+@pytest.mark.slow  # child processes (~2 s)
 def test_info_and_migrate_of_a_local_store_load_no_zarr_and_no_backend(tmp_path):
     """The sample (written by zarr-python 2.18) holds a zlib compressor and a datetime64 array:
     what once made the translation ask zarr-python 3. ``info``, ``migrate`` (verified) and

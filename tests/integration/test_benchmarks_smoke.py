@@ -72,6 +72,7 @@ def test_committed_plots_come_from_committed_results(tmp_path):
         assert (ROOT / "benchmarks" / name).exists(), name
 
 
+@pytest.mark.slow  # the scenario's source check in child processes (~2 s)
 def test_a_legacy_source_reached_through_a_linked_data_folder_is_not_written_again(tmp_path, monkeypatch):
     """A worktree whose benchmarks/.data links to the main checkout's sees the same zarr-python
     2.18 source (its marker records the paths it was written with): nothing is rewritten. A
